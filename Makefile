@@ -1,0 +1,45 @@
+# The two commands a new user types: `make setup` (optional) and `make test`.
+SHELL := /bin/bash
+PY := .venv/bin/python
+AIRFLOW_BIN := $(CURDIR)/.venv-airflow/bin
+RUNS := $(CURDIR)/.runs
+export MLFLOW_TRACKING_URI ?= sqlite:///$(RUNS)/mlflow.db
+export AIRFLOW_HOME ?= $(RUNS)/airflow
+
+.PHONY: setup test test-fast lint demo airflow-ui mlflow-ui bench lock clean
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+lint: setup
+	$(PY) -m ruff check pipeline models dags tests benchmarks
+	$(PY) -m ruff format --check pipeline models dags tests benchmarks
+
+demo: setup
+	bash scripts/demo.sh
+
+airflow-ui: setup
+	bash scripts/airflow_ui.sh
+
+mlflow-ui: setup
+	@mkdir -p $(RUNS)
+	$(PY) -m mlflow server --host 127.0.0.1 --port 5000 \
+	  --backend-store-uri "$(MLFLOW_TRACKING_URI)" --artifacts-destination "$(RUNS)/mlartifacts"
+
+bench: setup
+	@mkdir -p benchmarks/results
+	$(PY) benchmarks/input_pipeline.py --json benchmarks/results/input_pipeline.json
+
+# Re-resolve the lock files after editing requirements/*.in.
+lock:
+	.venv/bin/pip freeze --exclude-editable | grep -v -e '^-e' -e '^horovod==' > requirements/train.lock
+	.venv-airflow/bin/pip freeze --exclude-editable | grep -v '^-e' > requirements/airflow.lock
+
+clean:
+	rm -rf .runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Models (acoustic, synthesis), distributed strategies, training and evaluation."""

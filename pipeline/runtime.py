@@ -1,0 +1,62 @@
+"""Per-process TensorFlow runtime settings: CPU threads per rank and GPU pinning.
+
+Horovod starts one process per slot. Left alone, every TensorFlow process sizes its thread pools
+to all cores of the host, so `-np 2` on two cores runs four busy threads that fight over two
+cores. We give each rank its share of the cores instead, and pin each rank to the GPU of its
+local rank, with memory growth so ranks do not each grab a whole card.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def launcher_env() -> dict[str, int]:
+    """Rank facts a launcher exported (horovodrun or mpirun), before Horovod is initialized.
+
+    Returns `{"rank", "size", "local_rank", "local_size"}`; a plain process gets 0/1/0/1.
+    """
+    candidates = {
+        "rank": ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
+        "size": ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+        "local_rank": ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+        "local_size": ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+    }
+    defaults = {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1}
+    facts = {}
+    for key, names in candidates.items():
+        value = next((os.environ[n] for n in names if os.environ.get(n)), None)
+        facts[key] = int(value) if value is not None else defaults[key]
+    return facts
+
+
+def default_threads(local_size: int, cpu_count: int | None = None) -> tuple[int, int]:
+    """(intra_op, inter_op) threads for one of `local_size` ranks sharing this host's cores.
+
+    One inter-op thread (our graphs are a chain of big ops) and an equal share of the cores for
+    intra-op work: 1 and 1 for `-np 2` on a 2-core machine, 2 and 1 for `-np 8` on 16 cores.
+    """
+    cores = cpu_count or os.cpu_count() or 1
+    return max(1, cores // max(1, local_size)), 1
+
+
+def configure_tensorflow(intra_op_threads: int = 0, inter_op_threads: int = 0) -> dict[str, int]:
+    """Sets thread pools and GPU visibility for this rank. Call before any TensorFlow op runs.
+
+    `0` means: the default share for this rank (see `default_threads`). Returns what was applied.
+    """
+    import tensorflow as tf
+
+    facts = launcher_env()
+    auto_intra, auto_inter = default_threads(facts["local_size"])
+    intra = intra_op_threads or auto_intra
+    inter = inter_op_threads or auto_inter
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    # Horovod: pin this process to the GPU of its local rank, with memory growth on.
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[facts["local_rank"] % len(gpus)], "GPU")
+    return {"intra_op_threads": intra, "inter_op_threads": inter, "gpus": len(gpus), **facts}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds the two environments from nothing, or checks them quickly when nothing changed.
+#   .venv          training stack (TensorFlow, Horovod compiled against it, MLflow, kaldiio, ...)
+#   .venv-airflow  Apache Airflow and its providers (needs protobuf 5+, TensorFlow needs <5)
+# Each step leaves a stamp holding the hash of its inputs; a step whose stamp matches is skipped,
+# so Horovod (about 3 minutes of C++) is only rebuilt when TensorFlow or Horovod's pin changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+REQ=requirements
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[1;31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
+
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
+
+# --- system packages --------------------------------------------------------------------------
+# command -> Debian package that provides it
+declare -A NEED=([espeak-ng]=espeak-ng [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
+missing=()
+for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing system packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    die "missing system packages: ${missing[*]}. Install them, e.g. 'sudo apt-get install ${missing[*]}', then run 'make setup' again."
+  fi
+fi
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found: the project needs Python 3.11 (set PYTHON=/path/to/python3.11)."
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || die "$PYTHON is not Python 3.11."
+
+# --- training environment ---------------------------------------------------------------------
+train_hash=$(hash_of "$REQ/train.in" "$REQ/train.lock" setup.cfg)
+if ! stamp_ok .venv/.stamp-train "$train_hash"; then
+  say "building .venv (training stack)"
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade "pip==24.3.1" "setuptools==75.6.0" "wheel==0.45.1"
+  .venv/bin/python -m pip install -q -r "$REQ/train.in" -c "$REQ/train.lock"
+  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "$train_hash" > .venv/.stamp-train
+fi
+
+# Horovod: compiled against the TensorFlow installed above, so no build isolation (it would hide
+# TensorFlow from Horovod's CMake), and with the system cmake (pip's cmake 4.x rejects the gloo
+# that Horovod bundles). MPI is added when an MPI compiler is present.
+hvd_flags="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1"
+if command -v mpicxx >/dev/null 2>&1; then hvd_flags+=" HOROVOD_WITH_MPI=1"; else hvd_flags+=" HOROVOD_WITHOUT_MPI=1"; fi
+hvd_hash=$(echo "$hvd_flags $(cat "$REQ/horovod.in") $(grep -i '^tensorflow-cpu==' "$REQ/train.lock")" | sha256sum | cut -c1-16)
+if ! stamp_ok .venv/.stamp-horovod "$hvd_hash" || ! .venv/bin/python -c 'import horovod.tensorflow' 2>/dev/null; then
+  say "compiling Horovod against TensorFlow (about 3 minutes on 2 cores; cached by pip afterwards)"
+  .venv/bin/python -m pip uninstall -q -y horovod 2>/dev/null || true
+  env $hvd_flags MAKEFLAGS="-j$(nproc)" PATH="/usr/bin:$PATH" \
+    .venv/bin/python -m pip install -q --no-build-isolation -r "$REQ/horovod.in" -c "$REQ/train.lock" \
+    || die "the Horovod build failed; see the README's troubleshooting section."
+  .venv/bin/python -c 'import horovod.tensorflow as h; assert h.gloo_built(), "Horovod built without Gloo"'
+  echo "$hvd_hash" > .venv/.stamp-horovod
+fi
+.venv/bin/python -m pip check >/dev/null || { .venv/bin/python -m pip check; die ".venv has broken requirements"; }
+
+# --- Airflow environment ----------------------------------------------------------------------
+af_hash=$(hash_of "$REQ/airflow.in" "$REQ/airflow.lock" setup.cfg)
+if ! stamp_ok .venv-airflow/.stamp "$af_hash"; then
+  say "building .venv-airflow (Apache Airflow)"
+  [ -x .venv-airflow/bin/python ] || "$PYTHON" -m venv .venv-airflow
+  .venv-airflow/bin/python -m pip install -q --upgrade "pip==24.3.1"
+  .venv-airflow/bin/python -m pip install -q -r "$REQ/airflow.in" -c "$REQ/airflow.lock"
+  # The DAGs import only the project's light, TensorFlow-free modules (config rendering).
+  .venv-airflow/bin/python -m pip install -q --no-deps -e .
+  echo "$af_hash" > .venv-airflow/.stamp
+fi
+.venv-airflow/bin/python -m pip check >/dev/null || { .venv-airflow/bin/python -m pip check; die ".venv-airflow has broken requirements"; }
+say "environments ready: .venv (training), .venv-airflow (Airflow)"
