@@ -10,7 +10,7 @@ Everything in the project that gives variables to Horovod goes through this modu
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import horovod.tensorflow as hvd
 import tensorflow as tf

@@ -12,8 +12,9 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 

@@ -1,0 +1,487 @@
+"""Shard stage: validated Kaldi features -> TFRecord shards + `manifest.json`.
+
+    python -m pipeline.shards --split train=data/train --split dev=data/dev --split test=data/test \
+        --out shards/ [--num-shards 8] [--max-rejected-fraction 0.05] [--alignments train=ali.scp]
+
+Every utterance of every split is read and checked (kaldi.py lists the reasons); the rejected
+ones go to `OUT/rejected.tsv` with the feature stage's rejections, so none disappears. Shards are
+`{split}-{i:05d}-of-{K:05d}.tfrecord[.gz]`; each example holds the utterance id, the speaker,
+the features exactly as read (normalization is applied by the input pipeline, so it can change
+without re-sharding), the transcript, its token ids and the frame targets when given.
+Utterances are dealt to shards by length, so every shard (and so every Horovod rank's share)
+has the same mix of short and long utterances. Writes are atomic; a re-run with unchanged
+inputs does nothing and changed inputs rebuild.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import config as configlib
+from pipeline import features as features_stage
+from pipeline import fsutil, kaldi
+from pipeline.parallel import worker_pool
+
+MANIFEST = "manifest.json"
+REJECTED = "rejected.tsv"
+BLANK, UNK = "<blank>", "<unk>"  # token 0 is CTC's blank and the padding id; 1 stands for unseen characters
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardConfig:
+    num_shards: int = 8  # shards per split (a split with fewer utterances gets one per utterance)
+    compression: str = "none"  # "none" or "gzip"
+    max_frames: int = 3000  # longest utterance accepted, in frames
+    feature_dim: int = 0  # 0: the split's most common dimension; else required
+    max_rejected_fraction: float = 0.05  # fail above this share of rejected utterances (all splits)
+    lowercase: bool = True  # transcripts are lower-cased before tokenization
+    allow_pipes: bool = False  # run `cmd |` entries of feats.scp (kaldiio would execute them)
+    vocabulary_split: str = "train"  # the split whose characters make the token vocabulary
+    seed: int = 0  # order of utterances inside each shard
+    jobs: int = 0  # worker processes; 0 = one per CPU
+
+
+def shard_name(split: str, index: int, count: int, compression: str) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+
+
+def normalize_transcript(text: str, lowercase: bool) -> str:
+    text = " ".join(text.split())
+    return text.lower() if lowercase else text
+
+
+def build_vocabulary(transcripts: list[str]) -> list[str]:
+    """`[<blank>, <unk>, ' ', "'", 'a', ...]`: every character of the transcripts, sorted."""
+    return [BLANK, UNK, *sorted({ch for text in transcripts for ch in text})]
+
+
+def encode(text: str, vocabulary: list[str]) -> list[int]:
+    index = {ch: i for i, ch in enumerate(vocabulary)}
+    return [index.get(ch, 1) for ch in text]
+
+
+def assign_shards(lengths: dict[str, int], num_shards: int, seed: int) -> list[list[str]]:
+    """Deals utterances to shards by length (sorted, round-robin), then shuffles inside each shard.
+
+    Sorting first makes every shard hold the same spread of lengths, so ranks that read different
+    shards get nearly equal numbers of length-bucketed batches. The order inside a shard is random
+    (fixed by `seed`) so a shuffle buffer sees a mix of lengths.
+    """
+    ordered = sorted(lengths, key=lambda utt: (lengths[utt], utt))
+    shards = [ordered[i::num_shards] for i in range(num_shards)]
+    rng = random.Random(seed)
+    for shard in shards:
+        rng.shuffle(shard)
+    return shards
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation (pass 1): every matrix is read once, in parallel.
+
+
+def _validate_chunk(task):
+    entries, check, targets = task
+    out = []
+    for entry in entries:
+        matrix, rejection = kaldi.check_matrix(entry.utt_id, entry.feats, check, None)
+        if rejection is None and targets is not None:
+            rejection = _check_targets(entry.utt_id, targets.get(entry.utt_id), len(matrix))
+        if rejection is not None:
+            out.append((entry.utt_id, None, None, rejection))
+        else:
+            x = matrix.astype(np.float64)
+            out.append((entry.utt_id, matrix.shape, np.stack([x.sum(0), (x * x).sum(0)]), None))
+    return out
+
+
+def _load_targets(spec) -> np.ndarray:
+    if isinstance(spec, np.ndarray):
+        return spec
+    import kaldiio
+
+    return np.asarray(kaldiio.load_mat(spec), dtype=np.int64)
+
+
+def _check_targets(utt: str, spec, frames: int) -> kaldi.Rejection | None:
+    if spec is None:
+        return kaldi.Rejection(utt, "missing_alignment", f"no frame targets for {utt!r}")
+    try:
+        targets = _load_targets(spec)
+    except Exception as err:  # kaldiio raises many types for a damaged alignment entry
+        return kaldi.Rejection(utt, "unreadable", f"alignment of {utt!r}: {type(err).__name__}: {err}")
+    if len(targets) != frames:
+        return kaldi.Rejection(utt, "alignment_length_mismatch", f"{utt!r}: {len(targets)} targets for {frames} frames")
+    return None
+
+
+@dataclasses.dataclass
+class SplitPlan:
+    """What pass 1 found for one split."""
+
+    name: str
+    data_dir: Path
+    entries: dict[str, kaldi.Entry]  # valid utterances
+    lengths: dict[str, int]  # frames per valid utterance
+    dim: int
+    rejections: list[kaldi.Rejection]
+    stats: dict[str, np.ndarray]  # speaker -> Kaldi CMVN stats [2, dim+1]
+    targets: dict | None
+
+
+def validate_split(name: str, data_dir: Path, cfg: ShardConfig, pool, alignments: Path | None, progress: bool) -> SplitPlan:
+    from tqdm import tqdm
+
+    entries, rejections = kaldi.scan_data_dir(data_dir, allow_pipes=cfg.allow_pipes, need_text=True, source="feats")
+    previous = Path(data_dir) / features_stage.REJECTED
+    if previous.is_file():
+        rejections += [r for _, r in kaldi.read_rejections(previous)]
+    targets = kaldi.load_alignments(alignments, cfg.allow_pipes) if alignments else None
+    check = kaldi.FeatureCheck(max_frames=cfg.max_frames)
+    chunks = [entries[i : i + 16] for i in range(0, len(entries), 16)]
+    results = []
+    bar = tqdm(total=len(entries), desc=f"validate {name}", unit="utt", disable=not progress, file=sys.stderr)
+    for out in pool.imap(_validate_chunk, [(c, check, targets) for c in chunks]):  # in order: deterministic
+        results.extend(out)
+        bar.update(len(out))
+    bar.close()
+    dim = cfg.feature_dim or kaldi.most_common_dim(shape[1] for _, shape, _, _ in results if shape is not None)
+    by_id = {e.utt_id: e for e in entries}
+    valid, lengths, sums = {}, {}, collections.defaultdict(lambda: 0)
+    for utt, shape, moments, rejection in results:
+        if rejection is not None:
+            rejections.append(rejection)
+        elif shape[1] != dim:
+            rejections.append(kaldi.Rejection(utt, "wrong_dimension", f"{by_id[utt].feats} has dimension {shape[1]}, the split has {dim}"))
+        else:
+            valid[utt], lengths[utt] = by_id[utt], shape[0]
+            stats = np.zeros((2, dim + 1))
+            stats[:, :dim] = moments
+            stats[0, dim] = shape[0]
+            sums[by_id[utt].speaker] = sums[by_id[utt].speaker] + stats
+    return SplitPlan(name, Path(data_dir), valid, lengths, dim or 0, rejections, _speaker_stats(data_dir, dict(sums), dim), targets)
+
+
+def _speaker_stats(data_dir: Path, computed: dict[str, np.ndarray], dim: int | None) -> dict[str, np.ndarray]:
+    """Kaldi's cmvn.scp when the directory has one (it may come from Kaldi), else what pass 1 summed."""
+    cmvn = Path(data_dir) / "cmvn.scp"
+    if not cmvn.is_file() or not dim:
+        return computed
+    import kaldiio
+
+    stats = {}
+    for speaker, spec in kaldi.read_table(cmvn).values.items():
+        if kaldi.is_pipe(spec):
+            raise ValueError(f"{cmvn}: {speaker!r} -> {spec!r} is a command; CMVN statistics must be files")
+        matrix = np.asarray(kaldiio.load_mat(spec), dtype=np.float64)
+        if matrix.shape != (2, dim + 1):
+            raise ValueError(f"{cmvn}: statistics of {speaker!r} have shape {matrix.shape}, expected (2, {dim + 1})")
+        stats[speaker] = matrix
+    missing = set(computed) - set(stats)
+    if missing:
+        raise ValueError(f"{cmvn} lacks speakers {sorted(missing)[:5]}; re-run `python -m pipeline.features --data-dir {data_dir}`")
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing (pass 2): one process per shard at a time.
+
+
+def _write_shard(task) -> dict:
+    """Writes one shard under a temporary name and renames it. Returns its manifest record."""
+    import tensorflow as tf
+
+    path, utts, entries, vocabulary, targets, cfg = task
+    tmp = path.with_name(f".{path.name}.tmp")
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if cfg.compression == "gzip" else "")
+    lengths, label_lengths = [], []
+    with tf.io.TFRecordWriter(str(tmp), options) as writer:
+        for utt in utts:
+            entry = entries[utt]
+            matrix = kaldi.load_matrix(entry.feats)  # [frames, dim]
+            text = normalize_transcript(entry.transcript, cfg.lowercase)
+            tokens = encode(text, vocabulary)
+            feature = {
+                "utt_id": _bytes(utt.encode()),
+                "speaker": _bytes(entry.speaker.encode()),
+                "feats": _bytes(matrix.astype("<f4").tobytes()),
+                "num_frames": _ints([matrix.shape[0]]),
+                "dim": _ints([matrix.shape[1]]),
+                "transcript": _bytes(text.encode()),
+                "tokens": _ints(tokens),
+            }
+            if targets is not None:
+                feature["targets"] = _ints(_load_targets(targets[utt]).tolist())
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+            lengths.append(int(matrix.shape[0]))
+            label_lengths.append(len(tokens))
+    os.replace(tmp, path)
+    return {
+        "file": path.name,
+        "sha256": fsutil.file_sha256(path),
+        "bytes": path.stat().st_size,
+        "count": len(utts),
+        "frames": sum(lengths),
+        "utt_ids": list(utts),
+        "lengths": lengths,
+        "label_lengths": label_lengths,
+    }
+
+
+def _bytes(value: bytes):
+    import tensorflow as tf
+
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def _ints(values: list[int]):
+    import tensorflow as tf
+
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver.
+
+
+def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: ShardConfig) -> dict:
+    per_dir = {}
+    for name, data_dir in sorted(splits.items()):
+        tables = [data_dir / t for t in ("feats.scp", "text", "utt2spk", "cmvn.scp", features_stage.REJECTED)]
+        arks = set()
+        for table in ("feats.scp", "cmvn.scp"):
+            if (data_dir / table).is_file():
+                arks |= {kaldi.spec_path(s) for s in kaldi.read_table(data_dir / table).values.values()} - {None}
+        if name in alignments:
+            tables.append(alignments[name])
+        per_dir[name] = {"dir": str(data_dir.resolve()), "tables": fsutil.fingerprint_files(tables),
+                         "arks": fsutil.fingerprint_files(arks, content=False)}
+    return {"inputs": per_dir, "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
+            "code": fsutil.code_version(sys.modules[__name__], kaldi)}
+
+
+def _shards_complete(out_dir: Path, manifest: dict) -> bool:
+    return all(
+        (out_dir / shard["file"]).is_file() and (out_dir / shard["file"]).stat().st_size == shard["bytes"]
+        for split in manifest["splits"].values()
+        for shard in split["shards"]
+    )
+
+
+def make_shards(
+    splits: dict[str, Path], out_dir: Path, cfg: ShardConfig, alignments: dict[str, Path] | None = None, progress: bool = True
+) -> dict:
+    """Validates and shards every split. Returns the manifest; raises ValueError on too many rejections."""
+    from tqdm import tqdm
+
+    if cfg.compression not in ("none", "gzip"):
+        raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
+    if cfg.vocabulary_split not in splits:
+        raise ValueError(f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}")
+    alignments = alignments or {}
+    unknown = set(alignments) - set(splits)
+    if unknown:
+        raise ValueError(f"--alignments names splits {sorted(unknown)} that have no --split")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    splits = {name: Path(d) for name, d in splits.items()}
+    fingerprint = _fingerprint(splits, alignments, cfg)
+    existing = fsutil.read_json(out_dir / MANIFEST)
+    if existing and existing.get("fingerprint") == fingerprint and _shards_complete(out_dir, existing):
+        return {**existing, "skipped": True}
+    for stale in out_dir.glob(".*.tmp"):
+        stale.unlink()  # left by an interrupted run
+
+    jobs = cfg.jobs or os.cpu_count() or 1
+    with worker_pool(jobs) as pool:
+        plans = {name: validate_split(name, d, cfg, pool, alignments.get(name), progress) for name, d in splits.items()}
+        rejected = [(name, r) for name, plan in plans.items() for r in plan.rejections]
+        kaldi.write_rejections(out_dir / REJECTED, rejected)
+        total = sum(len(p.entries) + len(p.rejections) for p in plans.values())
+        if total and len(rejected) / total > cfg.max_rejected_fraction:
+            raise ValueError(
+                f"{len(rejected)} of {total} utterances were rejected ({len(rejected) / total:.1%} > "
+                f"max_rejected_fraction={cfg.max_rejected_fraction}); see {out_dir / REJECTED}. "
+                f"Most common: {kaldi.summarize([r for _, r in rejected])}"
+            )
+        dims = {p.dim for p in plans.values() if p.entries}
+        if len(dims) > 1:
+            raise ValueError(f"splits disagree on the feature dimension: { {n: p.dim for n, p in plans.items()} }")
+        vocab_plan = plans[cfg.vocabulary_split]
+        vocabulary = build_vocabulary([normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()])
+
+        tasks, layout = [], {}
+        for name, plan in plans.items():
+            count = max(1, min(cfg.num_shards, len(plan.entries)))
+            layout[name] = count
+            for index, utts in enumerate(assign_shards(plan.lengths, count, cfg.seed)):
+                path = out_dir / shard_name(name, index, count, cfg.compression)
+                own = {u: plan.entries[u] for u in utts}
+                own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
+                tasks.append((path, utts, own, vocabulary, own_targets, cfg))
+        records: dict[str, list] = collections.defaultdict(list)
+        bar = tqdm(total=sum(len(t[1]) for t in tasks), desc="write shards", unit="utt", disable=not progress, file=sys.stderr)
+        for task, record in zip(tasks, pool.imap(_write_shard, tasks)):
+            records[task[0].name.split("-")[0]].append(record)
+            bar.update(record["count"])
+        bar.close()
+
+    manifest = {
+        "version": 1,
+        "fingerprint": fingerprint,
+        "feature_dim": dims.pop() if dims else 0,
+        "compression": cfg.compression,
+        "vocabulary": vocabulary,
+        "num_targets": _num_targets(plans),
+        "splits": {
+            name: {
+                "data_dir": str(plan.data_dir.resolve()),
+                "utterances": len(plan.entries),
+                "rejected": len(plan.rejections),
+                "frames": sum(plan.lengths.values()),
+                "speakers": sorted({e.speaker for e in plan.entries.values()}),
+                "cmvn": {spk: stats.tolist() for spk, stats in sorted(plan.stats.items())},
+                "shards": sorted(records[name], key=lambda r: r["file"]),
+            }
+            for name, plan in plans.items()
+        },
+    }
+    keep = {shard["file"] for split in manifest["splits"].values() for shard in split["shards"]}
+    for name in splits:
+        for old in out_dir.glob(f"{name}-*-of-*.tfrecord*"):
+            if old.name not in keep:
+                old.unlink()  # shards of an earlier layout (other --num-shards)
+    fsutil.atomic_write_json(out_dir / MANIFEST, manifest)
+    return {**manifest, "skipped": False}
+
+
+def _num_targets(plans: dict[str, SplitPlan]) -> int:
+    highest = -1
+    for plan in plans.values():
+        if plan.targets is not None:
+            for utt in plan.entries:
+                highest = max(highest, int(_load_targets(plan.targets[utt]).max(initial=-1)))
+    return highest + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading back.
+
+
+def load_manifest(out_dir: Path) -> dict:
+    path = Path(out_dir) / MANIFEST
+    manifest = fsutil.read_json(path)
+    if manifest is None:
+        raise FileNotFoundError(f"{path} does not exist: run `python -m pipeline.shards ... --out {out_dir}` first")
+    return manifest
+
+
+def shard_paths(out_dir: Path, manifest: dict, split: str) -> list[str]:
+    if split not in manifest["splits"]:
+        raise ValueError(f"split {split!r} is not in {Path(out_dir) / MANIFEST} (it has {sorted(manifest['splits'])})")
+    return [str(Path(out_dir) / shard["file"]) for shard in manifest["splits"][split]["shards"]]
+
+
+def example_spec(with_targets: bool) -> dict:
+    import tensorflow as tf
+
+    spec = {
+        "utt_id": tf.io.FixedLenFeature([], tf.string),
+        "speaker": tf.io.FixedLenFeature([], tf.string),
+        "feats": tf.io.FixedLenFeature([], tf.string),
+        "num_frames": tf.io.FixedLenFeature([], tf.int64),
+        "dim": tf.io.FixedLenFeature([], tf.int64),
+        "transcript": tf.io.FixedLenFeature([], tf.string),
+        "tokens": tf.io.VarLenFeature(tf.int64),
+    }
+    if with_targets:
+        spec["targets"] = tf.io.VarLenFeature(tf.int64)
+    return spec
+
+
+def parse_example(serialized, dim: int, with_targets: bool = False) -> dict:
+    """One serialized example -> dict of tensors; `feats` float32 [frames, dim]."""
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, example_spec(with_targets))
+    feats = tf.reshape(tf.io.decode_raw(parsed["feats"], tf.float32), [-1, dim])  # [frames, dim]
+    out = {
+        "utt_id": parsed["utt_id"],
+        "speaker": parsed["speaker"],
+        "feats": feats,
+        "transcript": parsed["transcript"],
+        "tokens": tf.cast(tf.sparse.to_dense(parsed["tokens"]), tf.int32),  # [label_len]
+    }
+    if with_targets:
+        out["targets"] = tf.cast(tf.sparse.to_dense(parsed["targets"]), tf.int32)  # [frames]
+    return out
+
+
+def read_utterances(out_dir: Path, split: str) -> Iterator[tuple[str, np.ndarray, str]]:
+    """Yields `(utt_id, features float32 [frames, dim], transcript)` exactly as the shards hold them."""
+    import tensorflow as tf
+
+    manifest = load_manifest(out_dir)
+    paths = shard_paths(out_dir, manifest, split)
+    compression = "GZIP" if manifest["compression"] == "gzip" else ""
+    dataset = tf.data.TFRecordDataset(paths, compression_type=compression)
+    dataset = dataset.map(lambda s: parse_example(s, manifest["feature_dim"]))
+    for item in dataset.as_numpy_iterator():
+        yield item["utt_id"].decode(), item["feats"], item["transcript"].decode()
+
+
+def _parse_pairs(items: list[str], flag: str) -> dict[str, Path]:
+    pairs = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{flag} expects NAME=PATH, got {item!r}")
+        name, path = item.split("=", 1)
+        if not name.isidentifier():
+            raise ValueError(f"{flag} {item!r}: split names are letters, digits and underscores")
+        if name in pairs:
+            raise ValueError(f"{flag} names split {name!r} twice")
+        pairs[name] = Path(path)
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--split", action="append", required=True, metavar="NAME=DIR", help="a split and its Kaldi data directory")
+    parser.add_argument("--out", required=True, type=Path, help="output directory for shards and manifest.json")
+    parser.add_argument("--num-shards", type=int, help="shards per split (default 8)")
+    parser.add_argument("--max-rejected-fraction", type=float, help="fail above this share of rejected utterances (default 0.05)")
+    parser.add_argument("--alignments", action="append", default=[], metavar="NAME=PATH", help="frame targets (ali.scp or an int-vector ark) for a split")
+    parser.add_argument("--compression", choices=["none", "gzip"], help="TFRecord compression")
+    parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of feats.scp as shell commands")
+    parser.add_argument("--config", type=Path, help="YAML file with ShardConfig fields")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a ShardConfig field")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        cfg = configlib.load(ShardConfig, args.config, args.set)
+        flags = {"num_shards": args.num_shards, "max_rejected_fraction": args.max_rejected_fraction,
+                 "compression": args.compression, "allow_pipes": args.allow_pipes or None}
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
+        manifest = make_shards(_parse_pairs(args.split, "--split"), args.out, cfg,
+                               _parse_pairs(args.alignments, "--alignments"), progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    state = "unchanged" if manifest["skipped"] else "written"
+    for name, split in manifest["splits"].items():
+        print(f"{name}: {split['utterances']} utterances, {split['frames']} frames, {len(split['shards'])} shards, "
+              f"{split['rejected']} rejected ({state})")
+    print(f"manifest: {Path(args.out) / MANIFEST}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
