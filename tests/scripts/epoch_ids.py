@@ -1,0 +1,19 @@
+"""Run under horovodrun: prints the utterance ids of every batch this rank gets in epochs 0 and 1."""
+
+import json
+import sys
+
+import horovod.tensorflow as hvd
+
+from pipeline import dataset
+from pipeline.runtime import configure_tensorflow
+
+configure_tensorflow()
+hvd.init()
+cfg = dataset.InputConfig(frames_per_batch=600, max_batch_size=16, num_buckets=3, shuffle_buffer=16)
+result = {}
+for epoch in (0, 1):
+    ds, steps = dataset.asr_dataset(sys.argv[1], "train", cfg, rank=hvd.rank(), size=hvd.size(), epoch=epoch)
+    result[epoch] = [[u.decode() for u in b["utt_id"]] for b in ds.as_numpy_iterator()]
+    assert len(result[epoch]) == steps
+print(f"EPOCH rank={hvd.rank()} {json.dumps(result)}", flush=True)
