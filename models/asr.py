@@ -1,0 +1,155 @@
+"""The LSTM acoustic model: frame stacking/subsampling -> bidirectional LSTMs -> projection -> tokens.
+
+As in the IBM LSTM acoustic models the research trained (Switchboard, 40-80 dim log-mel input),
+neighbouring frames are stacked and the frame rate is reduced at the input, which shortens the
+recurrence (the sequential, slow part on any device) by the subsampling factor. The default
+loss is CTC over characters; when the shards carry frame-level pdf-id targets (a Kaldi
+alignment), the model can be trained with frame cross-entropy instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pipeline.dataset import stack_and_subsample
+
+
+@dataclasses.dataclass(frozen=True)
+class AsrConfig:
+    feature_dim: int = 80  # input features per frame (read from the manifest at training time)
+    vocab_size: int = 0  # output tokens including the CTC blank (0: from the manifest)
+    num_targets: int = 0  # pdf ids for frame cross-entropy (0: from the manifest)
+    loss: str = "ctc"  # "ctc" over characters, or "frame_ce" over alignment targets
+    stack_frames: int = 3  # neighbouring frames stacked into one input vector
+    subsample: int = 3  # keep every n-th stacked frame (frame rate 100 Hz -> 33 Hz)
+    num_layers: int = 3  # bidirectional LSTM layers
+    units: int = 192  # LSTM cells per direction
+    projection: int = 256  # linear bottleneck before the output layer (0: none)
+    dropout: float = 0.1  # between layers, training only
+
+
+class BiLSTM(keras.layers.Layer):
+    """A bidirectional LSTM for right-padded batches, without masks.
+
+    The backward LSTM reads each sequence reversed within its own length (`tf.reverse_sequence`),
+    so padding is never inside a sequence and no mask is needed: Keras' masked path steps the
+    padding too and is slower. The forward LSTM's outputs beyond a length are garbage that later
+    layers and the loss ignore.
+    """
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.forward = keras.layers.LSTM(units, return_sequences=True, name="fw")
+        self.backward = keras.layers.LSTM(units, return_sequences=True, name="bw")
+
+    def call(self, x, lengths):
+        # x: [batch, frames, in]; lengths: [batch]
+        fw = self.forward(x)  # [batch, frames, units]
+        reverse = lambda t: tf.reverse_sequence(t, lengths, seq_axis=1, batch_axis=0)  # noqa: E731
+        bw = reverse(self.backward(reverse(x)))  # [batch, frames, units]
+        return tf.concat([fw, bw], axis=-1)  # [batch, frames, 2*units]
+
+
+class AcousticModel(keras.Model):
+    def __init__(self, config: AsrConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        outputs = config.vocab_size if config.loss == "ctc" else config.num_targets
+        if outputs <= 1:
+            raise ValueError(f"the model needs its output size: vocab_size={config.vocab_size}, num_targets={config.num_targets}")
+        self.lstms = [BiLSTM(config.units, name=f"blstm{i}") for i in range(config.num_layers)]
+        self.drop = keras.layers.Dropout(config.dropout)
+        self.bottleneck = keras.layers.Dense(config.projection, name="projection") if config.projection else None
+        self.classifier = keras.layers.Dense(outputs, name="output")
+
+    def call(self, feats, lengths, training=False):
+        """feats [batch, frames, feature_dim], lengths [batch] -> (logits [batch, frames', outputs] float32,
+        lengths' [batch]) with frames' = ceil(frames / subsample)."""
+        c = self.config
+        x, lengths = stack_and_subsample(feats, lengths, c.stack_frames, c.subsample)  # [B, T', D*stack]
+        for lstm in self.lstms:
+            x = self.drop(lstm(x, lengths), training=training)  # [B, T', 2*units]
+        if self.bottleneck is not None:
+            x = self.bottleneck(x)  # [B, T', projection]
+        logits = self.classifier(x)  # [B, T', outputs]
+        return tf.cast(logits, tf.float32), lengths
+
+
+def build_asr(config: AsrConfig) -> AcousticModel:
+    """The model with every variable created (so checkpoints restore into it)."""
+    model = AcousticModel(config)
+    model(tf.zeros([1, config.subsample * 2, config.feature_dim]), tf.constant([config.subsample * 2]))
+    return model
+
+
+def ctc_loss(logits, logit_lengths, tokens, token_lengths):
+    """Mean CTC loss per utterance (blank = token 0). logits [B, T', V], tokens [B, L] -> scalar.
+
+    An utterance whose transcript cannot fit its frames has an infinite loss; it is left out of
+    the mean (and counted), so one bad utterance cannot turn the weights into NaN.
+    """
+    per_utt = tf.nn.ctc_loss(
+        labels=tokens, logits=logits, label_length=token_lengths, logit_length=logit_lengths,
+        logits_time_major=False, blank_index=0,
+    )  # [B]
+    finite = tf.math.is_finite(per_utt)
+    loss = tf.reduce_sum(tf.where(finite, per_utt, 0.0)) / tf.maximum(tf.reduce_sum(tf.cast(finite, tf.float32)), 1.0)
+    return loss, tf.reduce_sum(tf.cast(~finite, tf.int32))
+
+
+def frame_ce_loss(logits, logit_lengths, targets, subsample: int):
+    """Mean cross-entropy over real frames. targets [B, T] (-1 padded) are subsampled like the input."""
+    targets = targets[:, ::subsample][:, : tf.shape(logits)[1]]  # [B, T']
+    mask = tf.logical_and(targets >= 0, tf.sequence_mask(logit_lengths, tf.shape(logits)[1]))
+    per_frame = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.maximum(targets, 0), logits)  # [B, T']
+    weights = tf.cast(mask, tf.float32)
+    return tf.reduce_sum(per_frame * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+
+
+def greedy_decode(logits: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    """Best path: argmax per frame, merge repeats, drop blanks (0)."""
+    best = np.argmax(logits, axis=-1)
+    hyps = []
+    for path, length in zip(best, lengths):
+        path = path[:length]
+        keep = np.concatenate([[True], path[1:] != path[:-1]]) & (path != 0)
+        hyps.append(path[keep].tolist())
+    return hyps
+
+
+def beam_decode(logits, lengths, beam_width: int = 16) -> list[list[int]]:
+    """CTC beam search (`tf.nn.ctc_beam_search_decoder`). That decoder takes the last class as the
+    blank, ours is 0, so the blank column moves to the end and ids shift back afterwards."""
+    log_probs = tf.nn.log_softmax(logits)  # [B, T', V]
+    rolled = tf.concat([log_probs[..., 1:], log_probs[..., :1]], axis=-1)
+    decoded, _ = tf.nn.ctc_beam_search_decoder(
+        tf.transpose(rolled, [1, 0, 2]), tf.cast(lengths, tf.int32), beam_width=beam_width, top_paths=1
+    )
+    dense = tf.sparse.to_dense(decoded[0], default_value=-1).numpy()
+    return [[int(t) + 1 for t in row if t >= 0] for row in dense]
+
+
+def ids_to_text(ids: list[int], vocabulary: list[str]) -> str:
+    return "".join(vocabulary[i] for i in ids if 1 < i < len(vocabulary))
+
+
+def flops_per_frame(config: AsrConfig) -> float:
+    """Training FLOPs per input frame (forward x 3 for forward + backward), for the FLOP/s report.
+
+    An LSTM step costs 2 * 4 * units * (inputs + units) FLOPs per direction; the recurrence runs at
+    the subsampled rate, so each input frame accounts for 1/subsample of a step.
+    """
+    inputs, forward = config.feature_dim * config.stack_frames, 0.0
+    for _ in range(config.num_layers):
+        forward += 2 * 2 * 4 * config.units * (inputs + config.units)
+        inputs = 2 * config.units
+    outputs = config.vocab_size if config.loss == "ctc" else config.num_targets
+    if config.projection:
+        forward += 2 * inputs * config.projection
+        inputs = config.projection
+    forward += 2 * inputs * outputs
+    return 3.0 * forward / config.subsample

@@ -1,0 +1,347 @@
+"""The training loop behind `models.train`: one Trainer per process (one per Horovod rank)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from models import checkpoint, tracking
+from models.train import TrainConfig, check_workdir, learning_rate, peak_memory_mb
+from pipeline import config as configlib
+from pipeline import runtime
+from pipeline.fsutil import atomic_write_json
+
+
+class StepTimes:
+    """Accumulates the step-time breakdown (seconds) after the warm-up steps."""
+
+    KEYS = ("input", "compute", "communication")
+
+    def __init__(self):
+        self.total = dict.fromkeys(self.KEYS, 0.0)
+        self.window = dict.fromkeys(self.KEYS, 0.0)
+        self.frames = self.window_frames = 0
+        self.steps = self.window_steps = 0
+        self.started = self.window_started = None
+
+    def add(self, times: dict, frames: int, counted: bool) -> None:
+        if not counted:
+            return
+        now = time.perf_counter()
+        if self.started is None:
+            self.started = self.window_started = now - sum(times.values())
+        for key in self.KEYS:
+            self.total[key] += times[key]
+            self.window[key] += times[key]
+        self.frames += frames
+        self.window_frames += frames
+        self.steps += 1
+        self.window_steps += 1
+
+    def exclude(self, seconds: float) -> None:
+        """Leaves `seconds` of wall time (measurements, not training) out of frames/s."""
+        if self.started is not None:
+            self.started += seconds
+            self.window_started += seconds
+
+    def flush_window(self) -> dict:
+        """Averages since the last flush: per-step milliseconds, shares of the step, frames/s."""
+        if not self.window_steps:
+            return {}
+        now = time.perf_counter()
+        wall = now - self.window_started
+        step_total = sum(self.window.values())
+        out = {f"time_{k}_ms": 1000 * v / self.window_steps for k, v in self.window.items()}
+        out.update({f"share_{k}": v / step_total for k, v in self.window.items() if step_total})
+        out["frames_per_s"] = self.window_frames / wall if wall > 0 else 0.0
+        self.window = dict.fromkeys(self.KEYS, 0.0)
+        self.window_frames = self.window_steps = 0
+        self.window_started = now
+        return out
+
+    def summary(self) -> dict:
+        if not self.steps:
+            return {}
+        wall = time.perf_counter() - self.started
+        step_total = sum(self.total.values())
+        out = {f"time_{k}_ms": 1000 * v / self.steps for k, v in self.total.items()}
+        out.update({f"share_{k}": v / step_total for k, v in self.total.items() if step_total})
+        out.update(frames_per_s=self.frames / wall, steps_per_s=self.steps / wall, measured_steps=self.steps, measured_seconds=wall)
+        return out
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None, run_name: str | None):
+        self.config, self.shards, self.workdir = config, shards, workdir
+        self.parent_run_id, self.run_name = parent_run_id, run_name
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _setup(self):
+        import horovod.tensorflow as hvd
+        import keras
+        import tensorflow as tf
+
+        from models.tasks import make_task
+        from pipeline.shards import load_manifest
+
+        c = self.config
+        self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads)
+        # Horovod: one process per worker; rank 0 is the one that writes and logs.
+        hvd.init()
+        self.hvd, self.tf = hvd, tf
+        self.rank, self.size = hvd.rank(), hvd.size()
+        keras.utils.set_random_seed(c.seed)
+        if c.precision == "mixed_bfloat16":
+            keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        self.manifest = load_manifest(self.shards)
+        self.task = make_task(c.model, c.asr, c.tts, self.manifest)
+        resolved = {"asr": dataclasses.replace(c, asr=self.task.config), "tts": dataclasses.replace(c, tts=self.task.config)}
+        self.config = c = resolved[c.model]
+        if self.rank == 0:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            check_workdir(self.workdir, c)
+        self.model = self.task.build()
+        self.optimizer = keras.optimizers.Adam(c.optim.learning_rate, global_clipnorm=c.optim.clip_norm)
+        self.optimizer.build(self.model.trainable_variables)
+        self.position = {"epoch": 0, "batch": 0, "step": 0}
+        latest = checkpoint.latest(self.workdir / "checkpoints")
+        if latest is not None:
+            # Every rank reads the file (a shared volume on a cluster); the broadcast after the first
+            # step makes rank 0's copy authoritative all the same.
+            meta = checkpoint.restore(latest, self.model.weights, self.optimizer.variables)
+            self.position = meta["position"]
+        self.steps_per_epoch = self._steps_per_epoch(0)
+        self.total_steps = self._total_steps()
+        from models.strategies import make_strategy
+
+        self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
+        self._set_learning_rate(self.position["step"] + 1)
+        self._compile_steps()
+
+    def _steps_per_epoch(self, epoch: int) -> int:
+        from pipeline.dataset import epoch_layout
+
+        return epoch_layout(self.manifest, "train", self.size, epoch, self.config.input)[3]
+
+    def _total_steps(self) -> int:
+        by_epochs = sum(self._steps_per_epoch(e) for e in range(self.config.epochs))
+        return min(by_epochs, self.config.max_steps) if self.config.max_steps else by_epochs
+
+    def _compile_steps(self):
+        tf, task, model, optimizer = self.tf, self.task, self.model, self.optimizer
+        variables = model.trainable_variables
+
+        def compute(batch):
+            with tf.GradientTape() as tape:
+                loss, aux = task.loss(model, batch, training=True)
+            grads = tape.gradient(loss, variables)
+            return loss, aux, task.frames(batch), grads
+
+        def apply(grads):
+            optimizer.apply(grads, variables)
+
+        def fused(batch):
+            from models import hvd_compat
+
+            with tf.GradientTape() as tape:
+                loss, aux = task.loss(model, batch, training=True)
+            # Horovod: DistributedGradientTape averages each gradient as the backward pass makes it.
+            grads = self.strategy.distributed_tape(tape).gradient(loss, hvd_compat.tf_variables(variables))
+            optimizer.apply(grads, variables)
+            return loss, aux, task.frames(batch)
+
+        self._compute = tf.function(compute, reduce_retracing=True)
+        self._apply = tf.function(apply, reduce_retracing=True)
+        self._fused = tf.function(fused, reduce_retracing=True)
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def _step(self, iterator) -> tuple[float, dict, int, dict]:
+        tf = self.tf
+        times = {}
+        start = time.perf_counter()
+        batch = next(iterator)
+        times["input"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
+            loss, aux, frames = self._fused(batch)
+            loss = float(loss)  # waits for the step
+            times["compute"], times["communication"] = time.perf_counter() - start, 0.0
+        else:
+            loss, aux, frames, grads = self._compute(batch)
+            tf.test.experimental.sync_devices()
+            times["compute"] = time.perf_counter() - start
+            start = time.perf_counter()
+            grads = self.strategy.reduce(grads)
+            tf.test.experimental.sync_devices()
+            times["communication"] = time.perf_counter() - start
+            start = time.perf_counter()
+            self._apply(grads)
+            loss = float(loss)
+            times["compute"] += time.perf_counter() - start
+        return loss, {k: float(v) for k, v in aux.items()}, int(frames), times
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self._setup()
+        try:
+            if self.rank == 0:
+                return self._run_rank0()
+            return self._loop(log=None, bar=None)
+        finally:
+            self.strategy.close()
+
+    def _run_rank0(self) -> dict:
+        import mlflow
+        from tqdm import tqdm
+
+        c = self.config
+        configlib.save(c, self.workdir / "config.yaml")
+        atomic_write_json(self.workdir / "manifest_fingerprint.json", self.manifest["fingerprint"])
+        previous = tracking.load_run_file(self.workdir)
+        resume_id = previous["run_id"] if previous and self.position["step"] else None
+        tags = {"speechflow.stage": f"train_{c.model}", "speechflow.strategy": c.strategy.name}
+        with tracking.start_run(c.experiment, self.run_name or f"train-{c.model}-{c.strategy.name}",
+                                self.parent_run_id, resume_id, tags) as run:
+            tracking.save_run_file(self.workdir, run.info.run_id, c.experiment)
+            if resume_id is None:
+                params = configlib.flatten(configlib.to_dict(c))
+                params = {k: v for k, v in params.items() if not k.startswith("asr." if c.model == "tts" else "tts.")}
+                params.update(world_size=self.size, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
+                              shards=str(self.shards.resolve()), **{f"threads.{k}": v for k, v in self.threads.items()},
+                              **tracking.versions())
+                tracking.log_params(params)
+                tracking.log_shards_input(self.shards, self.manifest)
+            bar = tqdm(total=self.total_steps, initial=self.position["step"], desc=f"train {c.model}", unit="step",
+                       file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+            summary = self._loop(log=mlflow, bar=bar)
+            bar.close()
+            summary["run_id"] = run.info.run_id
+            self._log_final(mlflow, summary)
+        return summary
+
+    def _loop(self, log, bar) -> dict:
+        c = self.config
+        times = StepTimes()
+        history: list[dict] = []
+        profile_sums: dict[str, float] = {}
+        profiles = 0
+        step = start_step = self.position["step"]
+        loss = float("nan")
+        epoch, skip = self.position["epoch"], self.position["batch"]
+        done = step >= self.total_steps
+        while not done and epoch < c.epochs:
+            dataset, batches = self.task.dataset(self.shards, "train", c.input, self.rank, self.size, epoch, True, self.manifest)
+            iterator = iter(dataset.skip(skip))
+            for batch_index in range(skip, batches):
+                step += 1
+                if c.fail_at_step and step == c.fail_at_step and self.rank == c.fail_rank:
+                    raise RuntimeError(f"fail_at_step={step} on rank {self.rank} (a test's injected failure)")
+                loss, aux, frames, step_times = self._step(iterator)
+                if c.strategy.straggler_rank == self.rank and c.strategy.straggler_delay_ms > 0:
+                    # Benchmarks: a slow worker (a busy or throttled GPU) takes this much longer per step.
+                    time.sleep(c.strategy.straggler_delay_ms / 1000)
+                    step_times["compute"] += c.strategy.straggler_delay_ms / 1000
+                step_times["communication"] += self.strategy.after_step(step)
+                self._set_learning_rate(step + 1)
+                times.add(step_times, frames, counted=step > start_step + c.warmup_exclude)
+                if c.model == "tts" and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
+                    started = time.perf_counter()
+                    sample = self._profile_batch(dataset)
+                    if not profiles:
+                        self.task.profile(self.model, sample)  # compiles the per-module functions
+                    for key, value in self.task.profile(self.model, sample).items():
+                        profile_sums[key] = profile_sums.get(key, 0.0) + value
+                    profiles += 1
+                    times.exclude(time.perf_counter() - started)  # not training time
+                self.position = {"epoch": epoch, "batch": batch_index + 1, "step": step}
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.3f}", frames_s=f"{times.summary().get('frames_per_s', 0):.0f}", refresh=False)
+                if log is not None and (step % c.log_every == 0 or step == self.total_steps):
+                    record = {"loss": loss, "learning_rate": self.current_lr, "epoch": epoch, **aux,
+                              **times.flush_window(), **self.strategy.metrics()}
+                    if profiles:
+                        record.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
+                    log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
+                    history.append({"step": step, **record})
+                if self.rank == 0 and (step % c.checkpoint_every == 0):
+                    self._save_checkpoint(step)
+                if step >= self.total_steps:
+                    done = True
+                    break
+            epoch, skip = epoch + 1, 0
+            if not done:
+                self.position = {"epoch": epoch, "batch": 0, "step": step}
+        final = self.strategy.finish()
+        summary = {"rank": self.rank, "world_size": self.size, "steps": step, "final_loss": loss, **final,
+                   **times.summary(), "history": history}
+        if profiles:
+            summary.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
+        summary.update(self._gather(summary))
+        if self.rank == 0:
+            self._save_checkpoint(step)
+            self._save_model(summary)
+        return summary
+
+    def _set_learning_rate(self, step: int) -> None:
+        """Sets the rate that step `step` (1-based) will use."""
+        workers = self.size if self.config.strategy.name == "allreduce" else 1  # gossip workers step alone
+        self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
+        self.optimizer.learning_rate.assign(self.current_lr)
+
+    def _profile_batch(self, dataset):
+        if not hasattr(self, "_profile_sample"):
+            self._profile_sample = next(iter(dataset.take(1)))
+        return self._profile_sample
+
+    def _gather(self, summary: dict) -> dict:
+        """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
+        mine = {"frames_per_s": summary.get("frames_per_s", 0.0), "peak_memory_mb": peak_memory_mb(),
+                "steps": summary["steps"]}
+        # Horovod: collect one small record per rank on every rank.
+        everyone = self.hvd.allgather_object(mine)
+        return {
+            "frames_per_s_total": sum(r["frames_per_s"] for r in everyone),
+            "per_rank_frames_per_s": [r["frames_per_s"] for r in everyone],
+            "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
+        }
+
+    def _save_checkpoint(self, step: int) -> None:
+        checkpoint.save(self.workdir / "checkpoints", step, self.model.weights, self.optimizer.variables, self.position)
+
+    def _save_model(self, summary: dict) -> None:
+        """The final model for evaluation and serving: weights, config, vocabulary, normalization."""
+        model_dir = self.workdir / "model"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.save(model_dir, summary["steps"], self.model.weights, [], {"final": True}, keep=1)
+        configlib.save(self.config, model_dir / "config.yaml")
+        from pipeline.dataset import mel_stats
+
+        mean, std = mel_stats(self.manifest)
+        atomic_write_json(model_dir / "data.json", {
+            "model": self.config.model, "vocabulary": self.manifest["vocabulary"],
+            "feature_dim": self.manifest["feature_dim"], "mel_mean": mean.tolist(), "mel_std": std.tolist(),
+        })
+        atomic_write_json(self.workdir / "train_summary.json", {k: v for k, v in summary.items() if k != "history"})
+
+    def _log_final(self, mlflow, summary: dict) -> None:
+        from models import plots
+
+        scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k not in ("rank",)}
+        mlflow.log_metrics({f"final_{k}": float(v) for k, v in scalars.items()})
+        for rank, (fps, mem) in enumerate(zip(summary["per_rank_frames_per_s"], summary["per_rank_peak_memory_mb"])):
+            mlflow.log_metrics({f"rank{rank}_frames_per_s": fps, f"rank{rank}_peak_memory_mb": mem})
+        plot_dir = self.workdir / "plots"
+        plot_dir.mkdir(exist_ok=True)
+        for path in plots.training_plots(summary["history"], summary, plot_dir):
+            mlflow.log_artifact(str(path), artifact_path="plots")
+        mlflow.log_artifact(str(self.workdir / "config.yaml"))
+        from models import serving
+
+        serving.log_model(self.workdir / "model", self.model, self.config, json.loads((self.workdir / "model" / "data.json").read_text()))

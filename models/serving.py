@@ -1,0 +1,109 @@
+"""Loading a trained model directory, and the MLflow pyfunc model that serves it.
+
+A model directory (`WORKDIR/model`) holds the weights (`ckpt-*.npz`), the resolved `config.yaml`
+and `data.json` (vocabulary, feature dimension, the synthesis model's mel normalization).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import mlflow
+import numpy as np
+
+from models import checkpoint
+from pipeline import config as configlib
+
+
+def load_model_dir(model_dir: Path):
+    """Returns (model, TrainConfig, data dict) with the trained weights in place."""
+    from models.tasks import make_task
+    from models.train import TrainConfig
+
+    model_dir = Path(model_dir)
+    weights = checkpoint.latest(model_dir)
+    if weights is None or not (model_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{model_dir} holds no trained model (config.yaml and ckpt-*.npz); train first")
+    config = configlib.load(TrainConfig, model_dir / "config.yaml")
+    data = json.loads((model_dir / "data.json").read_text())
+    manifest_like = {"feature_dim": data["feature_dim"], "vocabulary": data["vocabulary"],
+                     "num_targets": config.asr.num_targets}
+    task = make_task(config.model, config.asr, config.tts, manifest_like)
+    model = task.build()
+    checkpoint.restore(weights, model.weights)
+    return model, config, data
+
+
+def utterance_cmvn(feats: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per-utterance mean/variance normalization [B, T, D], for speakers without statistics."""
+    out = np.zeros_like(feats, dtype=np.float32)
+    for i, n in enumerate(lengths):
+        x = feats[i, :n]
+        out[i, :n] = (x - x.mean(0)) / np.maximum(x.std(0), 1e-4)
+    return out
+
+
+def encode_texts(texts: list[str], vocabulary: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    from pipeline.shards import encode, normalize_transcript
+
+    ids = [encode(normalize_transcript(t, True), vocabulary) for t in texts]
+    lengths = np.asarray([len(x) for x in ids], np.int32)
+    tokens = np.zeros([len(ids), max(lengths)], np.int32)
+    for i, x in enumerate(ids):
+        tokens[i, : len(x)] = x
+    return tokens, lengths
+
+
+class SpeechModel(mlflow.pyfunc.PythonModel):
+    """ASR: {"feats": float32 [B, T, D] log-mel, "lengths": int32 [B]} -> transcripts (per-utterance CMVN).
+    TTS: {"text": [str]} -> {"mels": float32 [B, T, D] log-mel, "lengths": int32 [B]}."""
+
+    def load_context(self, context):
+        self.model, self.config, self.data = load_model_dir(context.artifacts["model_dir"])
+
+    def predict(self, context, model_input, params=None):
+        from models import asr
+
+        if self.config.model == "asr":
+            feats = np.asarray(model_input["feats"], np.float32)
+            lengths = np.asarray(model_input["lengths"], np.int32)
+            logits, out_lengths = self.model(utterance_cmvn(feats, lengths), lengths)
+            hyps = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
+            return [asr.ids_to_text(h, self.data["vocabulary"]) for h in hyps]
+        texts = list(model_input["text"])
+        tokens, lengths = encode_texts(texts, self.data["vocabulary"])
+        out = self.model.infer(tokens, lengths, max_steps=int((params or {}).get("max_steps", 400)))
+        mels = out["mels"].numpy() * np.asarray(self.data["mel_std"]) + np.asarray(self.data["mel_mean"])
+        return {"mels": mels.astype(np.float32), "lengths": out["lengths"].numpy()}
+
+
+def log_model(model_dir: Path, model, config, data: dict, name: str = "model"):
+    """Logs the model directory as an MLflow pyfunc model with an inferred signature."""
+    from mlflow.models import infer_signature
+
+    root = Path(__file__).resolve().parents[1]
+    probe = SpeechModel()  # predicts once with the live model, to infer the signature
+    probe.model, probe.config, probe.data = model, config, data
+    if config.model == "asr":
+        example = {"feats": np.zeros([1, 40, data["feature_dim"]], np.float32), "lengths": np.asarray([40], np.int32)}
+    else:
+        example = {"text": ["hello world"]}
+    output = probe.predict(None, example, {"max_steps": 5} if config.model == "tts" else None)
+    signature = infer_signature(example, output)
+    import keras
+    import tensorflow as tf
+
+    with warnings.catch_warnings():
+        # MLflow suggests typed predict() signatures; ours is explicit (infer_signature above).
+        warnings.filterwarnings("ignore", message=".*type hint.*")
+        return mlflow.pyfunc.log_model(
+            name=name,
+            python_model=SpeechModel(),
+            artifacts={"model_dir": str(model_dir)},
+            code_paths=[str(root / "models"), str(root / "pipeline")],
+            signature=signature,
+            input_example=example,
+            pip_requirements=[f"tensorflow-cpu=={tf.__version__}", f"keras=={keras.__version__}", "numpy<2", "pyyaml"],
+        )

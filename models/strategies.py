@@ -1,0 +1,103 @@
+"""How workers combine their work: the pluggable strategy interface, and Horovod ring-allreduce.
+
+A strategy sees a model's variables and gradients, never the model itself, so every model
+trains with every strategy. The trainer calls, per step:
+
+    grads = strategy.reduce(grads)      # in the step: allreduce averages; gossip passes through
+    strategy.after_step(step)           # between steps: broadcast after step 1, gossip merges
+    ...
+    strategy.finish()                   # all ranks end with the same (consensus) weights
+
+The asynchronous gossip strategy (AD-PSGD) lives in models/gossip.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyConfig:
+    name: str = "allreduce"  # "allreduce" (synchronous ring-allreduce) or "adpsgd" (asynchronous gossip)
+    compression: str = "none"  # allreduce: gradients travel as "none" (their dtype) or "fp16"
+    fused_step: bool = False  # allreduce: one compiled step with DistributedGradientTape (faster on GPUs, as
+    #                           it overlaps the allreduce with the backward pass; the timings then cannot
+    #                           tell computation from communication)
+    gossip: str = "fixed-ring"  # adpsgd: "fixed-ring", "random-ring" or "delay-by-one"
+    hierarchical: bool = False  # adpsgd: ranks on a host average by allreduce; one rank per host gossips
+    gossip_compression: str = "none"  # adpsgd: exchanges travel as "none" (float32) or "fp16"
+    consensus_every: int = 10  # adpsgd: gossip rounds between consensus-distance measurements
+    straggler_rank: int = -1  # benchmarks/tests: this rank sleeps straggler_delay_ms every step
+    straggler_delay_ms: float = 0.0  # the added delay per step of straggler_rank
+
+    def __post_init__(self):
+        if self.name not in ("allreduce", "adpsgd"):
+            raise ValueError(f"strategy must be 'allreduce' or 'adpsgd', got {self.name!r}")
+        for field, value in (("compression", self.compression), ("gossip_compression", self.gossip_compression)):
+            if value not in ("none", "fp16"):
+                raise ValueError(f"strategy.{field} must be 'none' or 'fp16', got {value!r}")
+        if self.gossip not in ("fixed-ring", "random-ring", "delay-by-one"):
+            raise ValueError(f"strategy.gossip must be fixed-ring, random-ring or delay-by-one, got {self.gossip!r}")
+
+
+class Allreduce:
+    """Synchronous data parallelism: every step, gradients are averaged over all ranks."""
+
+    name = "allreduce"
+
+    def __init__(self, config: StrategyConfig, model_vars: list, optimizer):
+        self.config = config
+        self.model_vars = model_vars
+        self.optimizer = optimizer
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        codec = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[config.compression]
+
+        @tf.function(reduce_retracing=True)
+        def reduce(grads):
+            # Horovod: average the gradients over all ranks (ring-allreduce; tensors fused in batches).
+            return hvd.grouped_allreduce(list(grads), op=hvd.Average, compression=codec)
+
+        self._reduce = reduce
+        self._broadcast_done = False
+
+    def reduce(self, grads):
+        return self._reduce(grads)
+
+    def distributed_tape(self, tape):
+        """For the fused step: DistributedGradientTape averages inside `tape.gradient`."""
+        from models import hvd_compat
+
+        return hvd_compat.distributed_tape(tape, compression=self.config.compression)
+
+    def after_step(self, step: int) -> float:
+        """Seconds spent communicating outside the step (the one-off broadcast after this run's first step)."""
+        if self._broadcast_done:
+            return 0.0
+        self._broadcast_done = True
+        start = time.perf_counter()
+        from models import hvd_compat
+
+        # Horovod: after the first step, when the optimizer's slots exist, every rank takes rank 0's
+        # weights and optimizer state (random initialization or a restored checkpoint alike).
+        hvd_compat.broadcast(self.model_vars + list(self.optimizer.variables), root_rank=0)
+        return time.perf_counter() - start
+
+    def metrics(self) -> dict:
+        return {}
+
+    def finish(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def make_strategy(config: StrategyConfig, model_vars: list, optimizer):
+    if config.name == "allreduce":
+        return Allreduce(config, model_vars, optimizer)
+    from models.gossip import GossipStrategy
+
+    return GossipStrategy(config, model_vars, optimizer)

@@ -1,0 +1,124 @@
+"""MLflow helpers shared by training, evaluation and the registry stage (rank 0 only calls them).
+
+The tracking URI comes from `MLFLOW_TRACKING_URI`; without it, MLflow's local SQLite store
+(`mlflow.db` in the working directory). With a SQLite store, artifacts go to `mlartifacts/` beside
+the database file, so `mlflow server --backend-store-uri sqlite:///... ` finds them wherever it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import warnings
+from pathlib import Path
+from typing import Any
+
+# MLflow's download progress bars flood task logs (it draws one per model it logs).
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+RUN_FILE = "mlflow_run.json"  # in a workdir: which run trained the model there
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def _artifact_root(uri: str) -> str | None:
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+    return None  # a tracking server decides
+
+
+def client():
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return mlflow.MlflowClient()
+
+
+def ensure_experiment(name: str) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    root = _artifact_root(tracking_uri())
+    try:
+        return mlflow.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
+    except mlflow.exceptions.MlflowException:
+        # Another process (a parallel Airflow task) created it first.
+        return mlflow.get_experiment_by_name(name).experiment_id
+
+
+def start_run(experiment: str, run_name: str | None = None, parent_run_id: str | None = None,
+              run_id: str | None = None, tags: dict | None = None):
+    """Starts (or resumes, with `run_id`) a run; nested under `parent_run_id` when given."""
+    import mlflow
+
+    experiment_id = ensure_experiment(experiment)
+    tags = dict(tags or {})
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    if run_id:
+        return mlflow.start_run(run_id=run_id)
+    return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
+
+
+def log_params(params: dict[str, Any]) -> None:
+    """Logs params in batches (MLflow takes at most 100 per call); long values are cut to 6000 chars."""
+    import mlflow
+
+    items = [(k, str(v)[:6000]) for k, v in params.items()]
+    for start in range(0, len(items), 100):
+        mlflow.log_params(dict(items[start : start + 100]))
+
+
+def versions() -> dict[str, str]:
+    import horovod
+    import keras
+    import mlflow
+    import numpy
+    import tensorflow as tf
+
+    return {"version.python": platform.python_version(), "version.tensorflow": tf.__version__,
+            "version.keras": keras.__version__, "version.horovod": horovod.__version__,
+            "version.mlflow": mlflow.__version__, "version.numpy": numpy.__version__}
+
+
+def log_shards_input(shards_dir: Path, manifest: dict, context: str = "training") -> None:
+    """Records the shards' manifest as the run's input dataset (lineage: model <- shards <- Kaldi dirs)."""
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    from pipeline.fsutil import config_hash
+
+    digest = manifest.get("fingerprint", {})
+    with warnings.catch_warnings():
+        # MLflow registers two equivalent local-file sources and warns that it picks one.
+        warnings.simplefilter("ignore")
+        source = resolve_dataset_source(str(Path(shards_dir).resolve() / "manifest.json"))
+    dataset = MetaDataset(
+        source=source,
+        name=f"shards:{Path(shards_dir).name}",
+        digest=config_hash(digest),
+    )
+    mlflow.log_input(dataset, context=context, tags={
+        "data_dirs": json.dumps({s: v["data_dir"] for s, v in manifest["splits"].items()}),
+    })
+    mlflow.set_tags({f"data.{split}.dir": info["data_dir"] for split, info in manifest["splits"].items()})
+    mlflow.set_tags({f"data.{split}.utterances": info["utterances"] for split, info in manifest["splits"].items()})
+
+
+def save_run_file(workdir: Path, run_id: str, experiment: str) -> None:
+    from pipeline.fsutil import atomic_write_json
+
+    atomic_write_json(Path(workdir) / RUN_FILE, {"run_id": run_id, "experiment": experiment, "tracking_uri": tracking_uri()})
+
+
+def load_run_file(workdir: Path) -> dict | None:
+    from pipeline.fsutil import read_json
+
+    return read_json(Path(workdir) / RUN_FILE)
