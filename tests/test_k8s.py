@@ -1,0 +1,574 @@
+"""Cluster mode without a cluster: what pipeline/k8s.py renders, the kustomize tree, and the validators.
+
+The MPIJob checks use the CRD of the MPI Operator in ../shared/k8s-schemas/ (CI has it; a clone may
+not, and those tests skip). The end-to-end run of scripts/validate_k8s.sh needs .venv-k8s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from pipeline import k8s
+from tests.conftest import AIRFLOW_BIN, ROOT
+
+CRD = ROOT.parent / "shared" / "k8s-schemas" / "mpijobs.kubeflow.org-v0.8.2.yaml"
+VENV_K8S = ROOT / ".venv-k8s"
+# The kubectl pinned in .venv-k8s (requirements/k8s.in), else the machine's.
+KUBECTL = (
+    str(VENV_K8S / "bin" / "kubectl") if (VENV_K8S / "bin" / "kubectl").exists() else shutil.which("kubectl")
+)
+OVERLAYS = ("gpu", "single-node")
+TRAIN_ARGS = [
+    "--model",
+    "asr",
+    "--strategy",
+    "allreduce",
+    "--shards",
+    "/data/shards",
+    "--workdir",
+    "/data/runs/r1",
+]
+
+needs_crd = pytest.mark.skipif(
+    not CRD.is_file(), reason=f"MPIJob CRD not found at {CRD} (CI provides ../shared/k8s-schemas/)"
+)
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not installed (it renders the kustomizations)"
+)
+
+
+def _load_validator():
+    spec = importlib.util.spec_from_file_location("validate_mpijob", ROOT / "scripts" / "validate_mpijob.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+validate_mpijob = _load_validator()
+
+
+@functools.cache
+def crd_schema() -> dict:
+    """The MPIJob CRD's v2beta1 schema, strict (parsing the CRD takes seconds: once per session)."""
+    return validate_mpijob.strict(validate_mpijob.crd_schema(CRD))
+
+
+def settings_of(overlay: str) -> k8s.ClusterSettings:
+    return k8s.load_settings(ROOT / "k8s" / "overlays" / overlay / "cluster.yaml")
+
+
+def replica(job: dict, role: str) -> dict:
+    return job["spec"]["mpiReplicaSpecs"][role]
+
+
+def container(job: dict, role: str) -> dict:
+    return replica(job, role)["template"]["spec"]["containers"][0]
+
+
+def env_of(c: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def base_docs() -> list[dict]:
+    docs = []
+    for path in sorted((ROOT / "k8s" / "base").glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def find(docs: list[dict], kind: str, name: str) -> dict:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+# ---- render_mpijob -----------------------------------------------------------------------------
+
+
+def test_mpijob_launcher_runs_horovodrun_over_all_gpus_with_the_train_args():
+    settings = dataclasses.replace(k8s.ClusterSettings(), image="registry.example/speechflow/train:1.2.3")
+    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=4, settings=settings)
+
+    assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
+    assert job["metadata"] == {
+        "name": "asr-run",
+        "namespace": "speechflow",
+        "labels": {"app.kubernetes.io/part-of": "speechflow"},
+    }
+    launcher = container(job, "Launcher")
+    assert launcher["image"] == "registry.example/speechflow/train:1.2.3"
+    command = launcher["command"]
+    assert command[:3] == ["horovodrun", "-np", "8"]
+    # The operator's OpenMPI hostfile (`host slots=N` lines) is what horovodrun reads.
+    assert command[command.index("--hostfile") + 1] == "/etc/mpi/hostfile"
+    assert "--mpi" in command and command[command.index("--ssh-port") + 1] == "2222"
+    assert command[command.index("--network-interfaces") + 1] == "eth0"
+    tail = command[command.index("python") :]
+    assert tail == ["python", "-m", "models.train", *TRAIN_ARGS]
+    assert "nvidia.com/gpu" not in launcher["resources"]["limits"]
+    assert replica(job, "Launcher")["replicas"] == 1
+
+
+def test_mpijob_workers_get_gpus_slots_gpu_nodes_shm_and_nccl_settings():
+    settings = settings_of("gpu")
+    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=3, settings=settings)
+    spec = job["spec"]
+    assert spec["slotsPerWorker"] == settings.gpus_per_worker == 4
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["mpiImplementation"] == "OpenMPI"
+    assert spec["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert container(job, "Launcher")["command"][:3] == ["horovodrun", "-np", "12"]
+
+    worker = replica(job, "Worker")
+    assert worker["replicas"] == 3 and worker["restartPolicy"] == "Never"
+    pod = worker["template"]["spec"]
+    c = container(job, "Worker")
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert c["resources"]["limits"]["cpu"] == c["resources"]["requests"]["cpu"] == "32"
+    assert c["command"][0] == "/usr/sbin/sshd" and c["readinessProbe"]["tcpSocket"]["port"] == 2222
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    data = next(v for v in pod["volumes"] if v["name"] == "data")
+    assert data["persistentVolumeClaim"]["claimName"] == "speechflow-data"
+
+    # horovodrun forwards the launcher's environment to every rank: NCCL settings must be there.
+    launcher_env = env_of(container(job, "Launcher"))
+    assert launcher_env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert launcher_env["NCCL_DEBUG"] == "WARN"
+    assert launcher_env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+    assert launcher_env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert launcher_env["AWS_SECRET_ACCESS_KEY"] == {
+        "secretKeyRef": {"name": "s3-credentials", "key": "secret-key"}
+    }
+
+
+def test_mpijob_pods_are_unprivileged():
+    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
+    for role in ("Launcher", "Worker"):
+        pod = replica(job, role)["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 10001
+        assert pod["automountServiceAccountToken"] is False
+        sc = container(job, role)["securityContext"]
+        assert sc == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+
+
+def test_mpijob_without_gpus_runs_one_slot_per_worker_anywhere():
+    job = k8s.render_mpijob("cpu-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=0)
+    assert job["spec"]["slotsPerWorker"] == 1
+    assert container(job, "Launcher")["command"][:3] == ["horovodrun", "-np", "2"]
+    assert "nvidia.com/gpu" not in container(job, "Worker")["resources"]["limits"]
+    assert "nodeSelector" not in replica(job, "Worker")["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("name", "workers", "gpus", "message"),
+    [
+        ("Bad_Name", 2, 1, "invalid Kubernetes name"),
+        ("x" * 49, 2, 1, "at most 48"),
+        ("ok-name", 0, 1, "num_workers must be at least 1"),
+        ("ok-name", 1, -1, "gpus_per_worker"),
+    ],
+)
+def test_mpijob_rejects_bad_input(name, workers, gpus, message):
+    with pytest.raises(ValueError, match=message):
+        k8s.render_mpijob(name, TRAIN_ARGS, num_workers=workers, gpus_per_worker=gpus)
+
+
+def test_safe_name_makes_distinct_valid_job_names_from_run_ids():
+    a = k8s.safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")
+    b = k8s.safe_name("train-asr", "manual__2026-01-01T00:00:01+00:00")
+    long = k8s.safe_name("train-asr", "scheduled__" + "x" * 80)
+    for name in (a, b, long):
+        assert len(name) <= k8s.MAX_JOB_NAME and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+        k8s.render_mpijob(name, TRAIN_ARGS, num_workers=1)  # accepted
+    assert a != b and a == k8s.safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")
+    assert k8s.safe_name("train-asr") == "train-asr"
+
+
+# ---- CRD schema ------------------------------------------------------------------------------
+
+
+@needs_crd
+@pytest.mark.parametrize("overlay", [None, *OVERLAYS])
+@pytest.mark.parametrize("gpus", [None, 0])
+def test_rendered_mpijob_meets_the_crd_schema_and_operator_rules(overlay, gpus):
+    settings = settings_of(overlay) if overlay else k8s.ClusterSettings()
+    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=gpus, settings=settings)
+    schema = crd_schema()
+    # Through YAML, as kubectl would receive it.
+    assert validate_mpijob.validate_mpijob(yaml.safe_load(k8s.to_yaml(job)), schema) == []
+
+
+@needs_crd
+def test_crd_validation_catches_unknown_fields_and_bad_values():
+    schema = crd_schema()
+    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
+    job["spec"]["slotPerWorker"] = 4  # typo: the API server would reject it as an unknown field
+    container(job, "Worker")["resources"]["limits"]["nvidia.com/gpu"] = "one"
+    replica(job, "Launcher")["replicas"] = 2
+    errors = validate_mpijob.validate_mpijob(job, schema)
+    assert any("slotPerWorker" in e for e in errors), errors
+    assert any("nvidia.com/gpu" in e for e in errors), errors
+    assert any("Launcher.replicas: must be 1" in e for e in errors), errors
+
+
+@needs_crd
+def test_committed_mpijob_template_is_the_renderer_output():
+    path = ROOT / "k8s" / "mpijob" / "train-asr.yaml"
+    committed = yaml.safe_load(path.read_text())
+    rendered = k8s.render_mpijob(
+        "speechflow-train-asr",
+        ["--model", "asr", "--strategy", "allreduce", "--shards", "/data/shards"]
+        + ["--workdir", "/data/runs/speechflow-train-asr"],
+        num_workers=2,
+        gpus_per_worker=4,
+        settings=settings_of("gpu"),
+    )
+    assert committed == rendered, f"{path} is stale: regenerate it with the command in its header"
+    schema = crd_schema()
+    assert validate_mpijob.validate_mpijob(committed, schema) == []
+
+
+# ---- stage pods ------------------------------------------------------------------------------
+
+
+def test_stage_pod_runs_the_module_with_data_claim_and_s3_secret():
+    pod = k8s.render_stage_pod("features", "pipeline.features", ["--data-dir", "/data/corpus/train"])
+    assert pod["kind"] == "Pod" and pod["metadata"]["namespace"] == "speechflow"
+    spec = pod["spec"]
+    c = spec["containers"][0]
+    assert c["name"] == "base"  # the container KubernetesPodOperator follows
+    assert c["command"] == ["python", "-m", "pipeline.features"]
+    assert c["args"] == ["--data-dir", "/data/corpus/train"]
+    assert spec["restartPolicy"] == "Never"
+    assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+    env = env_of(c)
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "s3-credentials", "key": "access-key"}}
+    assert env["S3_ENDPOINT"] == "minio:9000" and env["S3_USE_HTTPS"] == "0"
+    assert "nvidia.com/gpu" not in c["resources"]["limits"] and "nodeSelector" not in spec
+
+    gpu_pod = k8s.render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
+    assert gpu_pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert gpu_pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+    no_s3 = k8s.render_stage_pod(
+        "corpus", "pipeline.corpus", [], dataclasses.replace(k8s.ClusterSettings(), s3_endpoint="")
+    )
+    assert not any(e["name"].startswith(("AWS_", "S3_")) for e in no_s3["spec"]["containers"][0]["env"])
+    with pytest.raises(ValueError, match="not a Python module"):
+        k8s.render_stage_pod("x", "pipeline/features.py", [])
+
+
+def test_stage_pod_operator_kwargs_carry_image_command_and_template():
+    pod = k8s.render_stage_pod(
+        "shards", "pipeline.shards", ["--split", "train=/data/c/train", "--out", "/data/s"]
+    )
+    kwargs = k8s.stage_pod_operator_kwargs(pod)
+    assert kwargs["image"] == "speechflow/train:0.1.0"
+    assert kwargs["cmds"] == ["python", "-m", "pipeline.shards"]
+    assert kwargs["arguments"] == ["--split", "train=/data/c/train", "--out", "/data/s"]
+    assert kwargs["namespace"] == "speechflow" and kwargs["base_container_name"] == "base"
+    assert kwargs["pod_template_dict"] == pod
+    assert kwargs["service_account_name"] == "speechflow-pipeline"
+
+
+@pytest.mark.airflow
+def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
+    python = AIRFLOW_BIN / "python"
+    if not python.exists():
+        pytest.skip(".venv-airflow is missing (make setup builds it)")
+    # No cluster: a kubeconfig that names an unreachable server is enough to build the request.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "none", "user": {"token": "none"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+                "current-context": "none",
+            }
+        )
+    )
+    script = textwrap.dedent(
+        """
+        import json
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+        from kubernetes.client import ApiClient
+        from pipeline.k8s import render_stage_pod, stage_pod_operator_kwargs
+
+        pod = render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
+        op = KubernetesPodOperator(task_id="evaluate", **stage_pod_operator_kwargs(pod))
+        print("POD " + json.dumps(ApiClient().sanitize_for_serialization(op.build_pod_request_obj())))
+        """
+    )
+    proc = subprocess.run(
+        [str(python), "-c", script],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+            "KUBECONFIG": str(kubeconfig),
+            "HOME": str(tmp_path),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    built = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("POD "))[4:])
+    spec = built["spec"]
+    (c,) = spec["containers"]
+    assert c["image"] == "speechflow/train:0.1.0"
+    assert c["command"] == ["python", "-m", "models.evaluate"] and c["args"] == [
+        "--model-dir",
+        "/data/runs/r1",
+    ]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
+    assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+    assert any(e["name"] == "AWS_ACCESS_KEY_ID" and "valueFrom" in e for e in c["env"])
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {v["name"] for v in spec["volumes"]} == {"tmp", "home", "data"}
+
+
+# ---- MPIJob status ---------------------------------------------------------------------------
+
+
+def cond(kind: str, status: str = "True", **extra) -> dict:
+    return {"type": kind, "status": status, **extra}
+
+
+@pytest.mark.parametrize(
+    ("status", "phase"),
+    [
+        (None, "Pending"),
+        ({}, "Pending"),
+        ({"conditions": [cond("Created")]}, "Pending"),
+        ({"conditions": [cond("Created"), cond("Suspended")]}, "Pending"),
+        ({"conditions": [cond("Created"), cond("Running")]}, "Running"),
+        ({"conditions": [cond("Running", "False"), cond("Restarting")]}, "Running"),
+        ({"conditions": [cond("Created"), cond("Running", "False"), cond("Succeeded")]}, "Succeeded"),
+        ({"conditions": [cond("Running"), cond("Failed", reason="MPIJobFailed")]}, "Failed"),
+        ({"conditions": [cond("Running"), cond("Failed", "False")]}, "Running"),
+    ],
+)
+def test_mpijob_phase_collapses_conditions(status, phase):
+    assert k8s.mpijob_phase(status) == phase
+
+
+def test_mpijob_failure_message_and_launcher_selector():
+    failed = {
+        "conditions": [
+            cond("Running", "False"),
+            cond("Failed", reason="MPIJobFailed", message="launcher exit 1"),
+        ]
+    }
+    assert k8s.mpijob_failure_message(failed) == "MPIJobFailed: launcher exit 1"
+    assert k8s.mpijob_failure_message({"conditions": [cond("Running")]}) == ""
+    assert k8s.launcher_pod_selector("asr-run") == (
+        "training.kubeflow.org/job-name=asr-run,training.kubeflow.org/job-role=launcher"
+    )
+
+
+# ---- settings, CLI, consistency with k8s/ and docker/ -----------------------------------------
+
+
+def test_overlay_settings_load_and_unknown_keys_fail():
+    assert settings_of("gpu").gpus_per_worker == 4
+    assert settings_of("single-node").image_pull_policy == "IfNotPresent"
+    with pytest.raises(ValueError, match="unknown config key 'gpus'"):
+        k8s.load_settings(None, ["gpus=4"])
+    with pytest.raises(ValueError, match="name, value"):
+        k8s.load_settings(None, ["nccl_env=[[NCCL_DEBUG]]"])
+
+
+def test_cli_prints_the_rendered_mpijob(capsys):
+    settings = ROOT / "k8s" / "overlays" / "gpu" / "cluster.yaml"
+    argv = [
+        "--settings",
+        str(settings),
+        "mpijob",
+        "--name",
+        "asr-run",
+        "--num-workers",
+        "2",
+        "--",
+        *TRAIN_ARGS,
+    ]
+    assert k8s.main(argv) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == k8s.render_mpijob("asr-run", TRAIN_ARGS, 2, settings=settings_of("gpu"))
+
+
+def test_renderer_imports_without_tensorflow():
+    probe = "import sys, pipeline.k8s; sys.exit('tensorflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, timeout=120).returncode == 0
+
+
+def test_renderer_defaults_match_the_kustomize_base():
+    docs = base_docs()
+    settings = k8s.ClusterSettings()
+    assert find(docs, "Namespace", settings.namespace)
+    claim = find(docs, "PersistentVolumeClaim", settings.data_claim)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    account = find(docs, "ServiceAccount", settings.service_account)
+    assert account["automountServiceAccountToken"] is False
+    assert find(docs, "Service", "mlflow")["spec"]["ports"][0]["port"] == 5000
+    assert settings.mlflow_tracking_uri == "http://mlflow:5000"
+    assert (
+        settings.s3_endpoint == "minio:9000"
+        and find(docs, "Service", "minio")["spec"]["ports"][0]["port"] == 9000
+    )
+
+    # The NetworkPolicies select the labels the renderer puts on pipeline pods.
+    pod_labels = k8s.render_stage_pod("x", "pipeline.corpus", [])["metadata"]["labels"]
+    pipeline_policy = find(docs, "NetworkPolicy", "pipeline")["spec"]
+    assert pipeline_policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    minio_from = find(docs, "NetworkPolicy", "minio")["spec"]["ingress"][0]["from"][0]["podSelector"][
+        "matchLabels"
+    ]
+    assert minio_from.items() <= pod_labels.items()
+
+    # The secret and keys the pods read are the ones minio-setup makes a MinIO user of.
+    job = find(docs, "Job", "minio-setup")
+    secrets = {v["secret"]["secretName"] for v in job["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    assert settings.s3_secret in secrets
+    script = find(docs, "ConfigMap", "minio-setup")["data"]["setup.sh"]
+    assert f"/etc/s3-credentials/{settings.s3_access_key_field}" in script
+    assert f"/etc/s3-credentials/{settings.s3_secret_key_field}" in script
+
+    # The RoleBinding lets the namespace's accounts (Airflow's task pods) manage MPIJobs.
+    role = find(docs, "Role", "mpijob-submitter")
+    assert any(
+        "mpijobs" in r["resources"] and "create" in r["verbs"] and "delete" in r["verbs"]
+        for r in role["rules"]
+    )
+    binding = find(docs, "RoleBinding", "mpijob-submitter")
+    assert binding["subjects"][0]["name"] == f"system:serviceaccounts:{settings.namespace}"
+
+
+def test_renderer_defaults_match_the_training_image():
+    dockerfile = (ROOT / "docker" / "train.Dockerfile").read_text()
+    settings = k8s.ClusterSettings()
+    assert f"--uid {settings.run_as_user} " in dockerfile
+    assert f"USER {settings.run_as_user}:{settings.run_as_user}" in dockerfile
+    assert f"'Port {settings.ssh_port}'" in dockerfile
+    assert f"'HostKey {settings.home}/.ssh/id_rsa'" in dockerfile
+    worker = container(k8s.render_mpijob("j", TRAIN_ARGS, 1), "Worker")
+    assert f"> {worker['command'][-1]}" in dockerfile  # the sshd config the worker starts with
+
+
+@pytest.mark.parametrize("manifest", ["postgres.yaml", "minio-setup.yaml"])
+def test_embedded_shell_scripts_parse(manifest, tmp_path):
+    for doc in yaml.safe_load_all((ROOT / "k8s" / "base" / manifest).read_text()):
+        if doc and doc["kind"] == "ConfigMap":
+            for key, text in doc["data"].items():
+                if key.endswith(".sh"):
+                    path = tmp_path / key
+                    path.write_text(text)
+                    shell = "bash" if text.startswith("#!/bin/bash") else "sh"
+                    proc = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True)
+                    assert proc.returncode == 0, f"{manifest} {key}: {proc.stderr}"
+
+
+# ---- kustomize -------------------------------------------------------------------------------
+
+
+def kustomize(path: str) -> list[dict]:
+    proc = subprocess.run(
+        [KUBECTL, "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", ["k8s/base", *(f"k8s/overlays/{o}" for o in OVERLAYS)])
+def test_kustomize_renders_namespaced_limited_unprivileged_objects(path):
+    docs = kustomize(path)
+    kinds = {d["kind"] for d in docs}
+    assert {
+        "Namespace",
+        "PersistentVolumeClaim",
+        "StatefulSet",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+    } <= kinds
+    for doc in docs:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "speechflow", doc["metadata"]["name"]
+        template = (doc.get("spec") or {}).get("template")
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
+            pod = template["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True, doc["metadata"]["name"]
+            for c in pod["containers"]:
+                assert c["securityContext"]["allowPrivilegeEscalation"] is False
+                assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+                assert {"cpu", "memory"} <= c["resources"]["requests"].keys() & c["resources"][
+                    "limits"
+                ].keys()
+                assert not c["image"].endswith(":latest") and ":" in c["image"]
+    secrets = [d for d in docs if d["kind"] == "Secret"]
+    assert secrets == [], "no Secret (and no secret value) is committed"
+
+
+@needs_kubectl
+def test_overlays_choose_the_data_claim_access_mode():
+    def claim(path: str) -> dict:
+        return find(kustomize(path), "PersistentVolumeClaim", "speechflow-data")["spec"]
+
+    gpu = claim("k8s/overlays/gpu")
+    assert gpu["accessModes"] == ["ReadWriteMany"] and gpu["storageClassName"]
+    # One node: a ReadWriteOnce volume serves every pod, on the default storage class.
+    single = claim("k8s/overlays/single-node")
+    assert single["accessModes"] == ["ReadWriteOnce"] and "storageClassName" not in single
+
+
+# ---- the validators, end to end ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_crd
+@needs_kubectl
+@pytest.mark.skipif(
+    not (VENV_K8S / "bin" / "python").exists(),
+    reason=".venv-k8s is missing: python3.11 -m venv .venv-k8s && "
+    ".venv-k8s/bin/pip install -r requirements/k8s.in -c requirements/k8s.lock",
+)
+def test_validate_k8s_script_passes():
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "validate_k8s.sh")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+    assert "all checks passed" in proc.stdout
+    # The validators looked at what matters: both rendered MPIJobs and the committed template.
+    assert proc.stdout.count("ok   ") >= 3 and "Failed checks: 0" in proc.stdout
