@@ -1,0 +1,667 @@
+"""A demo speech corpus as a Kaldi data root, synthesized with espeak-ng.
+
+    python -m pipeline.corpus --out DIR [--num-utterances 1500] [--seed 0] [--jobs 2]
+
+writes `DIR/{train,dev,test,test_noisy}/` (Kaldi data directories: `wav.scp`, `text`, `utt2spk`,
+`spk2utt`, sorted by id) over 16 kHz mono 16-bit wavs under `DIR/wav/`, then `DIR/corpus.json`
+as the done marker. Speakers are espeak-ng voices with variants (`en-gb-x-rp+f2`) at a per-speaker
+rate and pitch; `test/` uses voice combinations training never hears, and `test_noisy/` is the
+same utterances mixed with pink noise at a fixed SNR. Sentences come from a small grammar of
+commands, numbers, names, places and times, spelled out exactly as spoken.
+
+`plan_corpus` is the pure core (config -> list of utterances); `build_corpus` runs espeak-ng and
+sox in a thread pool (the work happens in the subprocesses, so threads suffice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import soundfile as sf
+from tqdm import tqdm
+
+from pipeline import config as config_lib
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "dev", "test")  # what the plan holds; test_noisy mirrors test
+ALL_SPLITS = (*SPLITS, "test_noisy")
+INSTALL_HINT = "install both with `apt-get install espeak-ng sox`"
+# Fewer voices than this and a model trained on the corpus cannot learn speaker-independent
+# features, or the test set cannot show whether it did.
+MIN_TRAIN_VOICES, MIN_TEST_VOICES = 8, 3
+_TRAIN_BASES = ("en", "en-us", "en-gb-x-rp", "en-gb-scotland")
+_TRAIN_VARIANTS = ("m1", "m2", "m4", "m6", "f1", "f2", "f3", "klatt")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusConfig:
+    # Utterances in train + dev + test; test_noisy mirrors test and is not counted.
+    num_utterances: int = 1500
+    # Seeds sentences, speaker rates and pitches, and noise offsets; same seed, same bytes.
+    seed: int = 0
+    # Share of num_utterances for dev (same speakers as train, new sentences).
+    dev_fraction: float = 0.1
+    # Share of num_utterances for test (unseen voices, new sentences); train gets the rest.
+    test_fraction: float = 0.1
+    # espeak-ng `voice+variant` specs heard in training (dev uses the same speakers).
+    train_voices: tuple[str, ...] = tuple(f"{b}+{v}" for b in _TRAIN_BASES for v in _TRAIN_VARIANTS)
+    # Held-out combinations: seen accents with unseen variants, unseen accents with seen
+    # variants, and one with both unseen.
+    test_voices: tuple[str, ...] = (
+        "en+m3", "en-us+f4", "en-gb-x-rp+m7", "en-gb-scotland+klatt3",
+        "en-029+m2", "en-us-nyc+f1", "en-gb-x-gbclan+m4", "en-gb-x-gbcwmd+f4",
+    )  # fmt: skip
+    # Inclusive range of a speaker's speaking rate, in words per minute (espeak-ng default 175).
+    rate_range: tuple[int, int] = (130, 190)
+    # Inclusive range of a speaker's espeak-ng pitch, 0-99 (default 50).
+    pitch_range: tuple[int, int] = (30, 70)
+    # espeak-ng amplitude (default 100): 60 leaves headroom so resampling and noise never clip.
+    amplitude: int = 60
+    # Signal-to-noise ratio of test_noisy, in dB, over the whole utterance.
+    snr_db: float = 15.0
+    # Output sample rate in Hz (espeak-ng synthesizes at 22050).
+    sample_rate: int = 16000
+    # Fewest words in a sentence; shorter grammar outputs are redrawn.
+    min_words: int = 3
+    # Most words in a sentence; longer grammar outputs are redrawn.
+    max_words: int = 14
+
+    def __post_init__(self):
+        if not (
+            self.dev_fraction > 0 and self.test_fraction > 0 and self.dev_fraction + self.test_fraction < 1
+        ):
+            raise ValueError("dev_fraction and test_fraction must be positive and sum to less than 1")
+        if min(split_sizes(self).values()) < 1:
+            raise ValueError(f"num_utterances={self.num_utterances} leaves a split empty; use at least 10")
+        overlap = sorted(set(self.train_voices) & set(self.test_voices))
+        if overlap:
+            raise ValueError(
+                f"voices {overlap} are in both train_voices and test_voices; test voices must be unseen"
+            )
+        for spec in (*self.train_voices, *self.test_voices):
+            if not re.fullmatch(r"[a-z0-9-]+(\+[A-Za-z0-9]+)?", spec):
+                raise ValueError(f"voice {spec!r} is not an espeak-ng `voice` or `voice+variant` spec")
+        if not (
+            80 <= self.rate_range[0] <= self.rate_range[1] <= 450
+            and 0 <= self.pitch_range[0] <= self.pitch_range[1] <= 99
+        ):
+            raise ValueError(
+                f"rate_range {self.rate_range} must lie in 80-450, pitch_range {self.pitch_range} in 0-99"
+            )
+        if not 1 <= self.min_words <= self.max_words:
+            raise ValueError(f"need 1 <= min_words <= max_words, got {self.min_words}, {self.max_words}")
+        if not 0 < self.amplitude <= 200 or self.sample_rate < 8000:
+            raise ValueError(
+                f"need 0 < amplitude <= 200 and sample_rate >= 8000, got {self.amplitude}, {self.sample_rate}"
+            )
+
+
+def split_sizes(config: CorpusConfig) -> dict[str, int]:
+    """Utterances per split: {"train", "dev", "test"} -> count, summing to num_utterances."""
+    dev = round(config.num_utterances * config.dev_fraction)
+    test = round(config.num_utterances * config.test_fraction)
+    return {"train": config.num_utterances - dev - test, "dev": dev, "test": test}
+
+
+# --- grammar ------------------------------------------------------------------------------------
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+_ONES = _words(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen"
+)
+_TENS = _words("_ _ twenty thirty forty fifty sixty seventy eighty ninety")
+_ORDINALS = _words(
+    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth "
+    "thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth"
+)
+
+
+def number_to_words(n: int) -> str:
+    """0 <= n < 1e6 as spoken English: 23 -> "twenty three", 105 -> "one hundred and five"."""
+    if not 0 <= n < 1_000_000:
+        raise ValueError(f"number_to_words handles 0 to 999999, got {n}")
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
+    if n < 1000:
+        head = f"{_ONES[n // 100]} hundred"
+        return head if n % 100 == 0 else f"{head} and {number_to_words(n % 100)}"
+    head, rest = f"{number_to_words(n // 1000)} thousand", n % 1000
+    return head if rest == 0 else f"{head} {'and ' if rest < 100 else ''}{number_to_words(rest)}"
+
+
+def ordinal_to_words(n: int) -> str:
+    """1 <= n <= 31 as a spoken day of the month: 3 -> "third", 21 -> "twenty first"."""
+    if not 1 <= n <= 31:
+        raise ValueError(f"ordinal_to_words handles 1 to 31, got {n}")
+    if n < 20:
+        return _ORDINALS[n - 1]
+    tens = "twenty" if n < 30 else "thirty"
+    return f"{tens[:-1]}ieth" if n % 10 == 0 else f"{tens} {_ORDINALS[n % 10 - 1]}"
+
+
+# `slot: options`: comma-separated phrases, or space-separated words where a line has no comma.
+# Options may hold further {slots}; `_` is an empty option (it makes the slot optional); indented
+# lines continue the slot above. Number slots are functions, in NUMBER_SLOTS below.
+GRAMMAR = """
+name: anna ben carla david emma frank grace henry jack kate leo maria peter rachel sam tina william zoe alice
+  lucy george martin nina paul sarah thomas laura daniel julia simon james mark
+city: london paris berlin madrid rome boston chicago denver seattle toronto dublin vienna prague oslo tokyo
+  sydney lisbon athens cairo miami atlanta edinburgh manchester amsterdam
+place: station, airport, library, office, bank, park, beach, market, museum, hospital, school, gym, bakery,
+  cinema, pharmacy, supermarket, restaurant, hotel, church, theater, zoo, post office, bus stop, gas station,
+  swimming pool
+room: kitchen, bedroom, living room, bathroom, hallway, garage, garden, office, basement, attic, dining room,
+  nursery, guest room, porch
+device: lights, lamp, heater, fan, radio, television, oven, dishwasher, washing machine, coffee maker,
+  air conditioner, speakers, computer, kettle, microwave
+switch: turn on, turn off, switch on, switch off
+opening: window, door, curtains, blinds, garage door, back door
+openclose: open close
+day: monday tuesday wednesday thursday friday saturday sunday
+month: january february march april may june july august september october november december
+daypart: morning afternoon evening
+when: today, tomorrow, tonight, this {daypart}, tomorrow {daypart}, on {day}, next {day}, on {day} {daypart},
+  next week, this weekend, _, _
+time: {hour} o'clock, half past {hour}, a quarter to {hour}, a quarter past {hour}, {hour} {minute}, noon,
+  midnight, {hour} in the {daypart}
+food: apples, oranges, bananas, grapes, lemons, tomatoes, potatoes, carrots, onions, eggs, bread, cheese,
+  butter, milk, rice, pasta, coffee, tea, juice, chicken, fish, beans, cookies, strawberries, mushrooms,
+  peppers, honey, noodles
+dish: pizza, soup, salad, pancakes, spaghetti, fried rice, roast chicken, vegetable soup, grilled fish,
+  sandwiches
+meal: breakfast lunch dinner
+drink: tea, coffee, hot chocolate, orange juice, water, lemonade
+genre: jazz rock classical pop country blues folk piano dance
+color: red blue green yellow white black purple brown pink gray orange
+item: keys, wallet, glasses, umbrella, jacket, phone, bag, book, laptop, passport, headphones, hat, scarf,
+  gloves, ticket, pen, camera, watch
+furniture: table, desk, chair, sofa, shelf, bed, counter, floor, kitchen table, piano
+relative: mother father sister brother aunt uncle friend cousin grandmother grandfather daughter son neighbor
+  teacher doctor
+weather: sunny cloudy rainy windy foggy snowy warm cold hot cool stormy freezing
+event: party meeting dinner wedding picnic concert birthday lunch conference trip
+transport: bus, train, taxi, flight, ferry, tram, last train, early bus
+animal: cats dogs birds horses cows sheep rabbits
+thing: chairs, plates, glasses, cups, tables, candles, forks, spoons
+task: buy {food}, call {name}, water the plants, take out the trash, feed the cat, walk the dog, pay the rent,
+  book the flight, pick up {name} from the {place}, send the report, clean the {room}, wash the car,
+  return the library books, bring an umbrella, check the oven, visit my {relative}
+message: i'm running late, see you soon, happy birthday, thanks for dinner, call me back, i'm on my way,
+  the {event} is cancelled, dinner is ready, i'll be there in {num} minutes, don't forget the tickets,
+  good luck {when}, let's meet at the {place}
+please: please, could you, can you, _, _
+updown: up down
+op: plus minus times
+"""
+
+# One sentence pattern per line, drawn uniformly.
+TEMPLATES = """
+{please} {switch} the {room} {device}
+{switch} the {device} in the {room} {when}
+{please} {openclose} the {opening} in the {room}
+set the {room} heater to {num} degrees
+set a timer for {num} minutes
+set a timer for {small} hours and {num} minutes
+set an alarm for {time} {when}
+remind me to {task} {when}
+{please} remind me to {task} at {time}
+call {name} {when} at {time}
+send a message to {name} saying {message}
+what's the weather like in {city} {when}
+will it be {weather} in {city} on {day}
+it's {weather} and {weather} in {city} today
+how long does it take to drive from {city} to {city}
+{name} is meeting {name} at the {place} at {time}
+i would like {small} {food} and a cup of {drink} please
+add {food} and {food} to the shopping list
+{please} play some {genre} music in the {room}
+the {transport} to {city} leaves at {time} from platform {small}
+my phone number is {digits}
+book a table for {small} people at {time} {when}
+{name} was born on the {ordinal} of {month} {year}
+is the {place} open on {day}
+turn the volume {updown} to {num} percent
+what is {num} {op} {num}
+where did i leave my {item}
+i think i left my {item} on the {furniture} in the {room}
+good {daypart} {name} how are you
+we need {small} more {thing} for the {event} on {day}
+my {relative} lives in {city} near the {place}
+the {color} {item} is on the {furniture}
+{please} pick up {name} from the {place} at {time}
+how far is the nearest {place}
+the {event} starts at {time} on the {ordinal} of {month}
+it costs {num} dollars and {num} cents
+there are {big} people living in this town
+we saw {small} {animal} near the {place} {when}
+let's have {dish} for {meal} {when}
+my {relative} is flying to {city} on the {ordinal} of {month}
+the {color} {transport} to the {place} is late again
+{name} and {name} are cooking {dish} for {meal}
+""".strip().splitlines()
+
+
+def _parse_grammar(text: str) -> dict[str, tuple[str, ...]]:
+    joined: dict[str, str] = {}
+    name = ""
+    for line in text.strip().splitlines():
+        if line.startswith(" "):  # continues the slot above
+            joined[name] += " " + line.strip()
+        else:
+            name, _, value = line.partition(":")
+            joined[name] = value.strip()
+    return {
+        name: tuple("" if o.strip() == "_" else o.strip() for o in (v.split(",") if "," in v else v.split()))
+        for name, v in joined.items()
+    }
+
+
+def _num(lo: int, hi: int) -> Callable[[random.Random], str]:
+    return lambda r: number_to_words(r.randint(lo, hi))
+
+
+NUMBER_SLOTS: dict[str, Callable[[random.Random], str]] = {
+    "hour": _num(1, 12),
+    "minute": lambda r: number_to_words(r.choice(range(5, 60, 5))),
+    "small": _num(2, 12),
+    "num": _num(2, 99),
+    "big": _num(100, 9999),
+    "ordinal": lambda r: ordinal_to_words(r.randint(1, 31)),
+    "year": lambda r: r.choice(("nineteen ", "twenty ")) + number_to_words(r.randint(10, 99)),
+    "digits": lambda r: " ".join(r.choice(_ONES[:10]) for _ in range(r.randint(4, 7))),
+}
+SLOTS: dict[str, Sequence[str] | Callable[[random.Random], str]] = {**_parse_grammar(GRAMMAR), **NUMBER_SLOTS}
+_SLOT = re.compile(r"\{(\w+)\}")
+_TRANSCRIPT = re.compile(r"[a-z']+( [a-z']+)*")
+
+
+def _expand(template: str, rng: random.Random) -> str:
+    def fill(match: re.Match) -> str:
+        slot = SLOTS[match.group(1)]
+        return slot(rng) if callable(slot) else _expand(rng.choice(slot), rng)
+
+    return _SLOT.sub(fill, template)
+
+
+def make_sentence(rng: random.Random, min_words: int = 3, max_words: int = 14) -> str:
+    """One grammar sentence of min_words..max_words words: lower-case, spaces and apostrophes."""
+    for _ in range(10_000):
+        text = " ".join(_expand(rng.choice(TEMPLATES), rng).split())
+        if not _TRANSCRIPT.fullmatch(text):
+            raise ValueError(f"grammar produced {text!r}, which is not a lower-case transcript; fix GRAMMAR")
+        if min_words <= len(text.split()) <= max_words:
+            return text
+    raise ValueError(
+        f"the grammar makes almost no sentences of {min_words} to {max_words} words; widen the range"
+    )
+
+
+def grammar_vocabulary() -> set[str]:
+    """Every word the grammar can produce (numbers up to 9999 included)."""
+    words = (
+        set(_ONES)
+        | set(_TENS[2:])
+        | set(_ORDINALS)
+        | {"hundred", "thousand", "and", "twentieth", "thirtieth"}
+    )
+    for options in (TEMPLATES, *(s for s in SLOTS.values() if not callable(s))):
+        words |= {w for o in options for w in _SLOT.sub(" ", o).split()}
+    return words
+
+
+# --- plan ---------------------------------------------------------------------------------------
+class VoiceInventory(NamedTuple):
+    """What this espeak-ng installation has: base voice names and variant names."""
+
+    bases: frozenset[str]
+    variants: frozenset[str]
+
+
+class Speaker(NamedTuple):
+    id: str  # Kaldi speaker id: voice spec, rate and pitch, e.g. "en-gb-x-rp-f2-r150-p45"
+    voice: str  # espeak-ng spec, e.g. "en-gb-x-rp+f2"
+    rate: int  # words per minute
+    pitch: int  # espeak-ng pitch, 0-99
+
+
+class PlannedUtterance(NamedTuple):
+    split: str  # "train", "dev" or "test" (test_noisy mirrors test)
+    utt_id: str  # starts with the speaker id, as Kaldi sorting requires
+    speaker: str
+    voice: str
+    rate: int
+    pitch: int
+    text: str
+
+
+def select_voices(
+    config: CorpusConfig, inventory: VoiceInventory | None = None
+) -> tuple[list[str], list[str], list[str]]:
+    """(train voices, test voices, skipped voices): config voices that `inventory` has, in config order.
+
+    inventory=None assumes every voice exists. Raises ValueError when fewer than
+    MIN_TRAIN_VOICES / MIN_TEST_VOICES remain.
+    """
+
+    def exists(spec: str) -> bool:
+        base, _, variant = spec.partition("+")
+        return inventory is None or (
+            base in inventory.bases and (not variant or variant in inventory.variants)
+        )
+
+    train = [v for v in config.train_voices if exists(v)]
+    test = [v for v in config.test_voices if exists(v)]
+    skipped = [v for v in (*config.train_voices, *config.test_voices) if not exists(v)]
+    if len(train) < MIN_TRAIN_VOICES or len(test) < MIN_TEST_VOICES:
+        raise ValueError(
+            f"only {len(train)} train and {len(test)} test voices exist here (need {MIN_TRAIN_VOICES} and "
+            f"{MIN_TEST_VOICES}); missing: {skipped}. Check `espeak-ng --voices=en` and "
+            "`espeak-ng --voices=variant`, and edit train_voices / test_voices"
+        )
+    return train, test, skipped
+
+
+def _speaker(voice: str, config: CorpusConfig) -> Speaker:
+    # Seeded per voice, not from one shared stream, so a skipped voice leaves the others unchanged.
+    rng = random.Random(f"{config.seed}/{voice}")
+    rate, pitch = rng.randint(*config.rate_range), rng.randint(*config.pitch_range)
+    return Speaker(f"{voice.replace('+', '-')}-r{rate:03d}-p{pitch:02d}", voice, rate, pitch)
+
+
+def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -> list[PlannedUtterance]:
+    """Every utterance of the corpus, without synthesizing: train, then dev, then test.
+
+    Sentences are unique across the corpus, so dev and test never repeat a training sentence.
+    Utterances go round-robin over a shuffled speaker list; dev uses the speakers of train.
+    """
+    train_voices, test_voices, _ = select_voices(config, inventory)
+    rng = random.Random(config.seed)
+    seen: set[str] = set()
+    plan: list[PlannedUtterance] = []
+    used_in_train: list[Speaker] = []
+    for split, size in split_sizes(config).items():
+        if split == "dev":
+            speakers = used_in_train
+        else:
+            speakers = [_speaker(v, config) for v in (train_voices if split == "train" else test_voices)]
+            rng.shuffle(speakers)
+        for i in range(size):
+            for _ in range(1000):
+                text = make_sentence(rng, config.min_words, config.max_words)
+                if text not in seen:
+                    break
+            else:
+                raise ValueError(
+                    f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances"
+                )
+            seen.add(text)
+            spk = speakers[i % len(speakers)]
+            plan.append(
+                PlannedUtterance(
+                    split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, spk.voice, spk.rate, spk.pitch, text
+                )
+            )
+        if split == "train":
+            used_in_train = speakers[:size]
+    return plan
+
+
+def kaldi_files(rows: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:
+    """(utt_id, speaker, text, wav path) rows -> contents of wav.scp, text, utt2spk, spk2utt, sorted."""
+    rows = sorted(rows)
+    spk2utt: dict[str, list[str]] = {}
+    for utt, spk, _, _ in rows:
+        spk2utt.setdefault(spk, []).append(utt)
+    return {
+        "wav.scp": "".join(f"{u} {p}\n" for u, _, _, p in rows),
+        "text": "".join(f"{u} {t}\n" for u, _, t, _ in rows),
+        "utt2spk": "".join(f"{u} {s}\n" for u, s, _, _ in rows),
+        "spk2utt": "".join(f"{s} {' '.join(us)}\n" for s, us in sorted(spk2utt.items())),
+    }
+
+
+def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr_db: float) -> tuple[np.ndarray, float]:
+    """Adds `noise` scaled so that 10 log10(power(clean) / power(noise)) is `snr_db`.
+
+    clean: [samples] int16; noise: [samples] float (any scale). Returns the noisy [samples] int16
+    and the SNR measured after rounding and clipping, in dB.
+    """
+    signal = clean.astype(np.float64)
+    p_signal, p_noise = np.mean(signal**2), np.mean(np.asarray(noise, np.float64) ** 2)
+    if p_signal == 0 or p_noise == 0:
+        raise ValueError("mix_at_snr needs a non-silent signal and noise")
+    gain = np.sqrt(p_signal / (p_noise * 10 ** (snr_db / 10)))
+    noisy = np.clip(np.rint(signal + gain * noise), -32768, 32767).astype(np.int16)
+    residual = noisy.astype(np.float64) - signal
+    return noisy, float(10 * np.log10(p_signal / np.mean(residual**2)))
+
+
+# --- I/O driver ---------------------------------------------------------------------------------
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise FileNotFoundError(f"{name} is not on PATH; the corpus needs espeak-ng and sox: {INSTALL_HINT}")
+    return path
+
+
+def _run(cmd: list[str], what: str, **kwargs) -> bytes:
+    proc = subprocess.run(cmd, capture_output=True, **kwargs)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{what}: `{' '.join(cmd)}` exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
+        )
+    return proc.stdout
+
+
+def installed_voices() -> VoiceInventory:
+    """Asks espeak-ng which English voices and which variants exist on this machine.
+
+    Needed because espeak-ng does not fail on a missing voice: `-v en-xx` or `-v en+nosuch`
+    silently speaks with the default voice, which would give two "speakers" the same voice.
+    """
+    bases, variants = set(), set()
+    for line in _run([_tool("espeak-ng"), "--voices=en"], "listing voices").decode().splitlines()[1:]:
+        fields = line.split()
+        # mbrola voices (mb/) need separately installed data; !v/ entries are variants.
+        if len(fields) >= 5 and not fields[4].startswith(("mb/", "!v/")):
+            bases |= {fields[1], *re.findall(r"\((\S+) \d+\)", line)}
+    for line in _run([_tool("espeak-ng"), "--voices=variant"], "listing variants").decode().splitlines()[1:]:
+        variants |= set(re.findall(r"!v/(\S+)", line))
+    return VoiceInventory(frozenset(bases), frozenset(variants))
+
+
+def code_version() -> str:
+    """Hash of this module's source: a changed grammar or pipeline invalidates old corpora."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def _write_atomic(path: Path, content: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(content)
+    tmp.replace(path)
+
+
+def _synthesize(utt: PlannedUtterance, wav: Path, config: CorpusConfig, espeak: str, sox: str) -> None:
+    """espeak-ng (22050 Hz) piped through sox into a 16-bit mono wav at config.sample_rate."""
+    speech = _run([espeak, "-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch),
+                   "-a", str(config.amplitude), "--stdout", utt.text], f"espeak-ng for {utt.utt_id}")  # fmt: skip
+    tmp = wav.with_name(wav.name + ".tmp")
+    # -R: sox dithers with a fixed seed, so the same input gives byte-identical output.
+    _run([sox, "-R", "-t", "wav", "-", "-t", "wav", "-r", str(config.sample_rate), "-c", "1", "-b", "16",
+          "-e", "signed-integer", str(tmp)], f"sox for {utt.utt_id}", input=speech)  # fmt: skip
+    tmp.replace(wav)
+
+
+def _add_noise(
+    utt_id: str, clean_wav: Path, noisy_wav: Path, noise: np.ndarray, config: CorpusConfig
+) -> float:
+    """Writes clean_wav mixed with a slice of `noise` at config.snr_db to noisy_wav; returns the SNR."""
+    clean, _ = sf.read(clean_wav, dtype="int16")
+    # A per-utterance offset into one long noise recording, so utterances get different noise.
+    start = random.Random(f"{config.seed}/noise/{utt_id}").randrange(len(noise))
+    segment = np.resize(np.roll(noise, -start), len(clean))  # [samples], tiled if noise is shorter
+    noisy, snr = mix_at_snr(clean, segment, config.snr_db)
+    if abs(snr - config.snr_db) > 0.5:
+        raise RuntimeError(f"{utt_id}: measured SNR {snr:.2f} dB, wanted {config.snr_db}; lower `amplitude`")
+    tmp = noisy_wav.with_name(noisy_wav.name + ".tmp")
+    sf.write(tmp, noisy, config.sample_rate, subtype="PCM_16", format="WAV")
+    tmp.replace(noisy_wav)
+    return snr
+
+
+def _up_to_date(out: Path, config: CorpusConfig) -> dict | None:
+    """corpus.json's content when it records this config and code version, else None."""
+    try:
+        done = json.loads((out / "corpus.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None  # never built, or a marker that is not ours: build
+    complete = all((out / split / "wav.scp").is_file() for split in ALL_SPLITS)
+    same = done.get("config") == config_lib.to_dict(config) and done.get("code_version") == code_version()
+    return done if complete and same else None
+
+
+def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, espeak: str, sox: str) -> dict[str, float]:
+    """Synthesizes every planned wav (and the noisy copy of each test wav); returns utt_id -> SNR dB."""
+    noise_cmd = [sox, "-R", "-n", "-t", "raw", "-e", "floating-point", "-b", "32", "-L",
+                 "-r", str(config.sample_rate), "-c", "1", "-", "synth", "30", "pinknoise"]  # fmt: skip
+    noise = np.frombuffer(_run(noise_cmd, "making pink noise"), dtype="<f4")  # [30 s * sample_rate]
+
+    def render(utt: PlannedUtterance) -> float | None:
+        wav = out / "wav" / utt.split / f"{utt.utt_id}.wav"
+        _synthesize(utt, wav, config, espeak, sox)
+        if utt.split == "test":
+            return _add_noise(utt.utt_id, wav, out / "wav" / "test_noisy" / wav.name, noise, config)
+        return None
+
+    snrs = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(render, utt): utt.utt_id for utt in plan}
+        try:
+            progress = tqdm(
+                as_completed(futures), total=len(plan), desc="synthesizing", unit="utt", file=sys.stderr
+            )
+            for future in progress:
+                if (snr := future.result()) is not None:
+                    snrs[futures[future]] = snr
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # fail fast instead of synthesizing the rest
+            raise
+    return snrs
+
+
+def _write_data_dirs(plan: list[PlannedUtterance], out: Path, snrs: dict[str, float]) -> dict[str, list]:
+    """Writes the four Kaldi data dirs and snr.tsv, drops stale wavs; returns split -> rows."""
+    rows: dict[str, list] = {split: [] for split in ALL_SPLITS}
+    for utt in plan:
+        for split in (utt.split, "test_noisy") if utt.split == "test" else (utt.split,):
+            rows[split].append(
+                (utt.utt_id, utt.speaker, utt.text, str(out / "wav" / split / f"{utt.utt_id}.wav"))
+            )
+    for split in ALL_SPLITS:
+        for name, content in kaldi_files(rows[split]).items():
+            _write_atomic(out / split / name, content)
+        # Wavs of an earlier, different build (or its unfinished temporaries) would otherwise linger.
+        keep = {Path(row[3]).name for row in rows[split]}
+        for stale in (out / "wav" / split).iterdir():
+            if stale.name not in keep:
+                stale.unlink()
+    table = "".join(f"{utt}\t{snr:.3f}\n" for utt, snr in sorted(snrs.items()))
+    _write_atomic(out / "test_noisy" / "snr.tsv", "utt_id\tsnr_db\n" + table)
+    return rows
+
+
+def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = None) -> dict:
+    """Synthesizes the corpus into out_dir (see the module docstring); returns corpus.json's content.
+
+    Does nothing when out_dir/corpus.json already records this config and code version; `jobs`
+    (default: CPUs) only changes the speed, never the output.
+    """
+    out = Path(out_dir).resolve()
+    if re.search(r"\s", str(out)):
+        raise ValueError(f"output directory {out} contains whitespace, which Kaldi's wav.scp cannot hold")
+    if (done := _up_to_date(out, config)) is not None:
+        log.info("%s is up to date with this config; nothing to do", out)
+        return done
+    if (out / "corpus.json").exists():
+        log.info("%s was built with another config or code version, or is incomplete; rebuilding", out)
+        (out / "corpus.json").unlink()  # first, so that an interrupted rebuild never looks done
+    espeak, sox = _tool("espeak-ng"), _tool("sox")
+    inventory = installed_voices()
+    train_voices, test_voices, skipped = select_voices(config, inventory)
+    for voice in skipped:
+        log.warning("espeak-ng voice %s is not installed here; skipping it", voice)
+    plan = plan_corpus(config, inventory)
+    for split in ALL_SPLITS:
+        (out / "wav" / split).mkdir(parents=True, exist_ok=True)
+        (out / split).mkdir(parents=True, exist_ok=True)
+    snrs = _render_all(plan, out, config, jobs or os.cpu_count() or 1, espeak, sox)
+    rows = _write_data_dirs(plan, out, snrs)
+    version = {
+        tool: _run([tool, "--version"], f"{tool} --version").decode().strip() for tool in (espeak, sox)
+    }
+    summary = {
+        "config": config_lib.to_dict(config),
+        "code_version": code_version(),
+        "counts": {split: len(rows[split]) for split in ALL_SPLITS},
+        "speakers": {split: sorted({row[1] for row in rows[split]}) for split in ALL_SPLITS},
+        "voices": {"train": train_voices, "test": test_voices, "skipped": skipped},
+        "vocabulary_size": len({w for utt in plan for w in utt.text.split()}),
+        "grammar_vocabulary_size": len(grammar_vocabulary()),
+        "snr_db": {
+            "min": min(snrs.values()),
+            "mean": sum(snrs.values()) / len(snrs),
+            "max": max(snrs.values()),
+        },
+        "tools": {"espeak-ng": version[espeak], "sox": version[sox]},
+    }
+    _write_atomic(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
+    log.info("wrote %s: %s utterances, %d words", out, summary["counts"], summary["vocabulary_size"])
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.corpus", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out", required=True, help="corpus root to write (Kaldi data dirs, wav/, corpus.json)"
+    )
+    parser.add_argument("--num-utterances", type=int, help="train + dev + test utterances (default 1500)")
+    parser.add_argument("--seed", type=int, help="random seed (default 0)")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count(), help="parallel synthesis jobs (default: CPUs)"
+    )
+    parser.add_argument("--config", help="YAML file with CorpusConfig fields")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. snr_db=10"
+    )
+    args = parser.parse_args(argv)
+    flags = {k: v for k, v in (("num_utterances", args.num_utterances), ("seed", args.seed)) if v is not None}
+    config = config_lib.apply_overrides(config_lib.load(CorpusConfig, args.config, args.set), flags)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    build_corpus(config, args.out, jobs=args.jobs)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

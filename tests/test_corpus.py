@@ -1,0 +1,211 @@
+"""pipeline.corpus: the plan (pure, nothing synthesized) and real tiny runs through `main()`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline import corpus
+from pipeline.corpus import CorpusConfig, VoiceInventory, plan_corpus, select_voices
+
+ALL_SPLITS = corpus.ALL_SPLITS
+DEFAULT_VOICES = (*CorpusConfig().train_voices, *CorpusConfig().test_voices)
+ALL_BASES = frozenset(v.partition("+")[0] for v in DEFAULT_VOICES)
+ALL_VARIANTS = frozenset(v.partition("+")[2] for v in DEFAULT_VOICES)
+
+
+def by_split(plan, field):
+    return {s: {getattr(u, field) for u in plan if u.split == s} for s in corpus.SPLITS}
+
+
+# --- the plan -----------------------------------------------------------------------------------
+def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
+    plan = plan_corpus(CorpusConfig())
+    assert {s: sum(u.split == s for u in plan) for s in corpus.SPLITS} == {
+        "train": 1200,
+        "dev": 150,
+        "test": 150,
+    }
+    words = {w for u in plan for w in u.text.split()}
+    assert 300 <= len(words) <= 500
+    assert words <= corpus.grammar_vocabulary()
+    assert len({u.utt_id for u in plan}) == len(plan)
+    for u in plan:
+        assert re.fullmatch(r"[a-z']+( [a-z']+)*", u.text), u.text
+        assert 3 <= len(u.text.split()) <= 14, u.text
+        assert u.utt_id.startswith(u.speaker + "-")
+
+
+def test_plan_holds_test_voices_and_sentences_out_of_training():
+    plan = plan_corpus(CorpusConfig())
+    voices, speakers, texts = by_split(plan, "voice"), by_split(plan, "speaker"), by_split(plan, "text")
+    assert not voices["train"] & voices["test"]
+    assert len(speakers["train"]) >= 8 and len(speakers["test"]) >= 3
+    assert speakers["dev"] <= speakers["train"]
+    assert not texts["dev"] & texts["train"]
+    assert not texts["test"] & (texts["train"] | texts["dev"])
+
+
+def test_plan_is_deterministic_for_a_seed_and_differs_for_another():
+    assert plan_corpus(CorpusConfig(seed=3)) == plan_corpus(CorpusConfig(seed=3))
+    other = plan_corpus(CorpusConfig(seed=4))
+    assert [u.text for u in plan_corpus(CorpusConfig(seed=3))] != [u.text for u in other]
+
+
+def test_missing_voices_are_skipped_without_moving_the_others():
+    config = CorpusConfig()
+    no_klatt = VoiceInventory(ALL_BASES, ALL_VARIANTS - {"klatt"})
+    train, test, skipped = select_voices(config, no_klatt)
+    assert skipped == [v for v in config.train_voices if v.endswith("+klatt")]
+    assert len(train) == len(config.train_voices) - len(skipped) and test == list(config.test_voices)
+    full = {u.voice: u.speaker for u in plan_corpus(config)}
+    for u in plan_corpus(config, no_klatt):
+        assert not u.voice.endswith("+klatt")
+        assert full.get(u.voice, u.speaker) == u.speaker  # same rate and pitch as with every voice
+
+    with pytest.raises(ValueError, match=r"only 16 train and 2 test voices .*need 8 and 3"):
+        select_voices(config, VoiceInventory(frozenset({"en", "en-us"}), ALL_VARIANTS))
+
+
+def test_config_rejects_overlapping_voices_and_empty_splits():
+    with pytest.raises(ValueError, match="both train_voices and test_voices"):
+        CorpusConfig(test_voices=("en+m1", "en+m3", "en+f4"))
+    with pytest.raises(ValueError, match="at least 10"):
+        CorpusConfig(num_utterances=4)
+    with pytest.raises(ValueError, match="not an espeak-ng"):
+        CorpusConfig(test_voices=("en m3",))
+    with pytest.raises(ValueError, match="widen the range"):
+        plan_corpus(CorpusConfig(max_words=2, min_words=1))
+
+
+def test_numbers_are_spelled_as_spoken():
+    assert corpus.number_to_words(0) == "zero"
+    assert corpus.number_to_words(23) == "twenty three"
+    assert corpus.number_to_words(105) == "one hundred and five"
+    assert corpus.number_to_words(2040) == "two thousand and forty"
+    assert corpus.number_to_words(9999) == "nine thousand nine hundred and ninety nine"
+    assert [corpus.ordinal_to_words(n) for n in (1, 12, 20, 22, 31)] == [
+        "first", "twelfth", "twentieth", "twenty second", "thirty first",
+    ]  # fmt: skip
+
+
+def test_mix_at_snr_hits_the_target():
+    rng = np.random.default_rng(0)
+    clean = (rng.standard_normal(16000) * 3000).astype(np.int16)
+    noisy, snr = corpus.mix_at_snr(clean, rng.standard_normal(16000) * 7.0, 15.0)
+    residual = noisy.astype(np.float64) - clean
+    measured = 10 * np.log10(np.sum(clean.astype(np.float64) ** 2) / np.sum(residual**2))
+    assert abs(measured - 15.0) < 0.05 and snr == pytest.approx(measured)
+
+
+def test_missing_tool_names_it_and_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither espeak-ng nor sox is found there
+    with pytest.raises(FileNotFoundError, match=r"espeak-ng is not on PATH.*apt-get install espeak-ng sox"):
+        corpus.build_corpus(CorpusConfig(num_utterances=10), tmp_path / "out")
+
+
+# --- real runs ----------------------------------------------------------------------------------
+ARGS = ["--num-utterances", "30", "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("corpus") / "a"
+    corpus.main(["--out", str(out), *ARGS, "--jobs", "2"])
+    return out
+
+
+def read_table(path: Path) -> list[tuple[str, str]]:
+    return [tuple(line.split(" ", 1)) for line in path.read_text().splitlines()]
+
+
+def test_real_run_writes_valid_sorted_kaldi_dirs(built):
+    summary = json.loads((built / "corpus.json").read_text())
+    for split in ALL_SPLITS:
+        tables = {n: read_table(built / split / n) for n in ("wav.scp", "text", "utt2spk", "spk2utt")}
+        ids = [k for k, _ in tables["utt2spk"]]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids) == summary["counts"][split]
+        assert [k for k, _ in tables["wav.scp"]] == ids == [k for k, _ in tables["text"]]
+        utt2spk = dict(tables["utt2spk"])
+        assert all(utt.startswith(spk + "-") for utt, spk in utt2spk.items())
+        # Kaldi's rule: sorting by speaker must keep the utterances in the same order.
+        assert sorted(ids, key=lambda u: (utt2spk[u], u)) == ids
+        spk2utt = {spk: utts.split() for spk, utts in tables["spk2utt"]}
+        assert list(spk2utt) == sorted(spk2utt) == summary["speakers"][split]
+        assert {u: s for s, us in spk2utt.items() for u in us} == utt2spk
+        for _, path in tables["wav.scp"]:
+            assert (
+                Path(path).is_absolute()
+                and Path(path).is_file()
+                and Path(path).parent == built / "wav" / split
+            )
+    assert read_table(built / "test_noisy" / "text") == read_table(built / "test" / "text")
+    train_voices = {s.rsplit("-r", 1)[0] for s in summary["speakers"]["train"]}
+    assert not train_voices & {s.rsplit("-r", 1)[0] for s in summary["speakers"]["test"]}
+
+
+def test_real_run_wavs_are_16k_mono_16bit_speech(built):
+    for split in ALL_SPLITS:
+        for utt, path in read_table(built / split / "wav.scp"):
+            info = sf.info(path)
+            assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16"), utt
+            audio, _ = sf.read(path, dtype="int16")
+            assert len(audio) > 8000, utt  # over half a second
+            assert np.sqrt(np.mean(audio.astype(np.float64) ** 2)) > 300, f"{utt} is near silent"
+
+
+def test_real_run_noisy_copies_are_mixed_at_15_db(built):
+    recorded = {
+        u: float(s)
+        for u, s in (
+            line.split("\t") for line in (built / "test_noisy" / "snr.tsv").read_text().splitlines()[1:]
+        )
+    }
+    clean_paths = dict(read_table(built / "test" / "wav.scp"))
+    assert set(recorded) == set(clean_paths)
+    for utt, noisy_path in read_table(built / "test_noisy" / "wav.scp"):
+        clean = sf.read(clean_paths[utt], dtype="int16")[0].astype(np.float64)
+        noisy = sf.read(noisy_path, dtype="int16")[0].astype(np.float64)
+        assert len(clean) == len(noisy) and not np.array_equal(clean, noisy)
+        snr = 10 * np.log10(np.sum(clean**2) / np.sum((noisy - clean) ** 2))
+        assert abs(snr - 15.0) <= 0.5, utt
+        assert recorded[utt] == pytest.approx(snr, abs=1e-3)
+
+
+def test_rerun_is_a_noop_and_the_same_seed_gives_identical_bytes(built, tmp_path):
+    before = {p: p.stat().st_mtime_ns for p in built.rglob("*")}
+    corpus.main(["--out", str(built), *ARGS, "--jobs", "1"])  # --jobs changes nothing in the output
+    assert {p: p.stat().st_mtime_ns for p in built.rglob("*")} == before
+
+    other = tmp_path / "b"
+    corpus.main(["--out", str(other), *ARGS, "--jobs", "1"])
+    files = sorted(p.relative_to(built) for p in built.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(other) for p in other.rglob("*") if p.is_file())
+    for rel in files:
+        if rel.name == "wav.scp":  # the only place the corpus root appears
+            assert (other / rel).read_text() == (built / rel).read_text().replace(str(built), str(other))
+        else:
+            assert (other / rel).read_bytes() == (built / rel).read_bytes(), rel
+
+
+def test_changed_config_rebuilds_and_drops_stale_wavs(tmp_path, monkeypatch, caplog):
+    out = tmp_path / "c"
+    corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "1"])
+    # A machine without the klatt variant: those voices are skipped and logged, the rest build.
+    monkeypatch.setattr(
+        corpus, "installed_voices", lambda: VoiceInventory(ALL_BASES, ALL_VARIANTS - {"klatt"})
+    )
+    with caplog.at_level(logging.INFO, logger="pipeline.corpus"):
+        corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "2"])
+    assert "rebuilding" in caplog.text and "en-us+klatt is not installed" in caplog.text
+    summary = json.loads((out / "corpus.json").read_text())
+    assert summary["config"]["seed"] == 2 and "en-us+klatt" in summary["voices"]["skipped"]
+    for split in ALL_SPLITS:
+        listed = {Path(p).name for _, p in read_table(out / split / "wav.scp")}
+        assert {p.name for p in (out / "wav" / split).iterdir()} == listed
