@@ -89,16 +89,20 @@ def build_asr(config: AsrConfig) -> AcousticModel:
 def ctc_loss(logits, logit_lengths, tokens, token_lengths):
     """Mean CTC loss per utterance (blank = token 0). logits [B, T', V], tokens [B, L] -> scalar.
 
-    An utterance whose transcript cannot fit its frames has an infinite loss; it is left out of
-    the mean (and counted), so one bad utterance cannot turn the weights into NaN.
+    A transcript needs one frame per token plus one blank between equal neighbours; an utterance
+    with fewer frames cannot be aligned (TensorFlow then returns a huge finite loss). Such
+    utterances are left out of the mean and counted, so one cannot dominate the gradient.
     """
     per_utt = tf.nn.ctc_loss(
         labels=tokens, logits=logits, label_length=token_lengths, logit_length=logit_lengths,
         logits_time_major=False, blank_index=0,
     )  # [B]
-    finite = tf.math.is_finite(per_utt)
-    loss = tf.reduce_sum(tf.where(finite, per_utt, 0.0)) / tf.maximum(tf.reduce_sum(tf.cast(finite, tf.float32)), 1.0)
-    return loss, tf.reduce_sum(tf.cast(~finite, tf.int32))
+    inside = tf.sequence_mask(token_lengths - 1, tf.shape(tokens)[1] - 1)  # [B, L-1]
+    repeats = tf.reduce_sum(tf.cast((tokens[:, 1:] == tokens[:, :-1]) & inside, tf.int32), axis=1)  # [B]
+    feasible = logit_lengths >= token_lengths + repeats
+    weights = tf.cast(feasible, tf.float32)
+    loss = tf.reduce_sum(tf.where(feasible, per_utt, 0.0)) / tf.maximum(tf.reduce_sum(weights), 1.0)
+    return loss, tf.reduce_sum(tf.cast(~feasible, tf.int32))
 
 
 def frame_ce_loss(logits, logit_lengths, targets, subsample: int):

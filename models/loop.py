@@ -76,6 +76,7 @@ class StepTimes:
 class Trainer:
     def __init__(self, config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None, run_name: str | None):
         self.config, self.shards, self.workdir = config, shards, workdir
+        self.run_id = None  # rank 0's MLflow run
         self.parent_run_id, self.run_name = parent_run_id, run_name
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -209,6 +210,7 @@ class Trainer:
         with tracking.start_run(c.experiment, self.run_name or f"train-{c.model}-{c.strategy.name}",
                                 self.parent_run_id, resume_id, tags) as run:
             tracking.save_run_file(self.workdir, run.info.run_id, c.experiment)
+            self.run_id = run.info.run_id
             if resume_id is None:
                 params = configlib.flatten(configlib.to_dict(c))
                 params = {k: v for k, v in params.items() if not k.startswith("asr." if c.model == "tts" else "tts.")}
@@ -221,7 +223,6 @@ class Trainer:
                        file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
             summary = self._loop(log=mlflow, bar=bar)
             bar.close()
-            summary["run_id"] = run.info.run_id
             self._log_final(mlflow, summary)
         return summary
 
@@ -279,8 +280,8 @@ class Trainer:
             if not done:
                 self.position = {"epoch": epoch, "batch": 0, "step": step}
         final = self.strategy.finish()
-        summary = {"rank": self.rank, "world_size": self.size, "steps": step, "final_loss": loss, **final,
-                   **times.summary(), "history": history}
+        summary = {"rank": self.rank, "world_size": self.size, "run_id": self.run_id, "steps": step, "resumed_from_step": start_step,
+                   "final_loss": loss, **final, **times.summary(), "history": history}
         if profiles:
             summary.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
         summary.update(self._gather(summary))
@@ -303,14 +304,25 @@ class Trainer:
     def _gather(self, summary: dict) -> dict:
         """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
         mine = {"frames_per_s": summary.get("frames_per_s", 0.0), "peak_memory_mb": peak_memory_mb(),
-                "steps": summary["steps"]}
+                "steps": summary["steps"], "weights_digest": self._weights_digest()}
         # Horovod: collect one small record per rank on every rank.
         everyone = self.hvd.allgather_object(mine)
         return {
             "frames_per_s_total": sum(r["frames_per_s"] for r in everyone),
             "per_rank_frames_per_s": [r["frames_per_s"] for r in everyone],
             "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
+            "per_rank_weights_digest": [r["weights_digest"] for r in everyone],
+            "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,
         }
+
+    def _weights_digest(self) -> str:
+        """A hash of this rank's trainable weights: equal on every rank when they hold the same model."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for variable in self.model.trainable_variables:
+            digest.update(variable.numpy().tobytes())
+        return digest.hexdigest()[:16]
 
     def _save_checkpoint(self, step: int) -> None:
         checkpoint.save(self.workdir / "checkpoints", step, self.model.weights, self.optimizer.variables, self.position)

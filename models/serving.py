@@ -72,26 +72,33 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
             logits, out_lengths = self.model(utterance_cmvn(feats, lengths), lengths)
             hyps = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
             return [asr.ids_to_text(h, self.data["vocabulary"]) for h in hyps]
-        texts = list(model_input["text"])
+        # MLflow hands the text column as a DataFrame; one cell may hold a whole list of sentences.
+        texts = [t for cell in model_input["text"] for t in (cell if isinstance(cell, (list, tuple, np.ndarray)) else [cell])]
         tokens, lengths = encode_texts(texts, self.data["vocabulary"])
         out = self.model.infer(tokens, lengths, max_steps=int((params or {}).get("max_steps", 400)))
         mels = out["mels"].numpy() * np.asarray(self.data["mel_std"]) + np.asarray(self.data["mel_mean"])
         return {"mels": mels.astype(np.float32), "lengths": out["lengths"].numpy()}
 
 
-def log_model(model_dir: Path, model, config, data: dict, name: str = "model"):
-    """Logs the model directory as an MLflow pyfunc model with an inferred signature."""
-    from mlflow.models import infer_signature
+def signature(config, data: dict):
+    """Inputs and outputs with a free batch and time axis (inferring it from an example would fix them)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema, TensorSpec
 
+    mels = TensorSpec(np.dtype(np.float32), (-1, -1, data["feature_dim"]), "mels" if config.model == "tts" else "feats")
+    lengths = TensorSpec(np.dtype(np.int32), (-1,), "lengths")
+    if config.model == "asr":
+        return ModelSignature(inputs=Schema([mels, lengths]), outputs=Schema([ColSpec("string")]))
+    return ModelSignature(inputs=Schema([ColSpec("string", "text")]), outputs=Schema([mels, lengths]))
+
+
+def log_model(model_dir: Path, model, config, data: dict, name: str = "model"):
+    """Logs the model directory as an MLflow pyfunc model with its signature and an input example."""
     root = Path(__file__).resolve().parents[1]
-    probe = SpeechModel()  # predicts once with the live model, to infer the signature
-    probe.model, probe.config, probe.data = model, config, data
     if config.model == "asr":
         example = {"feats": np.zeros([1, 40, data["feature_dim"]], np.float32), "lengths": np.asarray([40], np.int32)}
     else:
         example = {"text": ["hello world"]}
-    output = probe.predict(None, example, {"max_steps": 5} if config.model == "tts" else None)
-    signature = infer_signature(example, output)
     import keras
     import tensorflow as tf
 
@@ -103,7 +110,7 @@ def log_model(model_dir: Path, model, config, data: dict, name: str = "model"):
             python_model=SpeechModel(),
             artifacts={"model_dir": str(model_dir)},
             code_paths=[str(root / "models"), str(root / "pipeline")],
-            signature=signature,
+            signature=signature(config, data),
             input_example=example,
             pip_requirements=[f"tensorflow-cpu=={tf.__version__}", f"keras=={keras.__version__}", "numpy<2", "pyyaml"],
         )

@@ -102,26 +102,31 @@ class TtsTask:
 _PROFILE_FNS: dict = {}
 
 
+def _connected(grads):
+    """The gradients that exist (a module's backward pass reaches only its own weights)."""
+    return [g for g in grads if g is not None]
+
+
 def _profile_tts(model, batch) -> dict:
     if model not in _PROFILE_FNS:
         def encoder(b):
             with tf.GradientTape() as tape:
                 memory = model.encode(b["tokens"], b["token_lengths"], training=True)
                 loss = tf.reduce_sum(tf.cast(memory, tf.float32))
-            return memory, tape.gradient(loss, model.trainable_variables, unconnected_gradients="zero")
+            return memory, _connected(tape.gradient(loss, model.trainable_variables))
 
         def decoder(memory, b):
             with tf.GradientTape() as tape:
                 tape.watch(memory)
                 out = model.decode(memory, b["token_lengths"], b["mels"], training=True)
                 loss = tf.reduce_sum(tf.cast(out["mel_before"], tf.float32))
-            return out["mel_before"], tape.gradient(loss, model.trainable_variables, unconnected_gradients="zero")
+            return out["mel_before"], _connected(tape.gradient(loss, model.trainable_variables))
 
         def postnet(before, b):
             with tf.GradientTape() as tape:
                 after = model.postnet(before, b["mel_lengths"], training=True)
                 loss = tf.reduce_sum(tf.cast(after, tf.float32))
-            return tape.gradient(loss, model.trainable_variables, unconnected_gradients="zero")
+            return _connected(tape.gradient(loss, model.trainable_variables))
 
         _PROFILE_FNS[model] = [tf.function(f, reduce_retracing=True) for f in (encoder, decoder, postnet)]
     encoder, decoder, postnet = _PROFILE_FNS[model]

@@ -55,7 +55,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if origin is tuple and args:
             if len(args) != len(value):
                 raise ValueError(f"config key {key!r}: expected {len(args)} items, got {value!r}")
-            return tuple(_coerce(v, a, key) for v, a in zip(args, value))
+            return tuple(_coerce(v, a, key) for v, a in zip(value, args))
         inner = args[0] if args else Any
         return origin(_coerce(v, inner, key) for v in value)
     if annotation is bool:
@@ -96,7 +96,7 @@ def apply_overrides(config: T, values: Mapping[str, Any], prefix: str = "") -> T
     for key, value in values.items():
         if key not in names:
             raise ValueError(
-                f"unknown config key {prefix}{key!r}; valid keys here: {', '.join(prefix + n for n in names)}"
+                f"unknown config key '{prefix}{key}'; valid keys here: {', '.join(prefix + n for n in names)}"
             )
         annotation = hints[key]
         current = getattr(config, key)

@@ -51,12 +51,20 @@ def configure_tensorflow(intra_op_threads: int = 0, inter_op_threads: int = 0) -
     auto_intra, auto_inter = default_threads(facts["local_size"])
     intra = intra_op_threads or auto_intra
     inter = inter_op_threads or auto_inter
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:
+        # TensorFlow already ran ops in this process (a notebook, a test): its pools are fixed now.
+        intra = tf.config.threading.get_intra_op_parallelism_threads()
+        inter = tf.config.threading.get_inter_op_parallelism_threads()
     # Horovod: pin this process to the GPU of its local rank, with memory growth on.
     gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
-        tf.config.set_visible_devices(gpus[facts["local_rank"] % len(gpus)], "GPU")
+    try:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if gpus:
+            tf.config.set_visible_devices(gpus[facts["local_rank"] % len(gpus)], "GPU")
+    except RuntimeError:
+        pass  # already initialized in this process, as above
     return {"intra_op_threads": intra, "inter_op_threads": inter, "gpus": len(gpus), **facts}

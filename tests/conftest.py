@@ -37,3 +37,19 @@ def horovodrun(args: list[str], np: int = 2, timeout: float = 600, env: dict | N
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory) -> Path:
+    """Shards of a small random corpus: train (24 utterances, 4 shards) and test (8, 2 shards)."""
+    from pipeline import shards
+    from tests.kaldi_fixtures import make_feats_dir
+
+    root = tmp_path_factory.mktemp("tiny")
+    train, _, _ = make_feats_dir(root / "train", num_utts=24, dim=13, frames=(30, 70), seed=3)
+    test, _, _ = make_feats_dir(root / "test", num_utts=8, dim=13, frames=(30, 70), seed=4)
+    shards.make_shards({"train": train, "test": test}, root / "shards", shards.ShardConfig(num_shards=4, jobs=1), progress=False)
+    return root / "shards"
+
+
+CONFIGS = ROOT / "tests" / "configs"

@@ -1,0 +1,137 @@
+"""The trainer's real entry points on tiny configs: learning, resuming, Horovod runs, MLflow records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import numpy as np
+import pytest
+
+from models import train
+from pipeline import config as configlib
+from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def tiny(name: str, *overrides: str) -> train.TrainConfig:
+    return configlib.load(train.TrainConfig, CONFIGS / f"tiny_{name}.yaml", list(overrides))
+
+
+def test_learning_rate_warms_up_to_the_scaled_peak_then_decays():
+    cfg = train.OptimConfig(learning_rate=1e-3, warmup_steps=10, decay="cosine", final_fraction=0.1)
+    assert train.learning_rate(0, cfg, 4, 100) == pytest.approx(1e-3)
+    assert train.learning_rate(10, cfg, 4, 100) == pytest.approx(4e-3)
+    assert train.learning_rate(100, cfg, 4, 100) == pytest.approx(4e-4)
+    assert train.learning_rate(55, cfg, 4, 100) == pytest.approx(4e-3 * (0.1 + 0.9 * 0.5))
+    flat = dataclasses.replace(cfg, scale_with_workers=False, decay="none")
+    assert train.learning_rate(50, flat, 4, 100) == pytest.approx(1e-3)
+
+
+def test_tiny_acoustic_model_learns_and_records_everything(tiny_shards, tmp_path, mlflow_uri):
+    config = tiny("asr", "max_steps=60", "asr.units=48", "optim.learning_rate=0.03", "log_every=5")
+    summary = train.train_and_evaluate(config, tiny_shards, tmp_path / "w")
+    history = summary["history"]
+    assert summary["steps"] == 60 and summary["world_size"] == 1
+    first, last = np.mean([h["loss"] for h in history[:2]]), np.mean([h["loss"] for h in history[-2:]])
+    assert last < first / 2, (first, last)
+    for key in ("frames_per_s", "time_input_ms", "time_compute_ms", "time_communication_ms", "learning_rate"):
+        assert key in history[-1]
+    assert summary["frames_per_s"] > 0 and summary["per_rank_peak_memory_mb"][0] > 0
+    work = tmp_path / "w"
+    for path in ("config.yaml", "model/config.yaml", "model/data.json", "train_summary.json", "plots/loss.png",
+                 "plots/step_time_breakdown.png", "plots/ranks.png"):
+        assert (work / path).is_file(), path
+    run = mlflow.MlflowClient(mlflow_uri).get_run(summary["run_id"])
+    assert run.data.params["asr.units"] == "48" and run.data.params["world_size"] == "1"
+    assert "version.tensorflow" in run.data.params and "tts.reduction_factor" not in run.data.params
+    assert run.inputs.dataset_inputs[0].dataset.name.startswith("shards:")
+
+
+def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlflow_uri):
+    train.train_and_evaluate(tiny("asr", "max_steps=2"), tiny_shards, tmp_path / "w")
+    with pytest.raises(ValueError, match="asr.units: 16 -> 24"):
+        train.train_and_evaluate(tiny("asr", "max_steps=4", "asr.units=24"), tiny_shards, tmp_path / "w")
+    # Other settings (the step budget, the learning rate) may change on resume.
+    resumed = train.train_and_evaluate(tiny("asr", "max_steps=4", "optim.learning_rate=0.001"), tiny_shards, tmp_path / "w")
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
+
+
+def test_unknown_config_keys_are_errors(tiny_shards, tmp_path):
+    proc = subprocess.run([PYTHON, "-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(tmp_path),
+                           "--set", "asr.unit=3"], cwd=ROOT, env=quiet_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "unknown config key 'asr.unit'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_its_last_checkpoint(tiny_shards, tmp_path, mlflow_uri):
+    workdir = tmp_path / "w"
+    cmd = [PYTHON, "-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(workdir), "--config",
+           str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "400", "--set", "checkpoint_every=5"]
+    env = quiet_env(MLFLOW_TRACKING_URI=mlflow_uri)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not list((workdir / "checkpoints").glob("ckpt-00000010.npz")):
+        time.sleep(0.1)
+    assert proc.poll() is None, "training ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = sorted(int(p.stem.split("-")[1]) for p in (workdir / "checkpoints").glob("ckpt-*.npz"))
+    assert saved and saved[-1] >= 10
+    first_run = json.loads((workdir / "mlflow_run.json").read_text())["run_id"]
+    done = subprocess.run([*cmd[:-2], "--max-steps", str(saved[-1] + 6)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((workdir / "train_summary.json").read_text())
+    assert summary["resumed_from_step"] == saved[-1] and summary["steps"] == saved[-1] + 6
+    assert summary["run_id"] == first_run  # the same MLflow run continues
+
+
+def _check_horovod_run(workdir, mlflow_uri, model: str):
+    summary = json.loads((workdir / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["ranks_agree"], summary["per_rank_weights_digest"]
+    assert len(summary["per_rank_frames_per_s"]) == 2 and min(summary["per_rank_peak_memory_mb"]) > 0
+    client = mlflow.MlflowClient(mlflow_uri)
+    run = client.get_run(summary["run_id"])
+    assert run.data.params["world_size"] == "2" and run.data.params["model"] == model
+    assert len(client.get_metric_history(run.info.run_id, "loss")) >= 2
+    for key in ("final_frames_per_s_total", "rank0_peak_memory_mb", "rank1_peak_memory_mb", "time_input_ms"):
+        assert key in run.data.metrics, key
+    loaded = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    assert loaded.metadata.signature is not None
+    return summary, run, loaded
+
+
+@pytest.mark.slow
+def test_horovodrun_acoustic_model_allreduce(tiny_shards, tmp_path, mlflow_uri):
+    workdir = tmp_path / "asr"
+    horovodrun(["-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(workdir),
+                "--config", str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "6"], env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri))
+    summary, run, loaded = _check_horovod_run(workdir, mlflow_uri, "asr")
+    assert run.data.metrics["time_communication_ms"] > 0  # the allreduce is timed apart from compute
+    hyps = loaded.predict({"feats": np.zeros([2, 30, 13], np.float32), "lengths": np.asarray([30, 20], np.int32)})
+    assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
+
+
+@pytest.mark.slow
+def test_horovodrun_synthesis_model_fused_step_fp16(tiny_shards, tmp_path, mlflow_uri):
+    workdir = tmp_path / "tts"
+    horovodrun(["-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(workdir), "--config",
+                str(CONFIGS / "tiny_tts.yaml"), "--max-steps", "6", "--compression", "fp16", "--set", "strategy.fused_step=true"],
+               env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri))
+    summary, run, loaded = _check_horovod_run(workdir, mlflow_uri, "tts")
+    for module in ("encoder", "decoder", "postnet"):
+        assert run.data.metrics[f"final_profile_{module}_ms"] > 0
+    out = loaded.predict({"text": ["turn on the lights"]}, params={"max_steps": 4})
+    assert out["mels"].shape[0] == 1 and out["mels"].shape[2] == 13
