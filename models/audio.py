@@ -1,0 +1,222 @@
+"""Audio utilities for evaluating synthesis: Kaldi-compatible log-mel fbank, Griffin-Lim, MCD, plots.
+
+The features everywhere in speechflow are kaldi-native-fbank's 80-bin log-mel fbank: 16 kHz,
+25 ms frames every 10 ms (snip_edges), dither 0, DC removed per frame, pre-emphasis 0.97, Povey
+window, 512-point FFT, power spectrum, triangular mel filters from 20 Hz to 8 kHz on Kaldi's mel
+scale 1127 ln(1 + f / 700), natural log floored at float32 epsilon. `kaldi_fbank` re-implements
+that in numpy (tested against kaldi_native_fbank) so that synthesized audio can be re-analysed
+exactly as the training features were. Log-mels here are the raw fbank values, not the
+normalized ones the model sees: de-normalize model outputs before calling these.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import scipy.fft
+import scipy.io.wavfile
+import scipy.signal
+
+SAMPLE_RATE = 16000
+FRAME_LENGTH = 400  # 25 ms at 16 kHz
+FRAME_SHIFT = 160  # 10 ms at 16 kHz
+N_FFT = 512  # the frame length rounded up to a power of two, as Kaldi does
+PREEMPHASIS = 0.97
+LOG_FLOOR = float(np.finfo(np.float32).eps)  # Kaldi's floor before the log
+
+
+def kaldi_mel_scale(freq):
+    """Hz -> Kaldi mel: 1127 ln(1 + f / 700)."""
+    return 1127.0 * np.log(1.0 + np.asarray(freq, np.float64) / 700.0)
+
+
+def kaldi_mel_matrix(n_mels=80, n_fft=512, sample_rate=16000, low_freq=20.0, high_freq=8000.0) -> np.ndarray:
+    """Kaldi's triangular mel filters as a [n_fft // 2 + 1, n_mels] float32 matrix (power -> mel).
+
+    Filters are triangles equally spaced on the mel scale between low_freq and high_freq (Hz;
+    high_freq <= 0 means Nyquist + high_freq, as in Kaldi). Like Kaldi, the Nyquist bin gets no
+    weight and the filters are not area-normalized.
+    """
+    if high_freq <= 0:
+        high_freq += sample_rate / 2
+    if not 0 <= low_freq < high_freq <= sample_rate / 2:
+        raise ValueError(f"mel range {low_freq}..{high_freq} Hz does not fit in 0..{sample_rate / 2} Hz")
+    mel_low, mel_high = kaldi_mel_scale(low_freq), kaldi_mel_scale(high_freq)
+    delta = (mel_high - mel_low) / (n_mels + 1)
+    left = mel_low + delta * np.arange(n_mels)  # [n_mels]
+    center, right = left + delta, left + 2 * delta
+    mel = kaldi_mel_scale(np.arange(n_fft // 2) * sample_rate / n_fft)[:, None]  # [bins - 1, 1]
+    up, down = (mel - left) / (center - left), (right - mel) / (right - center)
+    weights = np.where((mel > left) & (mel < right), np.where(mel <= center, up, down), 0.0)
+    return np.concatenate([weights, np.zeros([1, n_mels])], 0).astype(np.float32)  # [bins, n_mels]
+
+
+def povey_window(length=FRAME_LENGTH) -> np.ndarray:
+    """Kaldi's Povey window: a Hann window (periodic in N - 1) raised to the power 0.85."""
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / (length - 1))) ** 0.85
+
+
+def kaldi_fbank(wave, n_mels=80) -> np.ndarray:
+    """Waveform [samples] at 16 kHz (any scale) -> log-mel fbank [frames, n_mels] float32.
+
+    frames = 1 + (samples - 400) // 160 (Kaldi's snip_edges); the scale of `wave` only shifts
+    the output by 2 ln(scale), so pass the same scale the training features used.
+    """
+    wave = np.asarray(wave, np.float64)
+    if wave.ndim != 1 or wave.size < FRAME_LENGTH:
+        raise ValueError(f"kaldi_fbank needs a 1-D waveform of at least {FRAME_LENGTH} samples, got {wave.shape}")
+    frames = np.lib.stride_tricks.sliding_window_view(wave, FRAME_LENGTH)[::FRAME_SHIFT].copy()  # [T, 400]
+    frames -= frames.mean(-1, keepdims=True)
+    # Kaldi pre-emphasizes within each frame; its first sample is scaled by (1 - 0.97).
+    frames[:, 1:] -= PREEMPHASIS * frames[:, :-1].copy()
+    frames[:, 0] *= 1 - PREEMPHASIS
+    power = np.abs(np.fft.rfft(frames * povey_window(), N_FFT)) ** 2  # [T, 257]
+    mel = power @ kaldi_mel_matrix(n_mels).astype(np.float64)  # [T, n_mels]
+    return np.log(np.maximum(mel, LOG_FLOOR)).astype(np.float32)
+
+
+def griffin_lim(log_mel, n_iter: int = 48, momentum: float = 0.99, seed: int = 0) -> np.ndarray:
+    """Log-mel fbank [T, n_mels] -> waveform float32 [(T - 1) * 160 + 400] at 16 kHz, same scale as analysed.
+
+    Mel power -> linear power by the pseudo-inverse of the mel matrix clipped at zero, magnitude
+    = its square root, then fast Griffin-Lim (Perraudin et al. 2013; `momentum` 0 gives the
+    classic algorithm) with the exact STFT Kaldi uses, and finally the pre-emphasis undone.
+    """
+    import tensorflow as tf
+
+    log_mel = np.asarray(log_mel, np.float64)
+    if log_mel.ndim != 2:
+        raise ValueError(f"griffin_lim expects one utterance's log-mel [frames, bins], got shape {log_mel.shape}")
+    inverse = np.linalg.pinv(kaldi_mel_matrix(log_mel.shape[1]).astype(np.float64))  # [n_mels, bins]
+    magnitude = np.sqrt(np.maximum(np.exp(log_mel) @ inverse, 0.0))  # [T, 257]
+    window = tf.constant(povey_window(), tf.float32)
+
+    def window_fn(length, dtype):
+        return tf.cast(window, dtype)
+
+    def stft(x):
+        return tf.signal.stft(x, FRAME_LENGTH, FRAME_SHIFT, N_FFT, window_fn=window_fn)  # [T, 257]
+
+    def istft(s):
+        inverse_window = tf.signal.inverse_stft_window_fn(FRAME_SHIFT, forward_window_fn=window_fn)
+        return tf.signal.inverse_stft(s, FRAME_LENGTH, FRAME_SHIFT, N_FFT, window_fn=inverse_window)
+
+    mag = tf.constant(magnitude, tf.complex64)
+    phase = np.exp(2j * np.pi * np.random.default_rng(seed).random(magnitude.shape))
+    rebuilt = tf.constant(phase, tf.complex64) * mag
+    previous = rebuilt
+    for _ in range(n_iter):
+        spec = stft(istft(rebuilt))
+        accelerated = spec + tf.cast(momentum, tf.complex64) * (spec - previous)
+        previous = spec
+        rebuilt = mag * tf.exp(tf.complex(0.0, tf.math.angle(accelerated)))
+    wave = istft(rebuilt).numpy().astype(np.float64)
+    return scipy.signal.lfilter([1.0], [1.0, -PREEMPHASIS], wave).astype(np.float32)
+
+
+def write_wav(path, wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0.9) -> None:
+    """Writes a 16-bit PCM WAV (atomically). wave [samples] float; scaled so |max| = `peak` of
+    full scale when `peak` is set (Griffin-Lim output has the features' arbitrary scale), else
+    taken as already in [-1, 1] and clipped."""
+    wave = np.asarray(wave, np.float64)
+    if peak is not None:
+        wave = wave * (peak / max(float(np.max(np.abs(wave), initial=0.0)), 1e-9))
+    pcm = np.round(np.clip(wave, -1.0, 1.0) * 32767).astype(np.int16)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        scipy.io.wavfile.write(handle, sample_rate, pcm)
+    os.replace(tmp, path)
+
+
+def _cepstra(log_mel, n_coeffs):
+    """DCT-II (orthonormal) of each log-mel frame, c1..c_n (c0, the level, is dropped)."""
+    return scipy.fft.dct(np.asarray(log_mel, np.float64), type=2, norm="ortho", axis=-1)[:, 1:n_coeffs + 1]
+
+
+def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Minimum-cost monotonic alignment of a [Ta, Tb] non-negative cost matrix (steps (1,0), (0,1), (1,1)).
+
+    Rows are filled vectorized: D[i, j] = S[j] + min_{k<=j}(E[k] - S[k]) with S the row's cumulative
+    cost, which equals the sequential recursion when costs are >= 0. Returns index arrays (ia, ib).
+    """
+    ta, tb = cost.shape
+    acc = np.empty_like(cost)
+    acc[0] = np.cumsum(cost[0])
+    for i in range(1, ta):
+        entry = cost[i] + np.minimum(acc[i - 1], np.concatenate([[np.inf], acc[i - 1, :-1]]))
+        running = np.cumsum(cost[i])
+        acc[i] = running + np.minimum.accumulate(entry - running)
+    i, j, path = ta - 1, tb - 1, [(ta - 1, tb - 1)]
+    while i > 0 or j > 0:
+        options = [(acc[i - 1, j - 1] if i and j else np.inf, i - 1, j - 1),
+                   (acc[i - 1, j] if i else np.inf, i - 1, j), (acc[i, j - 1] if j else np.inf, i, j - 1)]
+        _, i, j = min(options)
+        path.append((i, j))
+    ia, ib = np.array(path[::-1]).T
+    return ia, ib
+
+
+def mel_cepstral_distortion(log_mel_a, log_mel_b, n_coeffs: int = 13) -> float:
+    """MCD in dB between two log-mel sequences [Ta, bins] and [Tb, bins] of different lengths.
+
+    Cepstra c_1..c_13 are the orthonormal DCT-II of each log-mel frame (c0, the loudness, is
+    excluded); frames are paired by DTW on the per-frame distance, and the result is the mean
+    over the DTW path of 10 / ln 10 * sqrt(2 * sum_d (c_d - c'_d)^2). Our log-mels are natural logs
+    of mel *power*, so values read about twice those of papers using log-amplitude mel-cepstra.
+    """
+    ca, cb = _cepstra(log_mel_a, n_coeffs), _cepstra(log_mel_b, n_coeffs)  # [Ta, 13], [Tb, 13]
+    distance = 10.0 / np.log(10.0) * np.sqrt(2.0 * np.sum((ca[:, None, :] - cb[None, :, :]) ** 2, -1))
+    ia, ib = dtw_path(distance)
+    return float(np.mean(distance[ia, ib]))
+
+
+def mel_l1(a, b, lengths=None) -> float:
+    """Mean |a - b| over real frames and bins. a, b [B, T, bins] with lengths [B], or [T, bins]."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"mel_l1 needs equal shapes, got {a.shape} and {b.shape}; trim or pad first")
+    if lengths is None:
+        return float(np.mean(np.abs(a - b)))
+    mask = np.arange(a.shape[1])[None, :] < np.asarray(lengths)[:, None]  # [B, T]
+    return float(np.sum(np.abs(a - b) * mask[..., None]) / max(mask.sum() * a.shape[-1], 1))
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training nodes
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_alignment(alignment, path, title: str = "") -> None:
+    """Writes a PNG of one attention alignment [decoder_steps, encoder_steps]."""
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    image = ax.imshow(np.asarray(alignment).T, aspect="auto", origin="lower", interpolation="none", vmin=0)
+    fig.colorbar(image, ax=ax, label="attention weight")
+    ax.set(xlabel="decoder step", ylabel="encoder step (character)", title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_mels(predicted, reference, path, title: str = "") -> None:
+    """Writes a PNG with predicted and reference log-mels [frames, bins] on one colour scale."""
+    plt = _figure()
+    predicted, reference = np.asarray(predicted), np.asarray(reference)
+    low = min(predicted.min(), reference.min())
+    high = max(predicted.max(), reference.max())
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for ax, mel, name in zip(axes, (predicted, reference), ("predicted", "reference")):
+        image = ax.imshow(mel.T, aspect="auto", origin="lower", interpolation="none", vmin=low, vmax=high)
+        fig.colorbar(image, ax=ax, label="log-mel")
+        ax.set(ylabel="mel bin", title=f"{title} {name}".strip())
+    axes[-1].set_xlabel("frame (10 ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,350 @@
+"""Tacotron 2-style synthesis: characters -> normalized 80-bin log-mel frames (Keras 3, TF backend).
+
+Encoder: embedding -> convolutions -> bidirectional LSTM. Decoder: pre-net -> LSTM(s) with
+location-sensitive attention (Chorowski et al. 2015, as in Tacotron 2) -> `r` mel frames and `r`
+stop logits per step -> convolutional post-net residual. Keras 3 runs no AutoGraph on `call`, so
+both decoder loops are explicit `tf.while_loop`s in plain methods; whatever does not depend on
+the recurrence (pre-net over all teacher frames, memory keys, output projections) runs outside.
+Batch keys: tokens [B, N] int32 (0 = padding), token_lengths [B], mels [B, T, 80],
+mel_lengths [B], stop_targets [B, T] (1.0 from the last real frame on).
+
+Use: `model = build_tts(config)`; training `outputs = model.teacher_forced(batch, training=True)`
+and `model.compute_losses(batch, outputs)["total"]` inside `tf.function(reduce_retracing=True)`;
+synthesis `model.infer(tokens, token_lengths, max_steps)`. `encode`, `decode` and `postnet` are
+the three stages of `teacher_forced`, callable on their own to time each one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import layers
+
+F32 = tf.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class TtsConfig:
+    vocab_size: int = 64  # token ids 1..vocab_size-1; id 0 is padding
+    embedding_dim: int = 128  # character embedding width
+    encoder_conv_layers: int = 3  # conv + layer norm + ReLU + dropout blocks before the BLSTM
+    encoder_conv_filters: int = 128  # channels of each encoder convolution
+    encoder_conv_kernel: int = 5  # width in characters of each encoder convolution
+    encoder_lstm_units: int = 64  # per direction; the attention memory is twice as wide
+    attention_dim: int = 64  # width of the tanh layer that scores each encoder step
+    location_filters: int = 16  # channels of the convolution over previous + cumulative weights
+    location_kernel: int = 15  # its width in encoder steps (odd, so it is centred)
+    prenet_units: tuple[int, ...] = (128, 64)  # dense+ReLU+dropout layers over the previous frame
+    prenet_dropout: float = 0.5  # high on purpose: the bottleneck stops the decoder copying frames
+    prenet_dropout_at_inference: bool = True  # Tacotron 2 keeps it on; off only for exact repeats
+    decoder_lstm_units: int = 192  # units of every decoder LSTM layer; 256 trains ~20% slower on 2 cores
+    decoder_lstm_layers: int = 1  # the first is the attention RNN; more are stacked above it
+    n_mels: int = 80  # mel bins of the features
+    reduction_factor: int = 3  # frames emitted per decoder step; fewer steps, faster, coarser
+    postnet_layers: int = 3  # conv + layer norm + tanh blocks before the output convolution
+    postnet_filters: int = 128  # channels of each post-net convolution
+    postnet_kernel: int = 5  # width in frames of each post-net convolution
+    dropout: float = 0.1  # dropout in the encoder convolutions and the post-net (training only)
+    mel_loss: Literal["l1", "l2"] = "l1"  # L1: blurs less than L2 and is not dominated by outlier frames
+    stop_pos_weight: float = 5.0  # weight of the one positive (last) frame in the stop loss
+    guided_attention: bool = True  # add the guided-attention loss (Tachibana et al. 2017)
+    guided_attention_sigma: float = 0.2  # width g of the tolerated band around the diagonal
+    guided_attention_weight: float = 1.0  # weight of the guided-attention loss in the total
+
+    def __post_init__(self):
+        if self.mel_loss not in ("l1", "l2"):
+            raise ValueError(f"TtsConfig.mel_loss must be 'l1' or 'l2', got {self.mel_loss!r}")
+        if self.reduction_factor < 1 or self.decoder_lstm_layers < 1 or self.vocab_size < 2:
+            raise ValueError(f"TtsConfig needs reduction_factor, decoder_lstm_layers >= 1 and vocab_size >= 2: {self}")
+        if self.location_kernel % 2 == 0 or self.postnet_kernel % 2 == 0 or self.encoder_conv_kernel % 2 == 0:
+            raise ValueError("TtsConfig kernels must be odd so that 'same' convolutions stay centred")
+
+
+def _dropout(x, rate: float, on: bool):
+    return tf.nn.dropout(x, rate) if on and rate > 0 else x
+
+
+def _mask(lengths, maxlen, dtype):
+    return tf.sequence_mask(lengths, maxlen, dtype=dtype)  # [B, maxlen]
+
+
+def _energy_mask(token_lengths, n):
+    """[B, N] float32 added to attention energies: 0 on characters, -1e9 on padding."""
+    return (1.0 - _mask(token_lengths, n, F32)) * -1e9
+
+
+def _forget_bias(shape, dtype=None):
+    """LSTM bias for gates ordered [input, forget, output, candidate]: 1 on the forget gate
+    (Jozefowicz et al. 2015), so that early in training the cell keeps its memory."""
+    units = shape[0] // 4
+    return tf.concat([tf.zeros([units]), tf.ones([units]), tf.zeros([2 * units])], 0)
+
+
+class Tacotron(keras.Model):
+    """Holds the layers; `teacher_forced`, `compute_losses` and `infer` are what trainers call."""
+
+    def __init__(self, config: TtsConfig):
+        super().__init__(name="tacotron")
+        c = self.config = config
+        self.embedding = layers.Embedding(c.vocab_size, c.embedding_dim)
+        n_conv = range(c.encoder_conv_layers)
+        self.enc_convs = self._stack("enc_conv", (layers.Conv1D(c.encoder_conv_filters, c.encoder_conv_kernel,
+                                                                padding="same") for _ in n_conv))
+        # Layer norm, not batch norm: its statistics are per position, so padding cannot leak in.
+        self.enc_norms = self._stack("enc_norm", (layers.LayerNormalization() for _ in n_conv))
+        self.enc_fw = layers.LSTM(c.encoder_lstm_units, return_sequences=True)
+        self.enc_bw = layers.LSTM(c.encoder_lstm_units, return_sequences=True)
+        self.memory_keys = layers.Dense(c.attention_dim)  # its bias is the `b` of the energy tanh
+        self.prenet = self._stack("prenet", (layers.Dense(n, activation="relu") for n in c.prenet_units))
+        u, m, a = c.decoder_lstm_units, 2 * c.encoder_lstm_units, c.attention_dim
+        # Each decoder LSTM splits its kernel: `lstm_in` reads the layer below (the pre-net for
+        # layer 0, precomputable over all teacher frames), `lstm_rec` reads [context, own h].
+        n_dec = range(c.decoder_lstm_layers)
+        self.lstm_in = self._stack("lstm_in", (layers.Dense(4 * u, bias_initializer=_forget_bias) for _ in n_dec))
+        self.lstm_rec = self._stack("lstm_rec", (layers.Dense(4 * u, use_bias=False) for _ in n_dec))
+        self.query = layers.Dense(a, use_bias=False)
+        self.location_conv = layers.Conv1D(c.location_filters, c.location_kernel, padding="same", use_bias=False)
+        self.location_dense = layers.Dense(a, use_bias=False)
+        self.energy = layers.Dense(1, use_bias=False)
+        self.frame_proj = layers.Dense(c.reduction_factor * c.n_mels)
+        self.stop_proj = layers.Dense(c.reduction_factor)
+        n_post = range(c.postnet_layers)
+        self.post_convs = self._stack("post_conv", (layers.Conv1D(c.postnet_filters, c.postnet_kernel, padding="same")
+                                                    for _ in n_post))
+        self.post_norms = self._stack("post_norm", (layers.LayerNormalization() for _ in n_post))
+        self.post_out = layers.Conv1D(c.n_mels, c.postnet_kernel, padding="same")
+        # Layers used only inside the loops are built here: variables cannot be made in a loop.
+        builds = [(self.query, (None, u)), (self.location_conv, (None, None, 2)), (self.energy, (None, None, a)),
+                  (self.location_dense, (None, None, c.location_filters))]
+        builds += [(d, (None, u)) for d in self.lstm_in[1:]] + [(d, (None, m + u)) for d in self.lstm_rec]
+        for layer, shape in builds:
+            layer.build(shape)
+
+    def _stack(self, name, new_layers):
+        """The layers as a tuple, each also set as attribute `name_i`: tf.train.Checkpoint does not
+        follow Keras 3's tracked lists, and would silently skip their variables."""
+        stack = tuple(new_layers)
+        for i, layer in enumerate(stack):
+            setattr(self, f"{name}_{i}", layer)
+        return stack
+
+    def call(self, batch, training=False):
+        return self.teacher_forced(batch, training)
+
+    def encode(self, tokens, token_lengths, training=False):
+        """tokens [B, N] int32, token_lengths [B] -> memory [B, N, 2 * encoder_lstm_units], 0 at padding."""
+        maskf = _mask(token_lengths, tf.shape(tokens)[1], self.compute_dtype)[..., None]  # [B, N, 1]
+        x = self.embedding(tokens) * maskf  # [B, N, embedding_dim]
+        for conv, norm in zip(self.enc_convs, self.enc_norms):
+            # Re-masking after each block keeps padded characters out of the real ones' receptive field.
+            x = _dropout(tf.nn.relu(norm(conv(x))), self.config.dropout, training) * maskf
+        # Backward direction = forward LSTM over each sequence reversed within its own length, so
+        # the padding is never read first; outputs past the length are masked off.
+        fw = self.enc_fw(x, training=training)  # [B, N, units]
+        bw = tf.reverse_sequence(x, token_lengths, seq_axis=1, batch_axis=0)
+        bw = tf.reverse_sequence(self.enc_bw(bw, training=training), token_lengths, seq_axis=1, batch_axis=0)
+        return tf.concat([fw, bw], -1) * maskf  # [B, N, 2 * units]
+
+    def _prenet(self, x, on):
+        for dense in self.prenet:
+            x = _dropout(dense(x), self.config.prenet_dropout, on)
+        return x
+
+    def _loop_weights(self):
+        """Variables read once, outside the loops (one read + cast instead of one per step)."""
+        dt = self.compute_dtype
+        loc = tf.einsum("kcf,fa->kca", self.location_conv.kernel.value, self.location_dense.kernel.value)
+        return dict(rec=[tf.cast(r.kernel.value, dt) for r in self.lstm_rec],
+                    inp=[(tf.cast(d.kernel.value, dt), tf.cast(d.bias.value, dt)) for d in self.lstm_in],
+                    query=tf.cast(self.query.kernel.value, dt), loc=tf.cast(loc, dt),  # [K, 2, A]
+                    v=tf.reshape(self.energy.kernel.value, [-1]))  # [A], float32
+
+    def _initial_state(self, memory):
+        b, n = tf.shape(memory)[0], tf.shape(memory)[1]
+        zeros = tf.zeros([b, self.config.decoder_lstm_units], F32)
+        hs = [tf.cast(zeros, self.compute_dtype)] * self.config.decoder_lstm_layers
+        cs = [zeros] * self.config.decoder_lstm_layers
+        context = tf.zeros([b, memory.shape[-1]], self.compute_dtype)
+        return context, hs, cs, tf.zeros([b, n], F32), tf.zeros([b, n], F32)
+
+    def _step(self, w, x0, state, memory, keys, pad_bias):
+        """One decoder step. x0 [B, 4U]: layer 0's input term. Returns (state, [B, U + M] output)."""
+        context, hs, cs, prev, cum = state
+        dt = self.compute_dtype
+        new_h, new_c, below = [], [], None
+        for i in range(self.config.decoder_lstm_layers):
+            z = x0 if i == 0 else tf.matmul(below, w["inp"][i][0]) + w["inp"][i][1]
+            z = tf.cast(z + tf.matmul(tf.concat([context, hs[i]], -1), w["rec"][i]), F32)  # [B, 4U]
+            gates, candidate = tf.split(z, [3 * self.config.decoder_lstm_units, -1], axis=-1)
+            gi, gf, go = tf.split(tf.sigmoid(gates), 3, axis=-1)  # one sigmoid for all three gates
+            c = gf * cs[i] + gi * tf.tanh(candidate)  # cell kept in float32
+            below = tf.cast(go * tf.tanh(c), dt)  # [B, U]
+            new_h.append(below)
+            new_c.append(c)
+            if i == 0:  # the attention RNN's output is the query
+                location = tf.nn.conv1d(tf.cast(tf.stack([prev, cum], -1), dt), w["loc"], 1, "SAME")  # [B, N, A]
+                hidden = tf.tanh(keys + tf.matmul(below, w["query"])[:, None, :] + location)  # [B, N, A]
+                energies = tf.reduce_sum(tf.cast(hidden, F32) * w["v"], -1)  # [B, N]
+                prev = tf.nn.softmax(energies + pad_bias, axis=-1)  # float32 softmax
+                cum = cum + prev
+                context = tf.matmul(tf.cast(prev, dt)[:, None, :], memory)[:, 0, :]  # [B, M]
+        return (context, new_h, new_c, prev, cum), tf.concat([below, context], -1)
+
+    def decode(self, memory, token_lengths, mels, training=False):
+        """Teacher-forced decoder. memory [B, N, M], mels [B, T, 80] (T need not divide by r).
+
+        Returns mel_before [B, T, 80], stop_logits [B, T] and alignments [B, ceil(T / r), N] (float32).
+        """
+        c, r = self.config, self.config.reduction_factor
+        b, t = tf.shape(mels)[0], tf.shape(mels)[1]
+        steps = (t + r - 1) // r
+        grouped = tf.pad(tf.cast(mels, self.compute_dtype), [[0, 0], [0, steps * r - t], [0, 0]])
+        grouped = tf.reshape(grouped, [b, steps, r * c.n_mels])  # [B, S, r * 80]
+        # Step s reads the last frame of group s - 1 (a zero "go" frame for s = 0).
+        inputs = tf.concat([tf.zeros_like(grouped[:, :1, -c.n_mels:]), grouped[:, :-1, -c.n_mels:]], 1)  # [B, S, 80]
+        on = training or c.prenet_dropout_at_inference
+        x0 = tf.transpose(self.lstm_in[0](self._prenet(inputs, on)), [1, 0, 2])  # [S, B, 4U]
+        pad_bias = _energy_mask(token_lengths, tf.shape(memory)[1])  # [B, N]
+        keys, w = self.memory_keys(memory), self._loop_weights()  # [B, N, A]
+        x_ta = tf.TensorArray(x0.dtype, size=steps).unstack(x0)
+        out_ta = tf.TensorArray(self.compute_dtype, size=steps)
+        align_ta = tf.TensorArray(F32, size=steps)
+
+        def body(s, state, out_ta, align_ta):
+            state, out = self._step(w, x_ta.read(s), state, memory, keys, pad_bias)
+            return s + 1, state, out_ta.write(s, out), align_ta.write(s, state[3])
+
+        _, _, out_ta, align_ta = tf.while_loop(
+            lambda s, *_: s < steps, body, (0, self._initial_state(memory), out_ta, align_ta))
+        out = tf.transpose(out_ta.stack(), [1, 0, 2])  # [B, S, U + M]
+        frames, stops = self.frame_proj(out), self.stop_proj(out)  # [B, S, r * 80], [B, S, r]
+        return dict(mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
+                    stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
+                    alignments=tf.transpose(align_ta.stack(), [1, 0, 2]))  # [B, S, N]
+
+    def postnet(self, mel_before, mel_lengths, training=False):
+        """mel_before [B, T, 80] -> mel_after [B, T, 80] = mel_before + residual, 0 past mel_lengths."""
+        maskf = _mask(mel_lengths, tf.shape(mel_before)[1], self.compute_dtype)[..., None]  # [B, T, 1]
+        x = mel_before = mel_before * maskf
+        for conv, norm in zip(self.post_convs, self.post_norms):
+            x = _dropout(tf.tanh(norm(conv(x))), self.config.dropout, training) * maskf
+        return (mel_before + self.post_out(x)) * maskf  # [B, T, 80]
+
+    def teacher_forced(self, batch, training=False):
+        """Training/validation forward pass; see `decode` for the shapes. Adds mel_after [B, T, 80]."""
+        memory = self.encode(batch["tokens"], batch["token_lengths"], training)
+        outputs = self.decode(memory, batch["token_lengths"], batch["mels"], training)
+        outputs["mel_after"] = self.postnet(outputs["mel_before"], batch["mel_lengths"], training)
+        return outputs
+
+    def compute_losses(self, batch, outputs):
+        """Masked losses (float32 scalars): total, mel, postnet, stop, guided_attention.
+
+        (Not named `loss`: keras.Model's constructor sets a `loss` attribute that would shadow it.)
+
+        Padded frames, decoder steps and characters are excluded, so padding values cannot move
+        any loss. guided_attention is always reported, and added to `total` only when enabled.
+        """
+        c = self.config
+        mels = tf.cast(batch["mels"], F32)
+        t = tf.shape(mels)[1]
+        maskf = _mask(batch["mel_lengths"], t, F32)  # [B, T]
+        frames = tf.maximum(tf.reduce_sum(maskf), 1.0)
+        err = tf.abs if c.mel_loss == "l1" else tf.square
+
+        def mel_loss(pred):
+            return tf.reduce_sum(err(tf.cast(pred, F32) - mels) * maskf[..., None]) / (frames * c.n_mels)
+
+        bce = tf.nn.weighted_cross_entropy_with_logits(
+            tf.cast(batch["stop_targets"], F32), tf.cast(outputs["stop_logits"], F32), c.stop_pos_weight)
+        losses = dict(mel=mel_loss(outputs["mel_before"]), postnet=mel_loss(outputs["mel_after"]),
+                      stop=tf.reduce_sum(bce * maskf) / frames)
+        # Guided attention: penalty W[s, n] = 1 - exp(-(n/N - s/S)^2 / 2g^2) on the weights, summed
+        # over characters, averaged over real decoder steps (so it reads as "off-diagonal mass").
+        align = tf.cast(outputs["alignments"], F32)  # [B, S, N]
+        steps_len = (batch["mel_lengths"] + c.reduction_factor - 1) // c.reduction_factor
+        s_mask = _mask(steps_len, tf.shape(align)[1], F32)  # [B, S]
+        n_mask = _mask(batch["token_lengths"], tf.shape(align)[2], F32)  # [B, N]
+        s_pos = tf.range(tf.shape(align)[1], dtype=F32)[None, :] / tf.cast(steps_len, F32)[:, None]
+        n_pos = tf.range(tf.shape(align)[2], dtype=F32)[None, :] / tf.cast(batch["token_lengths"], F32)[:, None]
+        penalty = 1.0 - tf.exp(-tf.square(n_pos[:, None, :] - s_pos[:, :, None]) / (2 * c.guided_attention_sigma ** 2))
+        losses["guided_attention"] = tf.reduce_sum(align * penalty * s_mask[:, :, None] * n_mask[:, None, :]) / (
+            tf.maximum(tf.reduce_sum(s_mask), 1.0))
+        total = losses["mel"] + losses["postnet"] + losses["stop"]
+        if c.guided_attention:
+            total += c.guided_attention_weight * losses["guided_attention"]
+        return dict(total=total, **losses)
+
+    def infer(self, tokens, token_lengths, max_steps, stop_threshold=0.5):
+        """Autoregressive synthesis. tokens [B, N] int32, token_lengths [B]; max_steps decoder steps.
+
+        A sequence ends at the first frame whose stop probability exceeds `stop_threshold`; the loop
+        ends when all have, or after `max_steps` steps (`max_steps * r` frames). Returns float32 mels
+        [B, T, 80] (post-net output, 0 past each length), mels_before [B, T, 80], lengths [B] int32 and
+        alignments [B, steps, N]. Runs eagerly or inside `tf.function(..., reduce_retracing=True)`.
+        """
+        c, r = self.config, self.config.reduction_factor
+        memory = self.encode(tokens, token_lengths, training=False)  # [B, N, M]
+        b = tf.shape(memory)[0]
+        pad_bias = _energy_mask(token_lengths, tf.shape(memory)[1])
+        keys, w = self.memory_keys(memory), self._loop_weights()
+        tas = [tf.TensorArray(d, size=0, dynamic_size=True) for d in (self.compute_dtype, F32)]
+        max_steps = tf.convert_to_tensor(max_steps, tf.int32)
+
+        def body(s, frame, state, finished, lengths, frame_ta, align_ta):
+            x0 = self.lstm_in[0](self._prenet(frame, c.prenet_dropout_at_inference))  # [B, 4U]
+            state, out = self._step(w, x0, state, memory, keys, pad_bias)
+            frames, stops = self.frame_proj(out), self.stop_proj(out)  # [B, r * 80], [B, r]
+            hit = tf.sigmoid(tf.cast(stops, F32)) > stop_threshold  # [B, r]
+            first = tf.argmax(tf.cast(hit, tf.int32), axis=-1, output_type=tf.int32)
+            stop_now = tf.reduce_any(hit, -1) & ~finished
+            lengths = tf.where(stop_now, s * r + first + 1, lengths)
+            return (s + 1, frames[:, -c.n_mels:], state, finished | stop_now, lengths,
+                    frame_ta.write(s, frames), align_ta.write(s, state[3]))
+
+        init = (0, tf.zeros([b, c.n_mels], self.compute_dtype), self._initial_state(memory),
+                tf.zeros([b], tf.bool), tf.zeros([b], tf.int32), *tas)
+        steps, _, _, finished, lengths, frame_ta, align_ta = tf.while_loop(
+            lambda s, _f, _st, finished, *_: (s < max_steps) & ~tf.reduce_all(finished), body, init)
+        lengths = tf.where(finished, lengths, steps * r)
+        before = tf.reshape(tf.transpose(frame_ta.stack(), [1, 0, 2]), [b, steps * r, c.n_mels])  # [B, T, 80]
+        before = before * _mask(lengths, steps * r, before.dtype)[..., None]
+        return dict(mels=tf.cast(self.postnet(before, lengths), F32), mels_before=tf.cast(before, F32),
+                    lengths=lengths, alignments=tf.transpose(align_ta.stack(), [1, 0, 2]))  # [B, steps, N]
+
+
+def build_tts(config: TtsConfig) -> Tacotron:
+    """A Tacotron with every variable created (so models/checkpoint.py can restore into it)."""
+    model = Tacotron(config)
+    r = config.reduction_factor
+    dummy = dict(tokens=tf.ones([1, 3], tf.int32), token_lengths=tf.constant([3]),
+                 mels=tf.zeros([1, r + 1, config.n_mels]), mel_lengths=tf.constant([r + 1]))
+    model.teacher_forced(dummy, training=False)
+    model.built = True  # every variable exists now; lets Keras count and summarize them
+    return model
+
+
+def attention_monotonicity(alignments, token_lengths, decoder_lengths) -> float:
+    """Share of decoder steps whose attention peak moves forward by 0, 1 or 2 encoder steps.
+
+    alignments [B, S, N]; decoder_lengths [B] in decoder steps (ceil(frames / r)). 1.0 is a
+    monotonic walk; a random or stuck-backwards alignment scores far lower. NaN if no step pairs.
+    """
+    a = np.asarray(alignments)
+    peaks = [np.argmax(a[i, :int(s), :int(n)], -1) for i, (n, s) in enumerate(zip(token_lengths, decoder_lengths))]
+    moves = np.concatenate([np.diff(p) for p in peaks] + [np.zeros([0], int)])
+    return float(np.mean((moves >= 0) & (moves <= 2))) if moves.size else float("nan")
+
+
+def attention_diagonality(alignments, token_lengths, decoder_lengths, band: float = 0.15) -> float:
+    """Mean attention mass per decoder step within `band` (share of the text) of the straight diagonal."""
+    total, count = 0.0, 0
+    for i, (n, s) in enumerate(zip(np.asarray(token_lengths), np.asarray(decoder_lengths))):
+        a = np.asarray(alignments)[i, :int(s), :int(n)]  # [s, n]
+        near = np.abs(np.arange(n)[None, :] / n - np.arange(s)[:, None] / s) <= band
+        total, count = total + float(np.sum(a * near)), count + int(s)
+    return total / count if count else float("nan")

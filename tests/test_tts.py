@@ -1,0 +1,348 @@
+"""Tacotron model (shapes, masking, tf.function, inference, overfitting, checkpoints) and audio utilities."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import kaldi_native_fbank as knf
+import keras
+import numpy as np
+import pytest
+import scipy.io.wavfile
+import scipy.signal
+import tensorflow as tf
+
+from models import audio
+from models.tts import TtsConfig, attention_diagonality, attention_monotonicity, build_tts
+
+TINY = TtsConfig(vocab_size=16, embedding_dim=32, encoder_conv_layers=1, encoder_conv_filters=32,
+                 encoder_lstm_units=32, attention_dim=32, location_filters=8, location_kernel=7,
+                 prenet_units=(32, 16), decoder_lstm_units=64, reduction_factor=3, postnet_layers=1,
+                 postnet_filters=32, prenet_dropout_at_inference=False)
+
+
+def synthetic_batch(config=TINY, lengths=(6, 8, 10, 12), seed=0):
+    """Sentences of random characters whose mel frames are a fixed vector per character, held for
+    4-6 frames depending on the character (speech has 6-8 per character at 10 ms): a text-to-mel map an attention model can learn."""
+    rng = np.random.default_rng(seed)
+    table = np.random.default_rng(1234).normal(size=[config.vocab_size, config.n_mels])
+    sentences = [rng.integers(1, config.vocab_size, size=n) for n in lengths]
+    frames = [np.repeat(table[s], 4 + s % 3, axis=0) for s in sentences]
+    t_max, n_max = max(len(f) for f in frames), max(lengths)
+    batch = dict(tokens=np.zeros([len(lengths), n_max], np.int32), mels=np.zeros([len(lengths), t_max, 80], np.float32),
+                 stop_targets=np.zeros([len(lengths), t_max], np.float32))
+    for i, (s, f) in enumerate(zip(sentences, frames)):
+        batch["tokens"][i, :len(s)] = s
+        batch["mels"][i, :len(f)] = f
+        batch["stop_targets"][i, len(f) - 1:] = 1.0
+    batch["token_lengths"] = np.array(lengths, np.int32)
+    batch["mel_lengths"] = np.array([len(f) for f in frames], np.int32)
+    return {k: tf.constant(v) for k, v in batch.items()}
+
+
+def make_train_step(model, learning_rate=3e-3):
+    optimizer = keras.optimizers.Adam(learning_rate)
+
+    @tf.function(reduce_retracing=True)
+    def step(batch):
+        with tf.GradientTape() as tape:
+            outputs = model.teacher_forced(batch, training=True)
+            losses = model.compute_losses(batch, outputs)
+        grads = tape.gradient(losses["total"], model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return losses, outputs["alignments"]
+
+    return step
+
+
+def decoder_lengths(batch, config=TINY):
+    return (batch["mel_lengths"].numpy() + config.reduction_factor - 1) // config.reduction_factor
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tts(TINY)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="mel_loss"):
+        TtsConfig(mel_loss="l3")
+    with pytest.raises(ValueError, match="odd"):
+        TtsConfig(location_kernel=4)
+
+
+def test_shapes_with_frames_not_a_multiple_of_r(model):
+    batch = synthetic_batch(lengths=(5, 3))
+    t, n = batch["mels"].shape[1], 5
+    assert t % TINY.reduction_factor != 0, "the point of this test: frames do not fill the last decoder step"
+    out = model.teacher_forced(batch, training=True)
+    assert out["mel_before"].shape == (2, t, 80) and out["mel_after"].shape == (2, t, 80)
+    assert out["stop_logits"].shape == (2, t)
+    assert out["alignments"].shape == (2, -(-t // 3), n)
+    align = out["alignments"].numpy()
+    np.testing.assert_allclose(align.sum(-1), 1.0, atol=1e-5)
+    assert np.all(align[1, :, 3:] < 1e-6), "padded characters must get no attention"
+    memory = model.encode(batch["tokens"], batch["token_lengths"])
+    assert memory.shape == (2, n, 2 * TINY.encoder_lstm_units)
+    assert np.all(memory.numpy()[1, 3:] == 0)
+    after = model.postnet(out["mel_before"], batch["mel_lengths"])
+    assert np.all(after.numpy()[1, batch["mel_lengths"][1]:] == 0)
+    losses = model.compute_losses(batch, out)
+    assert set(losses) == {"total", "mel", "postnet", "stop", "guided_attention"}
+    assert all(v.shape == () and np.isfinite(v.numpy()) for v in losses.values())
+
+
+def test_stacked_decoder_and_reduction_factor_one():
+    config = dataclasses.replace(TINY, decoder_lstm_layers=2, reduction_factor=1, prenet_units=(16,))
+    model = build_tts(config)
+    batch = synthetic_batch(config, lengths=(4, 2))
+    t = batch["mels"].shape[1]
+    assert model.teacher_forced(batch, training=True)["alignments"].shape == (2, t, 4)
+    # One more decoder LSTM (input kernel + bias, recurrent kernel), one pre-net layer fewer (kernel + bias).
+    assert len(model.weights) == len(build_tts(TINY).weights) + 3 - 2
+    out = model.infer(batch["tokens"], batch["token_lengths"], max_steps=3, stop_threshold=1.0)
+    assert out["mels"].shape == (2, 3, 80) and out["alignments"].shape == (2, 3, 4)
+
+
+def test_padding_values_change_neither_outputs_nor_losses(model):
+    batch = synthetic_batch()
+    changed = dict(batch)
+    pad_frames = ~tf.sequence_mask(batch["mel_lengths"], batch["mels"].shape[1])
+    pad_tokens = ~tf.sequence_mask(batch["token_lengths"], batch["tokens"].shape[1])
+    changed["mels"] = tf.where(pad_frames[..., None], 7.0, batch["mels"])
+    changed["tokens"] = tf.where(pad_tokens, 5, batch["tokens"])
+    changed["stop_targets"] = tf.where(pad_frames, 0.0, batch["stop_targets"])
+    assert not np.array_equal(changed["mels"], batch["mels"])
+    out, out2 = model.teacher_forced(batch), model.teacher_forced(changed)
+    losses, losses2 = model.compute_losses(batch, out), model.compute_losses(changed, out2)
+    for key in losses:
+        np.testing.assert_allclose(losses[key], losses2[key], rtol=1e-6, err_msg=key)
+    real = tf.sequence_mask(batch["mel_lengths"], batch["mels"].shape[1])
+    np.testing.assert_allclose(out["mel_after"][real], out2["mel_after"][real], atol=1e-5)
+    # The amount of padding does not matter either: the shortest utterance alone, unpadded,
+    # gets the same outputs (catches a backward LSTM or a convolution reading padding first).
+    n0, t0 = int(batch["token_lengths"][0]), int(batch["mel_lengths"][0])
+    alone = dict(tokens=batch["tokens"][:1, :n0], token_lengths=batch["token_lengths"][:1],
+                 mels=batch["mels"][:1, :t0], mel_lengths=batch["mel_lengths"][:1])
+    out_alone = model.teacher_forced(alone)
+    np.testing.assert_allclose(out_alone["mel_after"][0], out["mel_after"][0, :t0], atol=1e-5)
+    np.testing.assert_allclose(out_alone["alignments"][0], out["alignments"][0, :-(-t0 // 3), :n0], atol=1e-6)
+    # ... while a change to a real frame does move the loss, so the comparisons above can fail.
+    changed["mels"] = batch["mels"] + 0.5
+    assert abs(float(model.compute_losses(changed, model.teacher_forced(changed))["mel"] - losses["mel"])) > 1e-3
+
+
+def test_tf_function_train_step_with_two_batch_shapes():
+    model = build_tts(TINY)
+    step = make_train_step(model)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    for batch in (synthetic_batch(lengths=(4, 9)), synthetic_batch(lengths=(7, 3, 5), seed=1)):
+        losses, align = step(batch)
+        assert np.isfinite(losses["total"].numpy())
+        assert align.shape[:2] == (batch["tokens"].shape[0], -(-batch["mels"].shape[1] // 3))
+    moved = [not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables)]
+    assert all(moved), "every trainable variable must receive a gradient"
+
+
+def test_mixed_bfloat16_train_step():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build_tts(TINY)
+        losses, align = make_train_step(model)(synthetic_batch(lengths=(4, 6)))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.trainable_variables[0].dtype == "float32"
+    assert losses["total"].dtype == tf.float32 and align.dtype == tf.float32
+    assert np.isfinite(losses["total"].numpy())
+
+
+def set_stop_bias(model, bias):
+    model.stop_proj.kernel.assign(tf.zeros_like(model.stop_proj.kernel))
+    model.stop_proj.bias.assign(tf.constant(bias, tf.float32))
+
+
+def test_infer_respects_max_steps_and_stop_threshold():
+    model = build_tts(TINY)
+    tokens, lengths = synthetic_batch(lengths=(5, 3))["tokens"], tf.constant([5, 3])
+    set_stop_bias(model, [-6.0, -6.0, -6.0])  # stop probability 0.0025 on every frame: never stops
+    out = model.infer(tokens, lengths, max_steps=4)
+    assert out["mels"].shape == (2, 12, 80) and out["alignments"].shape == (2, 4, 5)
+    assert list(out["lengths"].numpy()) == [12, 12]
+    set_stop_bias(model, [-6.0, 6.0, -6.0])  # the second frame of every step is past 0.5
+    out = tf.function(model.infer, reduce_retracing=True)(tokens, lengths, max_steps=10)
+    assert list(out["lengths"].numpy()) == [2, 2] and out["mels"].shape == (2, 3, 80)
+    assert np.all(out["mels"].numpy()[:, 2:] == 0), "frames past the stop are zeroed"
+    set_stop_bias(model, [0.0, 0.0, 0.0])  # probability exactly 0.5: the threshold decides
+    assert list(model.infer(tokens, lengths, 3, stop_threshold=0.4)["lengths"].numpy()) == [1, 1]
+    assert list(model.infer(tokens, lengths, 3, stop_threshold=0.6)["lengths"].numpy()) == [9, 9]
+
+
+def test_checkpoint_round_trip_gives_identical_outputs(tmp_path):
+    batch = synthetic_batch()
+    model = build_tts(TINY)
+    for variable in model.weights:  # so the saved weights differ from any fresh initialization
+        variable.assign(variable + tf.random.normal(variable.shape, stddev=0.1))
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    saved = [name for name, _ in tf.train.list_variables(path) if name.startswith("model/")]
+    assert len(saved) == len(model.weights), "every variable (layer stacks included) is in the checkpoint"
+    restored = build_tts(TINY)
+    fresh = restored.teacher_forced(batch)["mel_after"].numpy()
+    tf.train.Checkpoint(model=restored).restore(path).assert_existing_objects_matched()
+    expected = model.teacher_forced(batch)["mel_after"].numpy()
+    assert not np.allclose(fresh, expected)
+    for ours, theirs in zip(model.weights, restored.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+    np.testing.assert_array_equal(restored.teacher_forced(batch)["mel_after"].numpy(), expected)
+    tokens, lengths = batch["tokens"], batch["token_lengths"]
+    np.testing.assert_array_equal(model.infer(tokens, lengths, 5)["mels"], restored.infer(tokens, lengths, 5)["mels"])
+
+
+def test_overfits_a_handful_of_utterances():
+    tf.keras.utils.set_random_seed(0)
+    model, batch = build_tts(TINY), synthetic_batch()
+    step = make_train_step(model)
+    totals = [float(step(batch)[0]["total"]) for _ in range(120)]
+    assert np.mean(totals[-5:]) < 0.5 * np.mean(totals[:3]), totals[::10]
+
+
+def train_on_fresh_sentences(config, steps=250):
+    """Trains on new random sentences every step (4 fixed ones can be memorized with a chunky,
+    every-third-character alignment); returns the model and its alignments on held-out text."""
+    tf.keras.utils.set_random_seed(0)
+    model, rng = build_tts(config), np.random.default_rng(0)
+    step = make_train_step(model)
+    for i in range(steps):
+        step(synthetic_batch(config, lengths=tuple(rng.integers(6, 15, size=8)), seed=i + 1))
+    held_out = synthetic_batch(config, lengths=(7, 9, 11, 13), seed=0)
+    align = model.teacher_forced(held_out)["alignments"].numpy()
+    args = (align, held_out["token_lengths"].numpy(), decoder_lengths(held_out, config))
+    return model, held_out, attention_monotonicity(*args), attention_diagonality(*args)
+
+
+@pytest.mark.slow
+def test_guided_attention_makes_attention_monotonic():
+    # Measured: with guided attention 1.0 / 0.99 after 200 steps; without, 0.65 / 0.2 after 400.
+    model, held_out, mono, diag = train_on_fresh_sentences(TINY)
+    assert mono > 0.9 and diag > 0.9, (mono, diag)
+    _, _, mono_off, diag_off = train_on_fresh_sentences(dataclasses.replace(TINY, guided_attention=False))
+    assert diag_off < 0.6 < diag, "the guided-attention loss, not luck, makes the alignment diagonal"
+    # The stop token generalizes too: free-running synthesis of unseen text ends near its length.
+    lengths = model.infer(held_out["tokens"], held_out["token_lengths"], 30)["lengths"].numpy()
+    reference = held_out["mel_lengths"].numpy()
+    assert np.all(np.abs(lengths - reference) <= np.maximum(6, 0.2 * reference)), (lengths, reference)
+
+
+def test_attention_metrics_tell_diagonal_from_stuck_and_backwards():
+    eye = np.eye(10)[None]  # [1, 10 steps, 10 characters]
+    lengths, steps = [10], [10]
+    assert attention_monotonicity(eye, lengths, steps) == 1.0
+    assert attention_diagonality(eye, lengths, steps) == 1.0
+    assert attention_monotonicity(eye[:, ::-1], lengths, steps) == 0.0
+    stuck = np.zeros([1, 10, 10])
+    stuck[..., 0] = 1.0
+    assert attention_diagonality(stuck, lengths, steps) < 0.3
+    jumpy = np.eye(10)[None, :, [0, 4, 8, 1, 5, 9, 2, 6, 3, 7]]
+    assert attention_monotonicity(jumpy, lengths, steps) < 0.5
+
+
+# ---- audio ----
+
+def speech_like(seconds=1.5, seed=0):
+    """A pulse train at a gliding 80-160 Hz through three vowel-like formant sets, plus a fricative burst."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * 16000)
+    t = np.arange(n) / 16000
+    cycles = np.cumsum(120 + 40 * np.sin(2 * np.pi * 1.5 * t)) / 16000
+    source = np.diff(np.floor(cycles), prepend=0.0)
+    wave = np.zeros(n)
+    for k, formants in enumerate([(700, 1200, 2600), (300, 2300, 3000), (500, 900, 2400)]):
+        part = slice(k * n // 3, (k + 1) * n // 3)
+        for f in formants:
+            r = np.exp(-np.pi * 80 / 16000)
+            wave[part] += scipy.signal.lfilter([1 - r], [1, -2 * r * np.cos(2 * np.pi * f / 16000), r * r], source[part])
+    burst = slice(int(0.6 * n), int(0.7 * n))
+    wave[burst] += 0.05 * scipy.signal.lfilter([1, -0.9], [1], rng.normal(size=burst.stop - burst.start))
+    wave += 1e-4 * rng.normal(size=n)
+    return (0.5 * wave / np.abs(wave).max()).astype(np.float32)
+
+
+@pytest.mark.parametrize("scale", [1.0, 32768.0])
+def test_numpy_fbank_matches_kaldi_native_fbank(scale):
+    wave = speech_like() * scale
+    opts = knf.FbankOptions()
+    opts.frame_opts.dither = 0
+    opts.mel_opts.num_bins = 80
+    fbank = knf.OnlineFbank(opts)
+    fbank.accept_waveform(16000, wave.tolist())
+    fbank.input_finished()
+    expected = np.array([fbank.get_frame(i) for i in range(fbank.num_frames_ready)])
+    ours = audio.kaldi_fbank(wave)
+    assert ours.shape == expected.shape == (1 + (len(wave) - 400) // 160, 80)
+    np.testing.assert_allclose(ours, expected, atol=1e-3)
+
+
+def test_kaldi_mel_matrix_shape_and_range():
+    mel = audio.kaldi_mel_matrix()
+    assert mel.shape == (257, 80) and mel.min() >= 0 and mel.max() <= 1
+    hz = np.arange(257) * 16000 / 512
+    assert not mel[hz < 20].any() and not mel[-1].any(), "nothing below 20 Hz, Nyquist bin unused like Kaldi"
+    assert np.all(mel.sum(0) > 0), "every filter covers at least one FFT bin"
+    with pytest.raises(ValueError, match="mel range"):
+        audio.kaldi_mel_matrix(high_freq=9000)
+
+
+def test_griffin_lim_reanalysis_is_close_to_the_original():
+    reference = audio.kaldi_fbank(speech_like())
+    wave = audio.griffin_lim(reference, n_iter=48)
+    assert wave.dtype == np.float32 and wave.shape == ((len(reference) - 1) * 160 + 400,)
+    rebuilt = audio.kaldi_fbank(wave)
+    random_phase = audio.kaldi_fbank(audio.griffin_lim(reference, n_iter=0))
+    # Measured on this signal: 48 iterations 7.9 dB MCD / 0.13 log-mel L1; random phase 30 dB / 1.3.
+    assert audio.mel_cepstral_distortion(reference, rebuilt) < 10.0
+    assert audio.mel_l1(reference, rebuilt) < 0.2
+    assert audio.mel_cepstral_distortion(reference, random_phase) > 20.0
+
+
+def test_mcd_is_zero_for_identical_inputs_and_grows_with_noise():
+    reference = audio.kaldi_fbank(speech_like())
+    rng = np.random.default_rng(0)
+    assert audio.mel_cepstral_distortion(reference, reference) == 0.0
+    noisy = [audio.mel_cepstral_distortion(reference, reference + s * rng.normal(size=reference.shape))
+             for s in (0.05, 0.2, 0.8)]
+    assert 0 < noisy[0] < noisy[1] < noisy[2]
+    # DTW absorbs a time stretch: every frame repeated twice costs nothing.
+    assert audio.mel_cepstral_distortion(reference, np.repeat(reference, 2, axis=0)) == 0.0
+
+
+def test_dtw_path_matches_the_sequential_recursion():
+    cost = np.random.default_rng(0).random([7, 11])
+    acc = np.full([8, 12], np.inf)
+    acc[0, 0] = 0
+    for i in range(1, 8):
+        for j in range(1, 12):
+            acc[i, j] = cost[i - 1, j - 1] + min(acc[i - 1, j], acc[i, j - 1], acc[i - 1, j - 1])
+    ia, ib = audio.dtw_path(cost)
+    assert (ia[0], ib[0], ia[-1], ib[-1]) == (0, 0, 6, 10)
+    assert np.all(np.diff(ia) >= 0) and np.all(np.diff(ib) >= 0) and np.all(np.diff(ia) + np.diff(ib) >= 1)
+    np.testing.assert_allclose(cost[ia, ib].sum(), acc[-1, -1])
+
+
+def test_mel_l1_ignores_padding():
+    a, b = np.zeros([2, 5, 80]), np.zeros([2, 5, 80])
+    b[0, :2], b[1, :4], b[:, 4] = 1.0, 1.0, 100.0  # frame 4 is padding in both
+    assert audio.mel_l1(a, b, lengths=[2, 4]) == pytest.approx(1.0)
+    assert audio.mel_l1(a[0], b[0]) == pytest.approx((2 + 100) / 5)
+
+
+def test_write_wav_and_plots(tmp_path):
+    wave = np.sin(np.linspace(0, 200, 1600)) * 3.0
+    audio.write_wav(tmp_path / "a.wav", wave)
+    rate, pcm = scipy.io.wavfile.read(tmp_path / "a.wav")
+    assert rate == 16000 and pcm.dtype == np.int16 and len(pcm) == 1600
+    assert abs(np.abs(pcm).max() / 32767 - 0.9) < 1e-3
+    mels = audio.kaldi_fbank(speech_like(0.5))
+    audio.plot_alignment(np.eye(20, 12), tmp_path / "align.png", "step 1")
+    audio.plot_mels(mels, mels + 1, tmp_path / "mels.png", "utt1")
+    for name in ("align.png", "mels.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
