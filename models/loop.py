@@ -77,22 +77,23 @@ class Trainer:
     def __init__(self, config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None, run_name: str | None):
         self.config, self.shards, self.workdir = config, shards, workdir
         self.run_id = None  # rank 0's MLflow run
+        self._profile_sample = None
         self.parent_run_id, self.run_name = parent_run_id, run_name
 
     # -- set-up -----------------------------------------------------------------------------------
 
     def _setup(self):
-        import horovod.tensorflow as hvd
         import keras
         import tensorflow as tf
 
+        from models.strategies import init_horovod, make_strategy
         from models.tasks import make_task
         from pipeline.shards import load_manifest
 
         c = self.config
         self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads)
         # Horovod: one process per worker; rank 0 is the one that writes and logs.
-        hvd.init()
+        hvd = init_horovod(c.strategy)
         self.hvd, self.tf = hvd, tf
         self.rank, self.size = hvd.rank(), hvd.size()
         keras.utils.set_random_seed(c.seed)
@@ -117,9 +118,8 @@ class Trainer:
             self.position = meta["position"]
         self.steps_per_epoch = self._steps_per_epoch(0)
         self.total_steps = self._total_steps()
-        from models.strategies import make_strategy
-
-        self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
+        remaining = self.total_steps - self.position["step"]
+        self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer, remaining)
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
@@ -129,8 +129,14 @@ class Trainer:
         return epoch_layout(self.manifest, "train", self.size, epoch, self.config.input)[3]
 
     def _total_steps(self) -> int:
-        by_epochs = sum(self._steps_per_epoch(e) for e in range(self.config.epochs))
-        return min(by_epochs, self.config.max_steps) if self.config.max_steps else by_epochs
+        """Steps of the whole run; also sets `last_epoch`, the epochs needed to reach them."""
+        total, self.last_epoch = 0, self.config.epochs
+        for epoch in range(self.config.epochs):
+            total += self._steps_per_epoch(epoch)
+            if self.config.max_steps and total >= self.config.max_steps:
+                self.last_epoch = epoch + 1
+                return self.config.max_steps
+        return total
 
     def _compile_steps(self):
         tf, task, model, optimizer = self.tf, self.task, self.model, self.optimizer
@@ -167,23 +173,24 @@ class Trainer:
         start = time.perf_counter()
         batch = next(iterator)
         times["input"] = time.perf_counter() - start
-        start = time.perf_counter()
-        if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
-            loss, aux, frames = self._fused(batch)
-            loss = float(loss)  # waits for the step
-            times["compute"], times["communication"] = time.perf_counter() - start, 0.0
-        else:
-            loss, aux, frames, grads = self._compute(batch)
-            tf.test.experimental.sync_devices()
-            times["compute"] = time.perf_counter() - start
+        with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
             start = time.perf_counter()
-            grads = self.strategy.reduce(grads)
-            tf.test.experimental.sync_devices()
-            times["communication"] = time.perf_counter() - start
-            start = time.perf_counter()
-            self._apply(grads)
-            loss = float(loss)
-            times["compute"] += time.perf_counter() - start
+            if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
+                loss, aux, frames = self._fused(batch)
+                loss = float(loss)  # waits for the step
+                times["compute"], times["communication"] = time.perf_counter() - start, 0.0
+            else:
+                loss, aux, frames, grads = self._compute(batch)
+                tf.test.experimental.sync_devices()
+                times["compute"] = time.perf_counter() - start
+                start = time.perf_counter()
+                grads = self.strategy.reduce(grads)
+                tf.test.experimental.sync_devices()
+                times["communication"] = time.perf_counter() - start
+                start = time.perf_counter()
+                self._apply(grads)
+                loss = float(loss)
+                times["compute"] += time.perf_counter() - start
         return loss, {k: float(v) for k, v in aux.items()}, int(frames), times
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -234,12 +241,20 @@ class Trainer:
         profiles = 0
         step = start_step = self.position["step"]
         loss = float("nan")
-        epoch, skip = self.position["epoch"], self.position["batch"]
-        done = step >= self.total_steps
-        while not done and epoch < c.epochs:
-            dataset, batches = self.task.dataset(self.shards, "train", c.input, self.rank, self.size, epoch, True, self.manifest)
-            iterator = iter(dataset.skip(skip))
+        first_epoch, skip = self.position["epoch"], self.position["batch"]
+        if step >= self.total_steps or first_epoch >= self.last_epoch:
+            batches_per_epoch, iterator = [], None
+        else:
+            from pipeline.dataset import chain_epochs
+
+            dataset, batches_per_epoch = chain_epochs(
+                lambda e: self.task.dataset(self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest),
+                first_epoch, self.last_epoch, skip)
+            iterator = iter(dataset)
+        for epoch, batches in enumerate(batches_per_epoch, start=first_epoch):
             for batch_index in range(skip, batches):
+                if step >= self.total_steps:
+                    break
                 step += 1
                 if c.fail_at_step and step == c.fail_at_step and self.rank == c.fail_rank:
                     raise RuntimeError(f"fail_at_step={step} on rank {self.rank} (a test's injected failure)")
@@ -253,7 +268,7 @@ class Trainer:
                 times.add(step_times, frames, counted=step > start_step + c.warmup_exclude)
                 if c.model == "tts" and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
                     started = time.perf_counter()
-                    sample = self._profile_batch(dataset)
+                    sample = self._profile_sample or self._sample_batch(epoch)
                     if not profiles:
                         self.task.profile(self.model, sample)  # compiles the per-module functions
                     for key, value in self.task.profile(self.model, sample).items():
@@ -273,15 +288,13 @@ class Trainer:
                     history.append({"step": step, **record})
                 if self.rank == 0 and (step % c.checkpoint_every == 0):
                     self._save_checkpoint(step)
-                if step >= self.total_steps:
-                    done = True
-                    break
-            epoch, skip = epoch + 1, 0
-            if not done:
-                self.position = {"epoch": epoch, "batch": 0, "step": step}
+            skip = 0
+            if step < self.total_steps:
+                self.position = {"epoch": epoch + 1, "batch": 0, "step": step}
+        timing = times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
         final = self.strategy.finish()
         summary = {"rank": self.rank, "world_size": self.size, "run_id": self.run_id, "steps": step, "resumed_from_step": start_step,
-                   "final_loss": loss, **final, **times.summary(), "history": history}
+                   "final_loss": loss, **final, **timing, "history": history}
         if profiles:
             summary.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
         summary.update(self._gather(summary))
@@ -296,9 +309,10 @@ class Trainer:
         self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
         self.optimizer.learning_rate.assign(self.current_lr)
 
-    def _profile_batch(self, dataset):
-        if not hasattr(self, "_profile_sample"):
-            self._profile_sample = next(iter(dataset.take(1)))
+    def _sample_batch(self, epoch: int):
+        """One fixed batch for the per-module profile (read once, outside the training pipeline)."""
+        dataset, _ = self.task.dataset(self.shards, "train", self.config.input, self.rank, self.size, epoch, True, self.manifest)
+        self._profile_sample = next(iter(dataset.take(1)))
         return self._profile_sample
 
     def _gather(self, summary: dict) -> dict:

@@ -13,6 +13,7 @@ The asynchronous gossip strategy (AD-PSGD) lives in models/gossip.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -28,6 +29,7 @@ class StrategyConfig:
     hierarchical: bool = False  # adpsgd: ranks on a host average by allreduce; one rank per host gossips
     gossip_compression: str = "none"  # adpsgd: exchanges travel as "none" (float32) or "fp16"
     consensus_every: int = 10  # adpsgd: gossip rounds between consensus-distance measurements
+    seed: int = 0  # adpsgd random-ring: the seed every rank draws the matchings from
     straggler_rank: int = -1  # benchmarks/tests: this rank sleeps straggler_delay_ms every step
     straggler_delay_ms: float = 0.0  # the added delay per step of straggler_rank
 
@@ -66,6 +68,9 @@ class Allreduce:
     def reduce(self, grads):
         return self._reduce(grads)
 
+    def step_lock(self):
+        return contextlib.nullcontext()
+
     def distributed_tape(self, tape):
         """For the fused step: DistributedGradientTape averages inside `tape.gradient`."""
         from models import hvd_compat
@@ -95,9 +100,18 @@ class Allreduce:
         pass
 
 
-def make_strategy(config: StrategyConfig, model_vars: list, optimizer):
+def init_horovod(config: StrategyConfig):
+    """Initializes Horovod for `config`: gossip adds process sets at run time (one per pair)."""
+    import horovod.tensorflow as hvd
+
+    # Horovod: start the collective runtime; dynamic process sets let gossip register its pairs.
+    hvd.init(process_sets="dynamic" if config.name == "adpsgd" else None)
+    return hvd
+
+
+def make_strategy(config: StrategyConfig, model_vars: list, optimizer, total_steps: int):
     if config.name == "allreduce":
         return Allreduce(config, model_vars, optimizer)
     from models.gossip import GossipStrategy
 
-    return GossipStrategy(config, model_vars, optimizer)
+    return GossipStrategy(config, model_vars, optimizer, total_rounds=total_steps)

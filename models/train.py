@@ -128,7 +128,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. asr.units=256")
     p.add_argument("--compression", choices=["none", "fp16"], help="allreduce: gradient compression")
     p.add_argument("--gossip", choices=["fixed-ring", "random-ring", "delay-by-one"], help="adpsgd: gossip variant")
-    p.add_argument("--hierarchical", action="store_true", help="adpsgd: average within each host first (H-ADPSGD)")
+    # horovodrun's own parser takes `--hierarchical` anywhere on its command line as an abbreviation
+    # of its --hierarchical-allreduce/-allgather and stops; under horovodrun, use --hierarchical-gossip.
+    p.add_argument("--hierarchical", "--hierarchical-gossip", dest="hierarchical", action="store_true",
+                   help="adpsgd: average within each host first, one rank per host gossips (H-ADPSGD); "
+                        "spell it --hierarchical-gossip under horovodrun")
     p.add_argument("--gossip-compression", choices=["none", "fp16"], help="adpsgd: exchange weights as fp16")
     p.add_argument("--straggler-rank", type=int, help="benchmarks: slow down this rank")
     p.add_argument("--straggler-delay-ms", type=float, help="benchmarks: milliseconds added to each of its steps")

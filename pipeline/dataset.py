@@ -311,3 +311,25 @@ def tts_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     options = tf.data.Options()
     options.deterministic = cfg.deterministic or not training
     return dataset.prefetch(AUTOTUNE).with_options(options), target
+
+
+def chain_epochs(make_epoch, first_epoch: int, epochs: int, skip: int = 0):
+    """One dataset over epochs first_epoch..epochs-1, so the next epoch's reads and shuffling start
+    while the current one is still training (no bubble at epoch boundaries).
+
+    `make_epoch(epoch) -> (dataset, batches)`; `skip` batches of the first epoch are skipped (resuming).
+    Returns (dataset, [batches per epoch]).
+    """
+    parts, counts = [], []
+    for epoch in range(first_epoch, epochs):
+        dataset, batches = make_epoch(epoch)
+        if epoch == first_epoch and skip:
+            dataset = dataset.skip(skip)
+        parts.append(dataset)
+        counts.append(batches)
+    if not parts:
+        raise ValueError(f"no epochs to run: first_epoch={first_epoch}, epochs={epochs}")
+    chained = parts[0]
+    for part in parts[1:]:
+        chained = chained.concatenate(part)
+    return chained.prefetch(AUTOTUNE), counts

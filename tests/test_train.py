@@ -23,6 +23,7 @@ from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
 def mlflow_uri(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)  # `runs:/` URIs resolve against the process-wide setting
     return uri
 
 

@@ -1,0 +1,276 @@
+"""Asynchronous decentralized parallel SGD (AD-PSGD): pairwise gossip averaging of the weights.
+
+After Lian et al. 2018 and Zhang, Cui et al. (ICASSP 2019, 2020). Each worker trains on its own
+batches with its own optimizer and never waits for another worker's computation. A background
+communication thread averages this worker's weights with one partner per round; the partners of
+a round form a perfect matching (gossip_schedule.py), so no cycle of waits can form.
+
+Why Horovod process sets driven from a Python thread: they reuse the launch, rendezvous and
+transports (Gloo, MPI, NCCL) the allreduce strategy already has, so `--strategy adpsgd` runs under
+the same `horovodrun` as allreduce. A pairwise average is a 2-rank allreduce on the pair's process
+set; it blocks only the communication threads of that pair. The alternatives in the research were
+one-sided MPI windows or a parameter-server-like exchange, which Horovod does not offer and which
+would need a second communication stack.
+
+Variants (`--gossip`):
+- fixed-ring: rounds alternate between the two perfect matchings of the ring's edges.
+- random-ring: each round a new random perfect matching from a seed all ranks share (a larger
+  spectral gap: consensus contracts faster).
+- delay-by-one: the ring, but each exchange carries the weights of the previous step and its
+  result is merged at the next step boundary, so communication overlaps a whole step of
+  computation and the communication thread never touches the model (a double buffer).
+- hierarchical (`--hierarchical`): the ranks of a host first average by allreduce (a
+  super-learner), then one leader per host gossips with another host's leader and broadcasts
+  the result to its host (H-ADPSGD).
+
+Consistency: in the non-delayed variants the communication thread reads (snapshot) and writes
+(merge) the weights under the lock that the training step holds, so it never sees or leaves a
+half-updated model. A merge keeps the local progress made while the exchange was in flight:
+w <- w + (average - snapshot).
+
+Termination: every rank performs exactly one round per training step, and all ranks run the same
+number of steps, so the sequence of rounds (and collectives) is the same on all ranks; at the end
+each rank finishes its remaining rounds, then all average once with an allreduce so that the saved
+model is the consensus model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from models import gossip_schedule
+
+log = logging.getLogger(__name__)
+
+
+class GossipError(RuntimeError):
+    """The communication thread failed; raised in the training thread at the next step."""
+
+
+class GossipStrategy:
+    name = "adpsgd"
+
+    def __init__(self, config, model_vars: list, optimizer, total_rounds: int):
+        import horovod.tensorflow as hvd
+
+        self.hvd = hvd
+        self.config = config
+        self.optimizer = optimizer
+        self.variables = model_vars
+        self.shapes = [tuple(v.shape) for v in model_vars]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.total_rounds = total_rounds
+        self.scheme = "random-ring" if config.gossip == "random-ring" else "fixed-ring"
+        self.delayed = config.gossip == "delay-by-one"
+        self.lock = threading.Lock()  # held by the training step; the thread snapshots and merges under it
+        self.steps_done = 0
+        self.step_ready = threading.Condition()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.results: queue.Queue = queue.Queue()  # delay-by-one: (snapshot, average) for the main thread
+        self.published: np.ndarray | None = None  # delay-by-one: the weights of the last finished step
+        self.rounds_done = 0
+        self.exchange_seconds = 0.0
+        self.lock_wait_seconds = 0.0
+        self.consensus_distance = float("nan")
+        self._pending_main_seconds = 0.0
+        self._setup_process_sets()
+        self.thread = threading.Thread(target=self._run, name="gossip", daemon=True)
+        self.started = False
+
+    # -- process sets ---------------------------------------------------------------------------
+
+    def _set_for(self, ranks: tuple[int, ...]):
+        if len(ranks) == self.size:
+            return self.hvd.global_process_set
+        return self._sets[tuple(sorted(ranks))]
+
+    def _setup_process_sets(self) -> None:
+        hvd = self.hvd
+        # Horovod: every rank learns every rank's host (cross_rank numbers the hosts).
+        hosts = [str(h) for h in hvd.allgather_object(hvd.cross_rank())]
+        self.groups = gossip_schedule.host_groups(hosts) if self.config.hierarchical else [[r] for r in range(self.size)]
+        self.my_group = next(g for g in self.groups if self.rank in g)
+        self.leaders = [g[0] for g in self.groups]
+        wanted: list[tuple[int, ...]] = []
+        if self.config.hierarchical:
+            wanted += [tuple(g) for g in self.groups if 1 < len(g) < self.size]
+        n = len(self.leaders)
+        for a, b in gossip_schedule.pairs_needed(n, self.scheme) if n > 1 else []:
+            pair = tuple(sorted((self.leaders[a], self.leaders[b])))
+            if len(pair) < self.size and pair not in wanted:
+                wanted.append(pair)
+        self._sets = {}
+        for ranks in wanted:
+            # Horovod: register one process set per ring edge (or pair, or host). Collective: all
+            # ranks add the same sets in the same order.
+            self._sets[ranks] = hvd.add_process_set(list(ranks))
+
+    # -- the training thread's side ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def step_lock(self):
+        """Held around each training step; the time spent waiting for it is communication time."""
+        start = time.perf_counter()
+        with self.lock:
+            self._pending_main_seconds += time.perf_counter() - start
+            yield
+
+    def reduce(self, grads):
+        return grads  # each worker applies its own gradients
+
+    def after_step(self, step: int) -> float:
+        """Called by the training thread after each step. Returns its seconds spent on gossip."""
+        if self.error is not None:
+            raise GossipError(f"the gossip thread of rank {self.rank} failed: {self.error}") from self.error
+        start = time.perf_counter()
+        if not self.started:
+            from models import hvd_compat
+
+            # Horovod: all workers start from rank 0's weights and optimizer state, then part ways.
+            hvd_compat.broadcast(self.variables + list(self.optimizer.variables), root_rank=0)
+        if self.delayed:
+            self._merge_ready_results()
+            self.published = self._flatten()  # step `step`'s weights, for the next exchange
+        with self.step_ready:
+            self.steps_done = step
+            self.step_ready.notify_all()
+        if not self.started:
+            self.started = True
+            self.thread.start()
+        seconds = time.perf_counter() - start + self._pending_main_seconds
+        self._pending_main_seconds = 0.0
+        return seconds
+
+    def metrics(self) -> dict:
+        distance = {"consensus_distance": self.consensus_distance} if np.isfinite(self.consensus_distance) else {}
+        return {**distance, "gossip_rounds": self.rounds_done,
+                "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done)}
+
+    def finish(self) -> dict:
+        """Finishes the remaining rounds, then averages all ranks once (the consensus model)."""
+        if self.started:
+            self.thread.join()
+        if self.error is not None:
+            raise GossipError(f"the gossip thread of rank {self.rank} failed: {self.error}") from self.error
+        self._merge_ready_results()
+        flat = self._flatten()
+        before = self._distance_from_average(flat, name="gossip.final")
+        # Horovod: one global average, so every rank saves the same (consensus) model.
+        average = self.hvd.allreduce(tf.constant(flat), op=self.hvd.Average, name="gossip.consensus").numpy()
+        self._assign(average)  # exactly the average (adding a difference would round differently per rank)
+        return {"consensus_distance_before_final_average": before, "gossip_rounds": self.rounds_done,
+                "gossip_hosts": len(self.groups), "gossip_ranks_per_host": len(self.my_group),
+                "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done)}
+
+    def close(self) -> None:
+        """Stops the thread (after an error in training); it may be blocked in an exchange with a
+        partner that will never come, so it is a daemon and is left behind after a short wait."""
+        self.stop.set()
+        with self.step_ready:
+            self.step_ready.notify_all()
+        if self.thread.is_alive():
+            self.thread.join(timeout=2.0)
+            if self.thread.is_alive():
+                log.warning("rank %d: gossip thread still in an exchange; leaving it to exit with the process", self.rank)
+
+    # -- weights as one flat vector ------------------------------------------------------------
+
+    def _flatten(self) -> np.ndarray:
+        return np.concatenate([np.asarray(v.numpy(), np.float32).ravel() for v in self.variables])
+
+    def _assign(self, flat: np.ndarray) -> None:
+        offset = 0
+        for variable, shape, size in zip(self.variables, self.shapes, self.sizes):
+            variable.assign(flat[offset : offset + size].reshape(shape).astype(variable.dtype))
+            offset += size
+
+    def _assign_delta(self, delta: np.ndarray) -> None:
+        offset = 0
+        for variable, shape, size in zip(self.variables, self.shapes, self.sizes):
+            variable.assign_add(delta[offset : offset + size].reshape(shape).astype(variable.dtype))
+            offset += size
+
+    def _merge_ready_results(self) -> None:
+        while True:
+            try:
+                snapshot, average = self.results.get_nowait()
+            except queue.Empty:
+                return
+            self._assign_delta(average - snapshot)
+
+    # -- the communication thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            for round_index in range(self.total_rounds):
+                with self.step_ready:
+                    while self.steps_done <= round_index and not self.stop.is_set():
+                        self.step_ready.wait(timeout=1.0)
+                if self.stop.is_set():
+                    return
+                self._round(round_index)
+                self.rounds_done = round_index + 1
+        except BaseException as err:  # handed to the training thread, which raises it
+            self.error = err
+            log.error("rank %d: gossip round failed: %s", self.rank, err)
+
+    def _round(self, round_index: int) -> None:
+        if self.delayed:
+            snapshot = self.published
+        else:
+            with self.lock:
+                snapshot = self._flatten()
+        start = time.perf_counter()
+        average = self._exchange(snapshot, round_index)
+        self.exchange_seconds += time.perf_counter() - start
+        if self.delayed:
+            self.results.put((snapshot, average))
+        else:
+            with self.lock:
+                self._assign_delta(average - snapshot)
+        every = self.config.consensus_every
+        if every and (round_index + 1) % every == 0:
+            self.consensus_distance = self._distance_from_average(snapshot, name=f"gossip.distance.{round_index}")
+
+    def _exchange(self, weights: np.ndarray, round_index: int) -> np.ndarray:
+        """This round's average for this rank (its pair's, or its host's and then its leader pair's)."""
+        hvd = self.hvd
+        compress = self.config.gossip_compression == "fp16"
+        payload = weights.astype(np.float16) if compress else weights
+        result = payload
+        if len(self.my_group) > 1:
+            # Horovod: the host's ranks average first (H-ADPSGD's super-learner).
+            result = hvd.allreduce(tf.constant(result), op=hvd.Average, process_set=self._set_for(tuple(self.my_group)),
+                                   name=f"gossip.host.{round_index}").numpy()
+        if len(self.leaders) > 1:
+            pairs = gossip_schedule.matching(len(self.leaders), round_index, self.scheme, self.config.seed)
+            leader = self.my_group[0]
+            mine = next(((self.leaders[a], self.leaders[b]) for a, b in pairs if leader in (self.leaders[a], self.leaders[b])), None)
+            if mine is not None and self.rank == leader:
+                # Horovod: a pairwise average is a 2-rank allreduce on the pair's process set.
+                result = hvd.allreduce(tf.constant(result), op=hvd.Average, process_set=self._set_for(mine),
+                                       name=f"gossip.pair.{round_index}.{mine[0]}-{mine[1]}").numpy()
+            if len(self.my_group) > 1:
+                # Horovod: the leader hands the pair's average to the rest of its host.
+                result = hvd.broadcast(tf.constant(result), root_rank=leader, process_set=self._set_for(tuple(self.my_group)),
+                                       name=f"gossip.bcast.{round_index}").numpy()
+        if compress:
+            # Only the change travels in fp16; the local copy stays float32: w + (avg16 - w16).
+            return weights + (np.asarray(result, np.float32) - payload.astype(np.float32))
+        return np.asarray(result, np.float32)
+
+    def _distance_from_average(self, weights: np.ndarray, name: str) -> float:
+        """Mean over ranks of ||w_rank - mean_rank w|| (a global collective, same round on all ranks)."""
+        hvd = self.hvd
+        average = hvd.allreduce(tf.constant(weights), op=hvd.Average, name=f"{name}.mean").numpy()
+        mine = tf.constant([np.linalg.norm(weights - average)], tf.float32)
+        return float(hvd.allreduce(mine, op=hvd.Average, name=f"{name}.dist").numpy()[0])
