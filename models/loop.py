@@ -249,7 +249,7 @@ class Trainer:
 
             dataset, batches_per_epoch = chain_epochs(
                 lambda e: self.task.dataset(self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest),
-                first_epoch, self.last_epoch, skip)
+                first_epoch, self.last_epoch, skip, c.input.prefetch_batches)
             iterator = iter(dataset)
         for epoch, batches in enumerate(batches_per_epoch, start=first_epoch):
             for batch_index in range(skip, batches):
@@ -368,6 +368,8 @@ class Trainer:
         for path in plots.training_plots(summary["history"], summary, plot_dir):
             mlflow.log_artifact(str(path), artifact_path="plots")
         mlflow.log_artifact(str(self.workdir / "config.yaml"))
+        if not self.config.log_model:
+            return
         from models import serving
 
         serving.log_model(self.workdir / "model", self.model, self.config, json.loads((self.workdir / "model" / "data.json").read_text()))

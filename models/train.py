@@ -54,6 +54,7 @@ class TrainConfig:
     intra_op_threads: int = 0  # 0: this rank's share of the host's cores
     inter_op_threads: int = 0  # 0: 1
     experiment: str = "speechflow"  # MLflow experiment
+    log_model: bool = True  # log the final model to MLflow (benchmarks turn it off)
     fail_at_step: int = 0  # tests: raise at this step on rank fail_rank (0: never)
     fail_rank: int = 0  # tests: the rank that raises
 

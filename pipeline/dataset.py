@@ -35,6 +35,7 @@ class InputConfig:
     cmvn: str = "speaker"  # "speaker" (Kaldi per-speaker CMVN), "global" (split-wide), "none"
     stack_frames: int = 1  # stack this many neighbouring frames (the acoustic model usually does it)
     subsample: int = 1  # keep every n-th stacked frame
+    prefetch_batches: int = 8  # batches kept ready; covers the start of the next epoch's reads
     deterministic: bool = False  # reproducible order (tests); slower parallel reads
     seed: int = 0  # shuffling; every rank must use the same seed
 
@@ -313,7 +314,7 @@ def tts_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     return dataset.prefetch(AUTOTUNE).with_options(options), target
 
 
-def chain_epochs(make_epoch, first_epoch: int, epochs: int, skip: int = 0):
+def chain_epochs(make_epoch, first_epoch: int, epochs: int, skip: int = 0, prefetch: int = 8):
     """One dataset over epochs first_epoch..epochs-1, so the next epoch's reads and shuffling start
     while the current one is still training (no bubble at epoch boundaries).
 
@@ -332,4 +333,6 @@ def chain_epochs(make_epoch, first_epoch: int, epochs: int, skip: int = 0):
     chained = parts[0]
     for part in parts[1:]:
         chained = chained.concatenate(part)
-    return chained.prefetch(AUTOTUNE), counts
+    # A fixed, generous buffer: AUTOTUNE sizes it for the steady state and lets it run dry while the
+    # next epoch fills its shuffle buffer.
+    return chained.prefetch(prefetch), counts

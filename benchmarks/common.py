@@ -1,0 +1,82 @@
+"""Shared pieces of the benchmarks: synthetic shards, running the real trainer, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+
+
+def synthetic_shards(work: Path, utterances: int, mean_frames: int = 300, dim: int = 80, num_shards: int = 8,
+                     test_utterances: int = 0, seed: int = 0) -> Path:
+    """Shards of random features with the demo corpus's length spread and short transcripts.
+
+    Throughput does not depend on the values, only on shapes; quality benchmarks use real data.
+    """
+    import kaldiio
+
+    from pipeline import shards
+
+    rng = np.random.default_rng(seed)
+    splits = {}
+    for split, count in (("train", utterances), ("test", test_utterances)):
+        if not count:
+            continue
+        root = work / "data" / split
+        root.mkdir(parents=True, exist_ok=True)
+        words = ["turn", "on", "the", "kitchen", "lights", "in", "oslo", "at", "seven", "thirty", "please", "call", "anna"]
+        with kaldiio.WriteHelper(f"ark,scp:{root / 'feats.ark'},{root / 'feats.scp'}") as writer:
+            texts, speakers = [], []
+            for i in range(count):
+                utt = f"spk{i % 16:02d}-{split}{i:06d}"
+                frames = int(np.clip(rng.normal(mean_frames, mean_frames / 3), 60, 3 * mean_frames))
+                writer(utt, rng.normal(size=(frames, dim)).astype(np.float32))
+                # About 12 characters per second of speech, like the demo sentences.
+                n_words = max(1, frames // 50)
+                texts.append(f"{utt} {' '.join(rng.choice(words, size=n_words))}\n")
+                speakers.append(f"{utt} {utt.split('-')[0]}\n")
+        (root / "text").write_text("".join(sorted(texts)))
+        (root / "utt2spk").write_text("".join(sorted(speakers)))
+        splits[split] = root
+    out = work / "shards"
+    shards.make_shards(splits, out, shards.ShardConfig(num_shards=num_shards), progress=False)
+    return out
+
+
+def run_training(shards: Path, workdir: Path, np_: int, config: Path, overrides: list[str], env_extra: dict | None = None,
+                 timeout: float = 1800, extra_args: list[str] | None = None) -> dict:
+    """Runs `models.train` (alone for np_=1, else under horovodrun) and returns its train_summary.json."""
+    args = ["-m", "models.train", "--shards", str(shards), "--workdir", str(workdir), "--config", str(config),
+            *(extra_args or [])]
+    for item in overrides:
+        args += ["--set", item]
+    cmd = [PYTHON, *args] if np_ == 1 else [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", PYTHON, *args]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), **(env_extra or {}))
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{workdir.parent / 'mlflow.db'}")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return json.loads((workdir / "train_summary.json").read_text())
+
+
+def print_table(headers: list[str], rows: list[list]) -> None:
+    cells = [[str(h) for h in headers]] + [[c if isinstance(c, str) else f"{c:,.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for i, row in enumerate(cells):
+        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def write_json(path: Path | None, results: dict) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2, sort_keys=True, default=float) + "\n")

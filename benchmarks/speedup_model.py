@@ -1,0 +1,134 @@
+"""The research's ring-parallel speedup model, fed with times measured here, against measurement.
+
+    python benchmarks/speedup_model.py [--json out.json] [--tiny] [--shards DIR]
+
+Measures, for the acoustic model:
+- Tcalc: one training step's computation on one worker (np=1, one intra-op thread: a worker's
+  share of this machine when two ranks run, so np=1 and np=2 are comparable);
+- Ttransmit: one exchange of the whole model between two ranks (a 2-rank Horovod allreduce of the
+  flat weight vector, under horovodrun);
+- Tmerge: one averaging (w <- w + (average - snapshot) over the flat weight vector, numpy).
+Then applies Speedup = n (Tcalc + Tmerge) / (Tcalc + Tmerge + Twait), with
+Twait = max(n Ttransmit + (n - 1) Tmerge - Tcalc, 0) for the ring (allreduce) and the gossip form
+of models/speedup_model.py, compares the prediction at n = 1 and 2 with the measured throughput
+ratio, plots both predicted curves to n = 128 and logs the plot and numbers to MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (  # noqa: E402
+    HOROVODRUN,
+    PYTHON,
+    ROOT,
+    print_table,
+    run_training,
+    synthetic_shards,
+    write_json,
+)
+
+PROBE = """
+import sys, time, numpy as np, tensorflow as tf, horovod.tensorflow as hvd
+from pipeline.runtime import configure_tensorflow
+configure_tensorflow(); hvd.init()
+x = tf.constant(np.random.default_rng(hvd.rank()).normal(size=int(sys.argv[1])).astype(np.float32))
+for _ in range(3): hvd.allreduce(x, op=hvd.Average, name="warm").numpy()
+times = []
+for i in range(int(sys.argv[2])):
+    start = time.perf_counter(); hvd.allreduce(x, op=hvd.Average, name="probe").numpy(); times.append(time.perf_counter() - start)
+if hvd.rank() == 0: print("TTRANSMIT", float(np.median(times)), flush=True)
+"""
+
+
+def measure_transmit(parameters: int, repeats: int) -> float:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PYTHON, "-c", PROBE, str(parameters), str(repeats)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=True)
+    line = next(line for line in proc.stdout.splitlines() if "TTRANSMIT" in line)
+    return float(line.split()[-1])
+
+
+def measure_merge(parameters: int, repeats: int) -> float:
+    rng = np.random.default_rng(0)
+    w, average, snapshot = (rng.normal(size=parameters).astype(np.float32) for _ in range(3))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        w += average - snapshot
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--shards", type=Path)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    from models import asr, speedup_model
+    from models.tasks import resolve_asr
+    from models.train import TrainConfig
+    from pipeline import config as configlib
+    from pipeline.shards import load_manifest
+
+    work = Path(tempfile.mkdtemp(prefix="speedup-"))
+    if args.tiny:
+        config, steps, warmup = ROOT / "tests/configs/tiny_asr.yaml", 8, 2
+        shards = args.shards or synthetic_shards(work, 48, mean_frames=60, dim=13, num_shards=4)
+    else:
+        config, steps, warmup = ROOT / "configs/demo_asr.yaml", args.steps, 5
+        shards = args.shards or synthetic_shards(work, 1200)
+    model_cfg = resolve_asr(configlib.load(TrainConfig, config).asr, load_manifest(shards))
+    parameters = int(sum(np.prod(v.shape) for v in asr.build_asr(model_cfg).trainable_variables))
+    common = [f"max_steps={steps}", f"warmup_exclude={warmup}", "checkpoint_every=100000", "log_every=100000",
+              "log_model=false", "epochs=1000", "intra_op_threads=1"]
+    one = run_training(shards, work / "np1", 1, config, common)
+    two = {s: run_training(shards, work / f"np2-{s}", 2, config, common, extra_args=["--strategy", s]) for s in ("allreduce", "adpsgd")}
+    tcalc = one["time_compute_ms"] / 1000
+    ttransmit = measure_transmit(parameters, 5 if args.tiny else 20)
+    tmerge = measure_merge(parameters, 20)
+    results = {"tiny": args.tiny, "parameters": parameters, "tcalc_s": tcalc, "ttransmit_s": ttransmit, "tmerge_s": tmerge}
+    rows = []
+    for strategy, predict in (("allreduce", speedup_model.speedup_allreduce), ("adpsgd", speedup_model.speedup_gossip)):
+        measured = two[strategy]["frames_per_s_total"] / one["frames_per_s_total"]
+        for n in (1, 2):
+            results[f"{strategy}_predicted_speedup_n{n}"] = predict(n, tcalc, ttransmit, tmerge)
+        results[f"{strategy}_measured_speedup_n2"] = measured
+        results[f"{strategy}_predicted_speedup_n128"] = predict(128, tcalc, ttransmit, tmerge)
+        rows.append([strategy, results[f"{strategy}_predicted_speedup_n1"], results[f"{strategy}_predicted_speedup_n2"],
+                     measured, results[f"{strategy}_predicted_speedup_n128"]])
+    plot = speedup_model.plot_speedup(tcalc, ttransmit, tmerge, work / "speedup_model.png")
+    print(f"Tcalc {tcalc * 1000:.1f} ms, Ttransmit {ttransmit * 1000:.2f} ms ({parameters:,} float32 weights), "
+          f"Tmerge {tmerge * 1000:.2f} ms")
+    print_table(["strategy", "predicted n=1", "predicted n=2", "measured n=2", "predicted n=128"], rows)
+    results["plot"] = str(plot)
+    results["mlflow_run_id"] = log_to_mlflow(results, plot)
+    write_json(args.json, results)
+    return 0
+
+
+def log_to_mlflow(results: dict, plot: Path) -> str:
+    import mlflow
+
+    from models import tracking
+
+    with tracking.start_run("speechflow-benchmarks", "speedup-model", tags={"speechflow.benchmark": "speedup_model"}) as run:
+        mlflow.log_metrics({k: float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        mlflow.log_artifact(str(plot), artifact_path="plots")
+        return run.info.run_id
+
+
+if __name__ == "__main__":
+    sys.exit(main())
