@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 loader = SeedLoader(data / "feats.scp", args.frames_per_batch, 64)
                 results["baseline_first_batch_s"] = first_batch(loader.epoch)
-                results["tfdata_first_batch_s"] = first_batch(lambda: tfdata_epochs(work / name / "shards", cfg, 1)[0])
+                large_shards = work / name / "shards"
+                results["tfdata_first_batch_s"] = first_batch(lambda: tfdata_epochs(large_shards, cfg, 1)[0])
             if name == "large" and not args.workdir:
                 shutil.rmtree(work / name, ignore_errors=True)
     finally:

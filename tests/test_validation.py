@@ -66,7 +66,7 @@ def test_unreadable_truncated_and_missing_files(data_dir, tmp_path):
     cut.write_bytes(cut.read_bytes()[:600])
     with open(data_dir / "feats.scp", "a") as f:
         f.write(f"bad-1 {garbage}:6\nlost-1 {data_dir / 'nowhere.ark'}:6\n")
-    write_table(data_dir / "text", {**dict(l.split(" ", 1) for l in (data_dir / "text").read_text().splitlines()), "bad-1": "a", "lost-1": "b"})
+    write_table(data_dir / "text", {**dict(line.split(" ", 1) for line in (data_dir / "text").read_text().splitlines()), "bad-1": "a", "lost-1": "b"})
     with open(data_dir / "utt2spk", "a") as f:
         f.write("bad-1 spk0\nlost-1 spk0\n")
     rejected = shard_rejections(data_dir, tmp_path)
@@ -101,7 +101,7 @@ def test_transcript_problems_and_duplicates(data_dir, tmp_path):
         f.write(f"{utts[1]} caf\xe9 \xff\xfe\n".encode("latin-1"))  # same id again: duplicate too
     text = kaldi.read_table(data_dir / "text")
     assert utts[0] in text.duplicates
-    lines = [l for l in (data_dir / "text").read_bytes().split(b"\n") if l and not l.startswith(utts[0].encode()) and not l.startswith(utts[1].encode())]
+    lines = [ln for ln in (data_dir / "text").read_bytes().split(b"\n") if ln and not ln.startswith(utts[0].encode()) and not ln.startswith(utts[1].encode())]
     lines += [utts[0].encode(), f"{utts[1]} ".encode() + b"\xff\xfe"]  # empty and undecodable, once each
     (data_dir / "text").write_bytes(b"\n".join(lines) + b"\n")
     with open(data_dir / "utt2spk", "a") as f:
