@@ -176,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 loader = SeedLoader(data / "feats.scp", args.frames_per_batch, 64)
                 results["baseline_first_batch_s"] = first_batch(loader.epoch)
-                large_shards = work / name / "shards"
-                results["tfdata_first_batch_s"] = first_batch(lambda: tfdata_epochs(large_shards, cfg, 1)[0])
+                results["tfdata_first_batch_s"] = first_batch(lambda shards_dir=work / name / "shards": tfdata_epochs(shards_dir, cfg, 1)[0])
             if name == "large" and not args.workdir:
                 shutil.rmtree(work / name, ignore_errors=True)
     finally:
