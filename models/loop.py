@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from models.train import TrainConfig, check_workdir, learning_rate, peak_memory_
 from pipeline import config as configlib
 from pipeline import runtime
 from pipeline.fsutil import atomic_write_json
+from pipeline.progress import progress as progress_bar
 
 
 class StepTimes:
@@ -206,7 +206,6 @@ class Trainer:
 
     def _run_rank0(self) -> dict:
         import mlflow
-        from tqdm import tqdm
 
         c = self.config
         configlib.save(c, self.workdir / "config.yaml")
@@ -226,8 +225,8 @@ class Trainer:
                               **tracking.versions())
                 tracking.log_params(params)
                 tracking.log_shards_input(self.shards, self.manifest)
-            bar = tqdm(total=self.total_steps, initial=self.position["step"], desc=f"train {c.model}", unit="step",
-                       file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+            bar = progress_bar(total=self.total_steps, initial=self.position["step"], desc=f"train {c.model}", unit="step",
+                               dynamic_ncols=True, mininterval=1.0)
             summary = self._loop(log=mlflow, bar=bar)
             bar.close()
             self._log_final(mlflow, summary)

@@ -33,9 +33,9 @@ from typing import NamedTuple
 
 import numpy as np
 import soundfile as sf
-from tqdm import tqdm
 
 from pipeline import config as config_lib
+from pipeline.progress import progress as progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -558,10 +558,7 @@ def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, espeak: str, s
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(render, utt): utt.utt_id for utt in plan}
         try:
-            progress = tqdm(
-                as_completed(futures), total=len(plan), desc="synthesizing", unit="utt", file=sys.stderr
-            )
-            for future in progress:
+            for future in progress_bar(as_completed(futures), total=len(plan), desc="synthesizing", unit="utt"):
                 if (snr := future.result()) is not None:
                     snrs[futures[future]] = snr
         except BaseException:

@@ -25,6 +25,7 @@ import numpy as np
 from pipeline import config as configlib
 from pipeline import fsutil, kaldi
 from pipeline.parallel import worker_pool
+from pipeline.progress import progress as progress_bar
 
 MARKER = ".features.done.json"
 REJECTED = "feats_rejected.tsv"
@@ -241,8 +242,6 @@ def _fingerprint(data_dir: Path, cfg: FeatureConfig) -> dict:
 
 def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True) -> dict:
     """The stage driver. Returns a summary dict; raises ValueError when too much was rejected."""
-    from tqdm import tqdm
-
     data_dir = Path(data_dir)
     marker = data_dir / MARKER
     feats_scp = data_dir / "feats.scp"
@@ -265,7 +264,7 @@ def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True) 
     frames = 0
     import kaldiio
 
-    bar = tqdm(total=len(entries), desc=f"fbank {data_dir.name}", unit="utt", disable=not progress, file=sys.stderr)
+    bar = progress_bar(total=len(entries), desc=f"fbank {data_dir.name}", unit="utt", disable=not progress)
     with worker_pool(jobs) as pool, kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as writer:
         for results in pool.imap(_featurize_recording, tasks):
             for utt, feats, rejection in results:
@@ -296,13 +295,11 @@ def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True) 
 
 def _cmvn_for_existing(data_dir: Path, progress: bool) -> dict:
     """Kaldi-made features: keep them, add CMVN statistics if there are none."""
-    from tqdm import tqdm
-
     if (data_dir / "cmvn.scp").is_file():
         return {"skipped": True, "existing_features": True}
     entries, _ = kaldi.scan_data_dir(data_dir, need_text=False, source="feats")
     cmvn = CmvnAccumulator()
-    for entry in tqdm(entries, desc=f"cmvn {data_dir.name}", unit="utt", disable=not progress, file=sys.stderr):
+    for entry in progress_bar(entries, desc=f"cmvn {data_dir.name}", unit="utt", disable=not progress):
         # Unreadable matrices are the shard stage's to reject, with reasons; statistics skip them.
         matrix, rejection = kaldi.check_matrix(entry.utt_id, entry.feats, kaldi.FeatureCheck(max_frames=10**9), None)
         if rejection is None:

@@ -30,6 +30,7 @@ from pipeline import config as configlib
 from pipeline import features as features_stage
 from pipeline import fsutil, kaldi
 from pipeline.parallel import worker_pool
+from pipeline.progress import progress as progress_bar
 
 MANIFEST = "manifest.json"
 REJECTED = "rejected.tsv"
@@ -138,8 +139,6 @@ class SplitPlan:
 
 
 def validate_split(name: str, data_dir: Path, cfg: ShardConfig, pool, alignments: Path | None, progress: bool) -> SplitPlan:
-    from tqdm import tqdm
-
     entries, rejections = kaldi.scan_data_dir(data_dir, allow_pipes=cfg.allow_pipes, need_text=True, source="feats")
     previous = Path(data_dir) / features_stage.REJECTED
     if previous.is_file():
@@ -148,7 +147,7 @@ def validate_split(name: str, data_dir: Path, cfg: ShardConfig, pool, alignments
     check = kaldi.FeatureCheck(max_frames=cfg.max_frames)
     chunks = [entries[i : i + 16] for i in range(0, len(entries), 16)]
     results = []
-    bar = tqdm(total=len(entries), desc=f"validate {name}", unit="utt", disable=not progress, file=sys.stderr)
+    bar = progress_bar(total=len(entries), desc=f"validate {name}", unit="utt", disable=not progress)
     for out in pool.imap(_validate_chunk, [(c, check, targets) for c in chunks]):  # in order: deterministic
         results.extend(out)
         bar.update(len(out))
@@ -280,8 +279,6 @@ def make_shards(
     splits: dict[str, Path], out_dir: Path, cfg: ShardConfig, alignments: dict[str, Path] | None = None, progress: bool = True
 ) -> dict:
     """Validates and shards every split. Returns the manifest; raises ValueError on too many rejections."""
-    from tqdm import tqdm
-
     if cfg.compression not in ("none", "gzip"):
         raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
     if cfg.vocabulary_split not in splits:
@@ -328,7 +325,7 @@ def make_shards(
                 own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
                 tasks.append((path, utts, own, vocabulary, own_targets, cfg))
         records: dict[str, list] = collections.defaultdict(list)
-        bar = tqdm(total=sum(len(t[1]) for t in tasks), desc="write shards", unit="utt", disable=not progress, file=sys.stderr)
+        bar = progress_bar(total=sum(len(t[1]) for t in tasks), desc="write shards", unit="utt", disable=not progress)
         for task, record in zip(tasks, pool.imap(_write_shard, tasks)):
             records[task[0].name.split("-")[0]].append(record)
             bar.update(record["count"])
