@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ import numpy as np
 import soundfile as sf
 
 from pipeline import config as config_lib
+from pipeline import fsutil
 from pipeline.progress import progress as progress_bar
 
 log = logging.getLogger(__name__)
@@ -493,13 +493,7 @@ def installed_voices() -> VoiceInventory:
 
 def code_version() -> str:
     """Hash of this module's source: a changed grammar or pipeline invalidates old corpora."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-
-
-def _write_atomic(path: Path, content: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(content)
-    tmp.replace(path)
+    return fsutil.code_version(sys.modules[__name__])
 
 
 def _synthesize(utt: PlannedUtterance, wav: Path, config: CorpusConfig, espeak: str, sox: str) -> None:
@@ -577,14 +571,14 @@ def _write_data_dirs(plan: list[PlannedUtterance], out: Path, snrs: dict[str, fl
             )
     for split in ALL_SPLITS:
         for name, content in kaldi_files(rows[split]).items():
-            _write_atomic(out / split / name, content)
+            fsutil.atomic_write_text(out / split / name, content)
         # Wavs of an earlier, different build (or its unfinished temporaries) would otherwise linger.
         keep = {Path(row[3]).name for row in rows[split]}
         for stale in (out / "wav" / split).iterdir():
             if stale.name not in keep:
                 stale.unlink()
     table = "".join(f"{utt}\t{snr:.3f}\n" for utt, snr in sorted(snrs.items()))
-    _write_atomic(out / "test_noisy" / "snr.tsv", "utt_id\tsnr_db\n" + table)
+    fsutil.atomic_write_text(out / "test_noisy" / "snr.tsv", "utt_id\tsnr_db\n" + table)
     return rows
 
 
@@ -632,7 +626,7 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
         },
         "tools": {"espeak-ng": version[espeak], "sox": version[sox]},
     }
-    _write_atomic(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
+    fsutil.atomic_write_text(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
     log.info("wrote %s: %s utterances, %d words", out, summary["counts"], summary["vocabulary_size"])
     return summary
 
