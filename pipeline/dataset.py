@@ -33,6 +33,11 @@ class InputConfig:
     shuffle_buffer: int = 256  # utterances; also bounds the time to the first batch
     parallel_reads: int = 4  # shard files read at once
     cmvn: str = "speaker"  # "speaker" (Kaldi per-speaker CMVN), "global" (split-wide), "none"
+    spec_augment: bool = False  # training only: mask random bands of mel bins and of frames (Park et al. 2019)
+    freq_masks: int = 2  # spec_augment: bands of mel bins set to the mean, each up to freq_mask_width wide
+    freq_mask_width: int = 15
+    time_masks: int = 2  # spec_augment: runs of frames set to the mean, each up to time_mask_fraction long
+    time_mask_fraction: float = 0.05
     stack_frames: int = 1  # stack this many neighbouring frames (the acoustic model usually does it)
     subsample: int = 1  # keep every n-th stacked frame
     prefetch_batches: int = 8  # batches kept ready; covers the start of the next epoch's reads
@@ -54,6 +59,30 @@ def stack_and_subsample(feats, lengths, stack: int, subsample: int):
         feats = feats[:, ::subsample]  # [B, ceil(T/subsample), D*stack]
         lengths = (lengths + subsample - 1) // subsample
     return feats, lengths
+
+
+def spec_augment(feats, cfg: InputConfig, seed):
+    """Masks `freq_masks` bands of bins and `time_masks` runs of frames of one normalized utterance
+    [frames, dim] with zeros (the mean after CMVN). `seed`: a stateless seed [2], so a deterministic
+    pipeline stays deterministic."""
+    import tensorflow as tf
+
+    frames, dim = tf.shape(feats)[0], tf.shape(feats)[1]
+    keep = tf.ones_like(feats, dtype=tf.bool)
+    for i in range(cfg.freq_masks):
+        s = tf.random.experimental.stateless_split(seed, 2 + 2 * i)[-2:]
+        width = tf.random.stateless_uniform([], s[0], 0, cfg.freq_mask_width + 1, tf.int32)
+        start = tf.random.stateless_uniform([], s[1], 0, tf.maximum(dim - width, 1), tf.int32)
+        band = (tf.range(dim) >= start) & (tf.range(dim) < start + width)  # [dim]
+        keep &= ~band[None, :]
+    longest = tf.maximum(1, tf.cast(cfg.time_mask_fraction * tf.cast(frames, tf.float32), tf.int32))
+    for i in range(cfg.time_masks):
+        s = tf.random.experimental.stateless_split(seed, 3 + 2 * (cfg.freq_masks + i))[-2:]
+        width = tf.random.stateless_uniform([], s[0], 0, longest + 1, tf.int32)
+        start = tf.random.stateless_uniform([], s[1], 0, tf.maximum(frames - width, 1), tf.int32)
+        run = (tf.range(frames) >= start) & (tf.range(frames) < start + width)  # [frames]
+        keep &= ~run[:, None]
+    return tf.where(keep, feats, tf.zeros_like(feats))
 
 
 def bucket_plan(lengths: list[int], cfg: InputConfig) -> tuple[list[int], list[int]]:
@@ -230,9 +259,13 @@ def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     dim = manifest["feature_dim"]
     normalize = _normalizer(manifest, split, cfg.cmvn)
 
-    def prepare(serialized):
+    augment = training and cfg.spec_augment
+
+    def prepare(index, serialized):
         ex = shardlib.parse_example(serialized, dim, with_targets)
         feats = normalize(ex["feats"], ex["speaker"])  # [frames, dim]
+        if augment:
+            feats = spec_augment(feats, cfg, tf.stack([tf.cast(cfg.seed * 7919 + epoch * 104729 + rank, tf.int64), index]))
         out = {
             "feats": feats,
             "feat_lengths": tf.shape(feats)[0],
@@ -247,7 +280,8 @@ def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     padding = {"feats": 0.0, "feat_lengths": 0, "tokens": 0, "token_lengths": 0, "utt_id": b""}
     if with_targets:
         padding["targets"] = -1
-    dataset = _read(mine, manifest, cfg, epoch, training).map(prepare, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    dataset = _read(mine, manifest, cfg, epoch, training).enumerate().map(
+        prepare, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
     dataset = dataset.bucket_by_sequence_length(
         lambda ex: ex["feat_lengths"], boundaries, sizes, padding_values=padding, drop_remainder=False
     )

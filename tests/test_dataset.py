@@ -135,3 +135,28 @@ def test_under_horovodrun_both_ranks_get_equal_batches_covering_the_epoch(sharde
         assert len(per_rank[0][epoch]) == len(per_rank[1][epoch])
         seen = [u for r in (0, 1) for batch in per_rank[r][epoch] for u in batch]
         assert sorted(seen) == sorted(feats)
+
+
+def test_spec_augment_masks_bands_and_runs_in_training_only(sharded):
+    import tensorflow as tf
+
+    x = tf.ones([200, 80])
+    cfg = dataset.InputConfig(freq_masks=2, freq_mask_width=10, time_masks=2, time_mask_fraction=0.05)
+    masked = dataset.spec_augment(x, cfg, tf.constant([3, 4], tf.int64)).numpy()
+    zero_bins, zero_frames = (masked == 0).all(0).sum(), (masked == 0).all(1).sum()
+    assert 0 < zero_bins <= 20 and 0 < zero_frames <= 20
+    again = dataset.spec_augment(x, cfg, tf.constant([3, 4], tf.int64)).numpy()
+    np.testing.assert_array_equal(masked, again)  # stateless: reproducible from the seed
+    out, feats, _ = sharded
+    augmented = dataclasses.replace(CFG, spec_augment=True, cmvn="none")
+    train_ds, _ = dataset.asr_dataset(out, "train", augmented)
+    masked_utts = 0
+    for batch in train_ds.as_numpy_iterator():
+        for i, utt in enumerate(batch["utt_id"]):
+            n = batch["feat_lengths"][i]
+            masked_utts += not np.array_equal(batch["feats"][i, :n], feats[utt.decode()])
+    assert masked_utts > len(feats) // 2
+    eval_ds, _ = dataset.asr_dataset(out, "train", augmented, training=False)
+    for batch in eval_ds.as_numpy_iterator():
+        utt = batch["utt_id"][0].decode()
+        np.testing.assert_array_equal(batch["feats"][0, : batch["feat_lengths"][0]], feats[utt])
