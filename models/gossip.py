@@ -95,23 +95,19 @@ class GossipStrategy:
 
     def _setup_process_sets(self) -> None:
         hvd = self.hvd
-        # Horovod: every rank learns every rank's host (cross_rank numbers the hosts).
-        hosts = [str(h) for h in hvd.allgather_object(hvd.cross_rank())]
-        self.groups = gossip_schedule.host_groups(hosts) if self.config.hierarchical else [[r] for r in range(self.size)]
-        self.my_group = next(g for g in self.groups if self.rank in g)
-        self.leaders = [g[0] for g in self.groups]
-        wanted: list[tuple[int, ...]] = []
         if self.config.hierarchical:
-            wanted += [tuple(g) for g in self.groups if 1 < len(g) < self.size]
-        n = len(self.leaders)
-        for a, b in gossip_schedule.pairs_needed(n, self.scheme) if n > 1 else []:
-            pair = tuple(sorted((self.leaders[a], self.leaders[b])))
-            if len(pair) < self.size and pair not in wanted:
-                wanted.append(pair)
+            # Horovod: every rank learns every rank's host (cross_rank numbers the hosts).
+            self.hosts = [str(h) for h in hvd.allgather_object(hvd.cross_rank())]
+        else:
+            self.hosts = [str(r) for r in range(self.size)]  # every rank is its own "host"
+        self.groups = gossip_schedule.host_groups(self.hosts)
+        self.my_group = next(g for g in self.groups if self.rank in g)
+        wanted = [tuple(g) for g in self.groups if 1 < len(g) < self.size]
+        wanted += [pair for pair in gossip_schedule.hierarchical_pairs_needed(self.hosts, self.scheme) if len(pair) < self.size]
         self._sets = {}
         for ranks in wanted:
-            # Horovod: register one process set per ring edge (or pair, or host). Collective: all
-            # ranks add the same sets in the same order.
+            # Horovod: register one process set per pair that can meet (and one per host). Collective:
+            # all ranks add the same sets in the same order.
             self._sets[ranks] = hvd.add_process_set(list(ranks))
 
     # -- the training thread's side ----------------------------------------------------------------
@@ -251,10 +247,10 @@ class GossipStrategy:
             # Horovod: the host's ranks average first (H-ADPSGD's super-learner).
             result = hvd.allreduce(tf.constant(result), op=hvd.Average, process_set=self._set_for(tuple(self.my_group)),
                                    name=f"gossip.host.{round_index}").numpy()
-        if len(self.leaders) > 1:
-            pairs = gossip_schedule.matching(len(self.leaders), round_index, self.scheme, self.config.seed)
+        if len(self.groups) > 1:
             leader = self.my_group[0]
-            mine = next(((self.leaders[a], self.leaders[b]) for a, b in pairs if leader in (self.leaders[a], self.leaders[b])), None)
+            pairs = gossip_schedule.hierarchical_matching(self.hosts, round_index, self.scheme, self.config.seed)
+            mine = next((pair for pair in pairs if leader in pair), None)
             if mine is not None and self.rank == leader:
                 # Horovod: a pairwise average is a 2-rank allreduce on the pair's process set.
                 result = hvd.allreduce(tf.constant(result), op=hvd.Average, process_set=self._set_for(mine),
