@@ -80,3 +80,23 @@ def write_json(path: Path | None, results: dict) -> None:
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=2, sort_keys=True, default=float) + "\n")
+
+
+def asr_setup(args, prefix: str, tiny_steps: int = 8):
+    """(workdir, config, shards, --set items) for a benchmark of short acoustic-model runs.
+
+    `args` has `tiny`, `shards` and `steps`. The items fix the step count, leave the warm-up out of
+    the throughput, and skip checkpoints, logs and model logging.
+    """
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    if args.tiny:
+        config, steps, warmup = ROOT / "tests/configs/tiny_asr.yaml", tiny_steps, 2
+        shards = args.shards or synthetic_shards(work, 48, mean_frames=60, dim=13, num_shards=4)
+    else:
+        config, steps, warmup = ROOT / "configs/demo_asr.yaml", args.steps, 5
+        shards = args.shards or synthetic_shards(work, 1200)
+    items = [f"max_steps={steps}", f"warmup_exclude={warmup}", "checkpoint_every=100000", "log_every=100000",
+             "log_model=false", "epochs=1000"]
+    return work, config, shards, items

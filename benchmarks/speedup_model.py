@@ -20,7 +20,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,15 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (  # noqa: E402
-    HOROVODRUN,
-    PYTHON,
-    ROOT,
-    print_table,
-    run_training,
-    synthetic_shards,
-    write_json,
-)
+from benchmarks.common import HOROVODRUN, PYTHON, ROOT, asr_setup, print_table, run_training, write_json  # noqa: E402
 
 PROBE = """
 import sys, time, numpy as np, tensorflow as tf, horovod.tensorflow as hvd
@@ -83,17 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline import config as configlib
     from pipeline.shards import load_manifest
 
-    work = Path(tempfile.mkdtemp(prefix="speedup-"))
-    if args.tiny:
-        config, steps, warmup = ROOT / "tests/configs/tiny_asr.yaml", 8, 2
-        shards = args.shards or synthetic_shards(work, 48, mean_frames=60, dim=13, num_shards=4)
-    else:
-        config, steps, warmup = ROOT / "configs/demo_asr.yaml", args.steps, 5
-        shards = args.shards or synthetic_shards(work, 1200)
+    work, config, shards, common = asr_setup(args, "speedup_model-", tiny_steps=8)
+    common.append("intra_op_threads=1")
     model_cfg = resolve_asr(configlib.load(TrainConfig, config).asr, load_manifest(shards))
     parameters = int(sum(np.prod(v.shape) for v in asr.build_asr(model_cfg).trainable_variables))
-    common = [f"max_steps={steps}", f"warmup_exclude={warmup}", "checkpoint_every=100000", "log_every=100000",
-              "log_model=false", "epochs=1000", "intra_op_threads=1"]
     one = run_training(shards, work / "np1", 1, config, common)
     two = {s: run_training(shards, work / f"np2-{s}", 2, config, common, extra_args=["--strategy", s]) for s in ("allreduce", "adpsgd")}
     tcalc = one["time_compute_ms"] / 1000

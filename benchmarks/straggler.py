@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks.common import asr_setup, print_table, run_training, write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,16 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=Path)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="straggler-"))
-    if args.tiny:
-        config, steps, warmup = ROOT / "tests/configs/tiny_asr.yaml", 10, 2
-        shards = args.shards or synthetic_shards(work, 48, mean_frames=60, dim=13, num_shards=4)
-    else:
-        config, steps, warmup = ROOT / "configs/demo_asr.yaml", args.steps, 5
-        shards = args.shards or synthetic_shards(work, 1200)
-    common = [f"max_steps={steps}", f"warmup_exclude={warmup}", "checkpoint_every=100000", "log_every=100000",
-              "log_model=false", "epochs=1000"]
-    results: dict = {"tiny": args.tiny, "steps": steps}
+    work, config, shards, common = asr_setup(args, "straggler-", tiny_steps=10)
+
+    results: dict = {"tiny": args.tiny, "steps": args.steps if not args.tiny else 10}
     rows = []
     for strategy in ("allreduce", "adpsgd"):
         alone = run_training(shards, work / f"{strategy}-alone", 2, config, common, extra_args=["--strategy", strategy])

@@ -236,6 +236,34 @@ def _read(paths: list[str], manifest: dict, cfg: InputConfig, epoch: int, traini
     return records
 
 
+def _batches(out_dir: Path, split: str, cfg: InputConfig, rank: int, size: int, epoch: int, training: bool,
+             manifest: dict, prepare, length_key: str, padding: dict):
+    """The part both models share: this rank's files, parallel reads and parsing (`prepare(index,
+    serialized) -> example`), bucketing by `length_key`, equal batch counts, prefetching."""
+
+    paths = shardlib.shard_paths(out_dir, manifest, split)
+    boundaries, sizes, counts, target = epoch_layout(manifest, split, size, epoch, cfg)
+    if training:
+        mine = [paths[i] for i in rank_files(manifest, split, rank, size, epoch, cfg.seed)]
+    else:
+        mine = paths[rank::size]
+        target, _ = count_batches([n for s in manifest["splits"][split]["shards"][rank::size] for n in s["lengths"]], boundaries, sizes)
+    ordered = cfg.deterministic or not training
+    dataset = _read(mine, manifest, cfg, epoch, training).enumerate().map(prepare, num_parallel_calls=AUTOTUNE, deterministic=ordered)
+    dataset = dataset.bucket_by_sequence_length(lambda ex: ex[length_key], boundaries, sizes, padding_values=padding)
+    if training:
+        dataset = _split_batches(dataset, target - counts[rank])
+    return dataset, target
+
+
+def _finish(dataset, cfg: InputConfig, training: bool):
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.deterministic = cfg.deterministic or not training
+    return dataset.prefetch(AUTOTUNE).with_options(options)
+
+
 def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size: int = 1, epoch: int = 0,
                 training: bool = True, manifest: dict | None = None):
     """Batches for the acoustic model, for one epoch of one rank. Returns (dataset, batches).
@@ -243,22 +271,14 @@ def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     Each element: `feats` float32 [B, T, D*stack], `feat_lengths` int32 [B], `tokens` int32 [B, L]
     (0-padded), `token_lengths` int32 [B], `utt_id` string [B], and `targets` int32 [B, T]
     (-1-padded) when the shards carry frame targets. `training=False`: this rank's share in file
-    order, no shuffling and no batch equalization (evaluation).
+    order, no shuffling, no augmentation and no batch equalization (evaluation).
     """
     import tensorflow as tf
 
     manifest = manifest or shardlib.load_manifest(out_dir)
-    paths = shardlib.shard_paths(out_dir, manifest, split)
     with_targets = manifest.get("num_targets", 0) > 0
-    boundaries, sizes, counts, target = epoch_layout(manifest, split, size, epoch, cfg)
-    if training:
-        mine = [paths[i] for i in rank_files(manifest, split, rank, size, epoch, cfg.seed)]
-    else:
-        mine = paths[rank::size]
-        target, _ = count_batches([n for s in manifest["splits"][split]["shards"][rank::size] for n in s["lengths"]], boundaries, sizes)
     dim = manifest["feature_dim"]
     normalize = _normalizer(manifest, split, cfg.cmvn)
-
     augment = training and cfg.spec_augment
 
     def prepare(index, serialized):
@@ -266,13 +286,8 @@ def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
         feats = normalize(ex["feats"], ex["speaker"])  # [frames, dim]
         if augment:
             feats = spec_augment(feats, cfg, tf.stack([tf.cast(cfg.seed * 7919 + epoch * 104729 + rank, tf.int64), index]))
-        out = {
-            "feats": feats,
-            "feat_lengths": tf.shape(feats)[0],
-            "tokens": ex["tokens"],
-            "token_lengths": tf.shape(ex["tokens"])[0],
-            "utt_id": ex["utt_id"],
-        }
+        out = {"feats": feats, "feat_lengths": tf.shape(feats)[0], "tokens": ex["tokens"],
+               "token_lengths": tf.shape(ex["tokens"])[0], "utt_id": ex["utt_id"]}
         if with_targets:
             out["targets"] = ex["targets"]
         return out
@@ -280,22 +295,14 @@ def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     padding = {"feats": 0.0, "feat_lengths": 0, "tokens": 0, "token_lengths": 0, "utt_id": b""}
     if with_targets:
         padding["targets"] = -1
-    dataset = _read(mine, manifest, cfg, epoch, training).enumerate().map(
-        prepare, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
-    dataset = dataset.bucket_by_sequence_length(
-        lambda ex: ex["feat_lengths"], boundaries, sizes, padding_values=padding, drop_remainder=False
-    )
-    if training:
-        dataset = _split_batches(dataset, target - counts[rank])
+    dataset, batches = _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "feat_lengths", padding)
     if cfg.stack_frames > 1 or cfg.subsample > 1:
         def stack(batch):
             feats, lengths = stack_and_subsample(batch["feats"], batch["feat_lengths"], cfg.stack_frames, cfg.subsample)
             return {**batch, "feats": feats, "feat_lengths": lengths}
 
         dataset = dataset.map(stack, num_parallel_calls=AUTOTUNE)
-    options = tf.data.Options()
-    options.deterministic = cfg.deterministic or not training
-    return dataset.prefetch(AUTOTUNE).with_options(options), target
+    return _finish(dataset, cfg, training), batches
 
 
 def mel_stats(manifest: dict, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
@@ -315,37 +322,20 @@ def tts_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     import tensorflow as tf
 
     manifest = manifest or shardlib.load_manifest(out_dir)
-    paths = shardlib.shard_paths(out_dir, manifest, split)
-    boundaries, sizes, counts, target = epoch_layout(manifest, split, size, epoch, cfg)
-    if training:
-        mine = [paths[i] for i in rank_files(manifest, split, rank, size, epoch, cfg.seed)]
-    else:
-        mine = paths[rank::size]
-        target, _ = count_batches([n for s in manifest["splits"][split]["shards"][rank::size] for n in s["lengths"]], boundaries, sizes)
     dim = manifest["feature_dim"]
     mean, std = (tf.constant(v, tf.float32) for v in mel_stats(manifest, "train" if "train" in manifest["splits"] else split))
 
-    def prepare(serialized):
+    def prepare(index, serialized):
         ex = shardlib.parse_example(serialized, dim)
         mels = (ex["feats"] - mean) / std  # [frames, dim]
         frames = tf.shape(mels)[0]
-        return {
-            "tokens": ex["tokens"],
-            "token_lengths": tf.shape(ex["tokens"])[0],
-            "mels": mels,
-            "mel_lengths": frames,
-            "stop_targets": tf.cast(tf.range(frames) >= frames - 1, tf.float32),  # [frames]
-            "utt_id": ex["utt_id"],
-        }
+        return {"tokens": ex["tokens"], "token_lengths": tf.shape(ex["tokens"])[0], "mels": mels, "mel_lengths": frames,
+                "stop_targets": tf.cast(tf.range(frames) >= frames - 1, tf.float32),  # [frames]
+                "utt_id": ex["utt_id"]}
 
     padding = {"tokens": 0, "token_lengths": 0, "mels": 0.0, "mel_lengths": 0, "stop_targets": 1.0, "utt_id": b""}
-    dataset = _read(mine, manifest, cfg, epoch, training).map(prepare, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
-    dataset = dataset.bucket_by_sequence_length(lambda ex: ex["mel_lengths"], boundaries, sizes, padding_values=padding)
-    if training:
-        dataset = _split_batches(dataset, target - counts[rank])
-    options = tf.data.Options()
-    options.deterministic = cfg.deterministic or not training
-    return dataset.prefetch(AUTOTUNE).with_options(options), target
+    dataset, batches = _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "mel_lengths", padding)
+    return _finish(dataset, cfg, training), batches
 
 
 def chain_epochs(make_epoch, first_epoch: int, epochs: int, skip: int = 0, prefetch: int = 8):
