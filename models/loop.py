@@ -226,7 +226,7 @@ class Trainer:
                 tracking.log_params(params)
                 tracking.log_shards_input(self.shards, self.manifest)
             bar = progress_bar(total=self.total_steps, initial=self.position["step"], desc=f"train {c.model}", unit="step",
-                               dynamic_ncols=True, mininterval=1.0)
+                               dynamic_ncols=True)
             summary = self._loop(log=mlflow, bar=bar)
             bar.close()
             self._log_final(mlflow, summary)

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -45,7 +46,10 @@ INSTALL_HINT = "install both with `apt-get install espeak-ng sox`"
 # Fewer voices than this and a model trained on the corpus cannot learn speaker-independent
 # features, or the test set cannot show whether it did.
 MIN_TRAIN_VOICES, MIN_TEST_VOICES = 8, 3
-_TRAIN_BASES = ("en", "en-us", "en-gb-x-rp", "en-gb-scotland")
+# Every accent espeak-ng has for English is heard in training, as in a real corpus whose test
+# speakers are new people from the same dialect regions; the variants (the voice timbre) m3, f4,
+# m7 and klatt3 are never heard in training and make the test voices.
+_ACCENTS = ("en", "en-us", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan", "en-gb-x-gbcwmd")
 _TRAIN_VARIANTS = ("m1", "m2", "m4", "m6", "f1", "f2", "f3", "klatt")
 
 
@@ -60,12 +64,11 @@ class CorpusConfig:
     # Share of num_utterances for test (unseen voices, new sentences); train gets the rest.
     test_fraction: float = 0.1
     # espeak-ng `voice+variant` specs heard in training (dev uses the same speakers).
-    train_voices: tuple[str, ...] = tuple(f"{b}+{v}" for b in _TRAIN_BASES for v in _TRAIN_VARIANTS)
-    # Held-out combinations: seen accents with unseen variants, unseen accents with seen
-    # variants, and one with both unseen.
+    train_voices: tuple[str, ...] = tuple(f"{b}+{v}" for b in _ACCENTS for v in _TRAIN_VARIANTS)
+    # Held-out voices: a variant training never hears, on an accent it does.
     test_voices: tuple[str, ...] = (
         "en+m3", "en-us+f4", "en-gb-x-rp+m7", "en-gb-scotland+klatt3",
-        "en-029+m2", "en-us-nyc+f1", "en-gb-x-gbclan+m4", "en-gb-x-gbcwmd+f4",
+        "en-029+m3", "en-gb-x-gbclan+f4", "en-gb-x-gbcwmd+m7", "en-us+klatt3",
     )  # fmt: skip
     # Inclusive range of a speaker's speaking rate, in words per minute (espeak-ng default 175).
     rate_range: tuple[int, int] = (130, 190)
@@ -621,7 +624,7 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
         "grammar_vocabulary_size": len(grammar_vocabulary()),
         "snr_db": {
             "min": min(snrs.values()),
-            "mean": sum(snrs.values()) / len(snrs),
+            "mean": math.fsum(snrs.values()) / len(snrs),  # fsum: exact, so the order of completion cannot show
             "max": max(snrs.values()),
         },
         "tools": {"espeak-ng": version[espeak], "sox": version[sox]},

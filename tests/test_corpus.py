@@ -69,8 +69,8 @@ def test_missing_voices_are_skipped_without_moving_the_others():
         assert not u.voice.endswith("+klatt")
         assert full.get(u.voice, u.speaker) == u.speaker  # same rate and pitch as with every voice
 
-    with pytest.raises(ValueError, match=r"only 16 train and 2 test voices .*need 8 and 3"):
-        select_voices(config, VoiceInventory(frozenset({"en", "en-us"}), ALL_VARIANTS))
+    with pytest.raises(ValueError, match=r"only 8 train and 1 test voices .*need 8 and 3"):
+        select_voices(config, VoiceInventory(frozenset({"en"}), ALL_VARIANTS))
 
 
 def test_config_rejects_overlapping_voices_and_empty_splits():
