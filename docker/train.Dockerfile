@@ -97,6 +97,8 @@ RUN useradd --create-home --uid 10001 --user-group --shell /bin/bash mpiuser \
       > /etc/ssh/ssh_config.d/speechflow.conf
 
 COPY --from=build /opt/venv /opt/venv
+# Model configs: the DAG's cluster mode passes --config /opt/speechflow/configs/<file>.
+COPY configs/ /opt/speechflow/configs/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

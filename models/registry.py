@@ -64,7 +64,9 @@ def start_parent(experiment: str, dag_id: str, dag_run_id: str) -> dict:
         if run.info.status != "RUNNING":
             client.update_run(run.info.run_id, status="RUNNING")  # the DAG run was cleared and runs again
         return {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "reused": True}
-    run = client.create_run(experiment_id, tags={**tags, STAGE_TAG: "pipeline"}, run_name=f"{dag_id}/{dag_run_id}")
+    run = client.create_run(
+        experiment_id, tags={**tags, STAGE_TAG: "pipeline"}, run_name=f"{dag_id}/{dag_run_id}"
+    )
     return {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "reused": False}
 
 
@@ -76,8 +78,10 @@ def _parent(parent_run_id: str):
     except MlflowException as err:
         if err.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-        raise ValueError(f"parent run {parent_run_id} is not in the MLflow store {tracking.tracking_uri()}; "
-                         f"is MLFLOW_TRACKING_URI the one `start-parent` used?") from err
+        raise ValueError(
+            f"parent run {parent_run_id} is not in the MLflow store {tracking.tracking_uri()}; "
+            f"is MLFLOW_TRACKING_URI the one `start-parent` used?"
+        ) from err
 
 
 def _child_run(parent_run_id: str, stage: str, name: str):
@@ -91,8 +95,11 @@ def _child_run(parent_run_id: str, stage: str, name: str):
     for stale in found:  # an attempt that died while recording: start over
         tracking.client().delete_run(stale.info.run_id)
     experiment = tracking.client().get_experiment(experiment_id).name
-    tags = {STAGE_TAG: stage, NAME_TAG: name, **{k: parent.data.tags[k] for k in (DAG_ID_TAG, DAG_RUN_TAG)
-                                                 if k in parent.data.tags}}
+    tags = {
+        STAGE_TAG: stage,
+        NAME_TAG: name,
+        **{k: parent.data.tags[k] for k in (DAG_ID_TAG, DAG_RUN_TAG) if k in parent.data.tags},
+    }
     return tracking.start_run(experiment, name, parent_run_id, tags=tags), None
 
 
@@ -102,8 +109,10 @@ def stage_outputs(stage: str, path: Path) -> tuple[dict, dict, list[Path]]:
     if stage == "corpus":
         info = _need_json(path / "corpus.json", f"python -m pipeline.corpus --out {path}")
         metrics = {f"utterances.{s}": n for s, n in info["counts"].items()}
-        metrics.update({f"speakers.{s}": len(v) for s, v in info["speakers"].items()},
-                       vocabulary_size=info["vocabulary_size"])
+        metrics.update(
+            {f"speakers.{s}": len(v) for s, v in info["speakers"].items()},
+            vocabulary_size=info["vocabulary_size"],
+        )
         params = {f"corpus.{k}": v for k, v in info["config"].items()}
         return {**params, "corpus.dir": str(path.resolve())}, metrics, [path / "corpus.json"]
     if stage == "features":
@@ -112,16 +121,26 @@ def stage_outputs(stage: str, path: Path) -> tuple[dict, dict, list[Path]]:
         if summary is None:  # features made by Kaldi: the stage only added CMVN statistics
             scp = path / "feats.scp"
             if not scp.is_file():
-                raise FileNotFoundError(f"{scp} does not exist: run `python -m pipeline.features --data-dir {path}` first")
+                raise FileNotFoundError(
+                    f"{scp} does not exist: run `python -m pipeline.features --data-dir {path}` first"
+                )
             summary = {"featurized": sum(1 for line in scp.open() if line.strip())}
         artifacts = [p for p in [path / "feats_rejected.tsv"] if p.is_file() and p.stat().st_size]
         return {"data_dir": str(path.resolve())}, dict(summary), artifacts
     if stage == "shards":
         manifest = _need_json(path / "manifest.json", f"python -m pipeline.shards ... --out {path}")
-        metrics: dict[str, Any] = {"vocabulary_size": len(manifest["vocabulary"]), "feature_dim": manifest["feature_dim"]}
+        metrics: dict[str, Any] = {
+            "vocabulary_size": len(manifest["vocabulary"]),
+            "feature_dim": manifest["feature_dim"],
+        }
         for split, info in manifest["splits"].items():
-            metrics.update({f"{split}.{k}": info[k] for k in ("utterances", "frames", "rejected", "speakers")
-                            if isinstance(info.get(k), (int, float))})
+            metrics.update(
+                {
+                    f"{split}.{k}": info[k]
+                    for k in ("utterances", "frames", "rejected", "speakers")
+                    if isinstance(info.get(k), (int, float))
+                }
+            )
             metrics[f"{split}.shards"] = len(info["shards"])
         params = {f"data.{split}.dir": info["data_dir"] for split, info in manifest["splits"].items()}
         params.update(shards_dir=str(path.resolve()), compression=manifest["compression"])
@@ -137,14 +156,17 @@ def _need_json(path: Path, how: str) -> dict:
     return value
 
 
-def record_stage(parent_run_id: str, stage: str, path: Path, name: str | None = None,
-                 extra_params: dict | None = None) -> dict:
+def record_stage(
+    parent_run_id: str, stage: str, path: Path, name: str | None = None, extra_params: dict | None = None
+) -> dict:
     """A child run of the parent for one data stage: its params, counts and small output files."""
     name = name or stage
     _parent(parent_run_id)  # a wrong store or id first: it would make every stage fail
     params, metrics, artifacts = stage_outputs(stage, path)
     run, existing = _child_run(parent_run_id, stage, name)
-    numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numbers = {
+        k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     if run is None:
         return {"run_id": existing, "stage": stage, "name": name, "metrics": numbers, "reused": True}
     mlflow = _mlflow()
@@ -159,17 +181,24 @@ def record_stage(parent_run_id: str, stage: str, path: Path, name: str | None = 
 def lower_is_better(metric: str) -> bool:
     if any(part in metric.split("_") for part in LOWER_IS_BETTER):
         return True
-    raise ValueError(f"metric {metric!r}: no rule says whether lower or higher is better "
-                     f"(known: names containing {', '.join(LOWER_IS_BETTER)}); add one to models/registry.py")
+    raise ValueError(
+        f"metric {metric!r}: no rule says whether lower or higher is better "
+        f"(known: names containing {', '.join(LOWER_IS_BETTER)}); add one to models/registry.py"
+    )
 
 
 def _logged_model_uri(run_id: str, experiment_id: str) -> str:
     """URI of the run's logged model "model"; the newest when a resumed trainer logged it twice."""
     mlflow = _mlflow()
-    models = mlflow.search_logged_models(experiment_ids=[experiment_id], output_format="list",
-                                         filter_string=f"source_run_id = '{run_id}' and name = 'model'")
+    models = mlflow.search_logged_models(
+        experiment_ids=[experiment_id],
+        output_format="list",
+        filter_string=f"source_run_id = '{run_id}' and name = 'model'",
+    )
     if not models:
-        raise FileNotFoundError(f"MLflow run {run_id} has no logged model named 'model': the training did not finish")
+        raise FileNotFoundError(
+            f"MLflow run {run_id} has no logged model named 'model': the training did not finish"
+        )
     return f"models:/{max(models, key=lambda m: m.creation_timestamp).model_id}"
 
 
@@ -182,7 +211,9 @@ def _champion(name: str, alias: str, metric: str):
         current = client.get_model_version_by_alias(name, alias)
     except MlflowException as err:
         # No such model yet, or no version holds the alias yet; anything else is a real error.
-        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") and "not found" in str(err):
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") and "not found" in str(
+            err
+        ):
             return None, None
         raise
     value = None
@@ -203,8 +234,10 @@ def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: 
     evaluation = _need_json(workdir / "eval.json", f"python -m models.evaluate --model-dir {workdir} ...")
     metric = evaluation.get("primary_metric")
     if metric not in evaluation:
-        raise ValueError(f"{workdir / 'eval.json'} names primary metric {metric!r} but holds no value for it; "
-                         f"evaluate again with python -m models.evaluate --model-dir {workdir}")
+        raise ValueError(
+            f"{workdir / 'eval.json'} names primary metric {metric!r} but holds no value for it; "
+            f"evaluate again with python -m models.evaluate --model-dir {workdir}"
+        )
     value = float(evaluation[metric])
     lower_is_better(metric)
     client, mlflow = tracking.client(), _mlflow()
@@ -232,12 +265,21 @@ def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: 
     elif value < current_value:
         promoted, reason = True, f"{metric} {value:.4g} < {current_value:.4g} of version {current.version}"
     else:
-        promoted, reason = False, f"{metric} {value:.4g} does not beat {current_value:.4g} of version {current.version}"
+        promoted, reason = (
+            False,
+            f"{metric} {value:.4g} does not beat {current_value:.4g} of version {current.version}",
+        )
     if promoted:
         client.set_registered_model_alias(name, alias, version.version)
     result = {
-        "name": name, "version": int(version.version), "run_id": run.info.run_id, "metric": metric, "value": value,
-        "alias": alias, "promoted": promoted, "reason": reason,
+        "name": name,
+        "version": int(version.version),
+        "run_id": run.info.run_id,
+        "metric": metric,
+        "value": value,
+        "alias": alias,
+        "promoted": promoted,
+        "reason": reason,
         "champion_version": int(version.version) if promoted else (int(current.version) if current else None),
         "previous_champion_version": int(current.version) if current is not None else None,
         "previous_champion_value": current_value,
@@ -264,21 +306,31 @@ def finish(parent_run_id: str, status: str, workdirs: dict[str, Path], summary_f
         evaluation = read_json(Path(workdir) / "eval.json") or {}
         models[model] = {
             "workdir": str(Path(workdir).resolve()),
-            "metrics": {k: v for k, v in evaluation.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            "metrics": {
+                k: v for k, v in evaluation.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
             "primary_metric": evaluation.get("primary_metric"),
             "registered": read_json(Path(workdir) / REGISTERED_FILE),
             "training_run_id": (tracking.load_run_file(Path(workdir)) or {}).get("run_id"),
         }
-    summary = {"parent_run_id": parent_run_id, "experiment_id": parent.info.experiment_id, "status": status,
-               "tracking_uri": tracking.tracking_uri(), "dag_id": parent.data.tags.get(DAG_ID_TAG),
-               "dag_run_id": parent.data.tags.get(DAG_RUN_TAG), "models": models}
+    summary = {
+        "parent_run_id": parent_run_id,
+        "experiment_id": parent.info.experiment_id,
+        "status": status,
+        "tracking_uri": tracking.tracking_uri(),
+        "dag_id": parent.data.tags.get(DAG_ID_TAG),
+        "dag_run_id": parent.data.tags.get(DAG_RUN_TAG),
+        "models": models,
+    }
     client = tracking.client()
     if summary_file is not None:
         atomic_write_json(Path(summary_file), summary)
         client.log_artifact(parent_run_id, str(summary_file))
     for model, info in models.items():
         if info["primary_metric"] in info["metrics"]:
-            client.log_metric(parent_run_id, f"{model}.{info['primary_metric']}", info["metrics"][info["primary_metric"]])
+            client.log_metric(
+                parent_run_id, f"{model}.{info['primary_metric']}", info["metrics"][info["primary_metric"]]
+            )
     client.set_terminated(parent_run_id, status)
     return summary
 
@@ -303,19 +355,25 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dag-run-id", required=True, help="Airflow DAG run id")
     s = sub.add_parser("record-stage", help="a child run with a data stage's params, counts and small files")
     s.add_argument("--parent-run-id", required=True, help="the DAG run's parent run")
-    s.add_argument("--stage", required=True, choices=["corpus", "features", "shards"], help="which stage made --path")
+    s.add_argument(
+        "--stage", required=True, choices=["corpus", "features", "shards"], help="which stage made --path"
+    )
     s.add_argument("--path", required=True, type=Path, help="the stage's output directory")
     s.add_argument("--name", help="child run name (default: the stage), e.g. features-train")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="an extra param to log")
     s = sub.add_parser("register", help="register a workdir's model; move the alias if it is better")
-    s.add_argument("--workdir", required=True, type=Path, help="training workdir (mlflow_run.json, eval.json)")
+    s.add_argument(
+        "--workdir", required=True, type=Path, help="training workdir (mlflow_run.json, eval.json)"
+    )
     s.add_argument("--name", required=True, help="registered model name, e.g. speechflow-asr")
     s.add_argument("--parent-run-id", help="record the decision in a child run of this run")
     s.add_argument("--alias", default=ALIAS, help=f"the alias of the best version (default {ALIAS})")
     s = sub.add_parser("finish", help="end the parent run and write a summary")
     s.add_argument("--parent-run-id", required=True, help="the DAG run's parent run")
     s.add_argument("--status", default="FINISHED", help="FINISHED, FAILED or KILLED (default FINISHED)")
-    s.add_argument("--workdir", action="append", default=[], metavar="MODEL=DIR", help="a trained model's workdir")
+    s.add_argument(
+        "--workdir", action="append", default=[], metavar="MODEL=DIR", help="a trained model's workdir"
+    )
     s.add_argument("--summary", type=Path, help="write the summary JSON here (and log it to the parent run)")
     return p
 
@@ -326,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start-parent":
             result = start_parent(args.experiment, args.dag_id, args.dag_run_id)
         elif args.command == "record-stage":
-            result = record_stage(args.parent_run_id, args.stage, args.path, args.name, _pairs(args.param, "--param"))
+            result = record_stage(
+                args.parent_run_id, args.stage, args.path, args.name, _pairs(args.param, "--param")
+            )
         elif args.command == "register":
             result = register(args.workdir, args.name, args.parent_run_id, args.alias)
         else:

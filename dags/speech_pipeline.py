@@ -1,0 +1,415 @@
+"""speech_pipeline: Kaldi data directories (or the demo corpus) to trained, evaluated, registered models.
+
+    plan -> start_mlflow_run -> prepare_corpus -> features_{train,dev,test,test_noisy} -> make_shards
+         -> train_asr -> evaluate_asr ------------------------------> register_asr -> finish_mlflow_run
+         -> train_tts -> evaluate_tts (with the new acoustic model) -> register_tts ->
+
+`prepare_corpus` runs only when `data_dir` is empty. Each task runs one stage's command line, from
+the training environment (`execution_mode=local`; training under `horovodrun -np num_workers`) or
+as a pod of the training image (`kubernetes`; training as an MPIJob). Every stage skips work that
+is already done, so a retried or cleared task picks up where it stopped. MLflow: one parent run per
+DAG run, a child run per stage; the registry's alias `champion` moves only to a better model.
+What the tasks run lives in `speechflow_tasks.py` beside this file.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+import speechflow_tasks as st
+from airflow.sdk import Asset, Param, dag, get_current_context, setup, task, teardown
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+# What the pipeline produces, for DAGs scheduled on them; each event's `extra` holds the paths.
+CORPUS = Asset(name="speechflow.corpus", uri="x-speechflow://corpus", group="speechflow")
+FEATURES = Asset(name="speechflow.features", uri="x-speechflow://features", group="speechflow")
+SHARDS = Asset(name="speechflow.shards", uri="x-speechflow://shards", group="speechflow")
+TRAINED = {
+    m: Asset(name=f"speechflow.model.{m}", uri=f"x-speechflow://model/{m}", group="speechflow")
+    for m in st.MODELS
+}
+REGISTERED = {
+    m: Asset(name=f"speechflow.registered.{m}", uri=f"x-speechflow://registered/{m}", group="speechflow")
+    for m in st.MODELS
+}
+
+DATA, TRAINING, TRACKING, EXECUTION = "Data", "Training", "Tracking", "Execution"
+PARAMS = {
+    "data_dir": Param(
+        "",
+        type="string",
+        title="Kaldi data root",
+        section=DATA,
+        description="Directory holding one Kaldi data directory per split (train/ and test/ required, "
+        "dev/ and test_noisy/ used when present). Empty: make the demo corpus. "
+        "Relative paths are the repository's (local mode).",
+    ),
+    "demo_utterances": Param(
+        1500,
+        type="integer",
+        minimum=20,
+        maximum=100000,
+        title="Demo corpus size",
+        section=DATA,
+        description="Utterances of the demo corpus (train, dev and test "
+        "together); only used when data_dir is empty.",
+    ),
+    "num_shards": Param(
+        8,
+        type="integer",
+        minimum=1,
+        maximum=1024,
+        title="Shards per split",
+        section=DATA,
+        description="TFRecord shards per split; at least num_workers (each worker reads its own).",
+    ),
+    "models": Param(
+        list(st.MODELS),
+        type="array",
+        items={"type": "string", "enum": list(st.MODELS)},
+        minItems=1,
+        uniqueItems=True,
+        examples=list(st.MODELS),
+        section=TRAINING,
+        values_display={
+            "asr": "asr: acoustic model (speech recognition)",
+            "tts": "tts: synthesis model (text to speech)",
+        },
+        title="Models",
+        description="Which models to train, evaluate and register.",
+    ),
+    "strategy": Param(
+        "allreduce",
+        type="string",
+        enum=["allreduce", "adpsgd"],
+        title="Distributed strategy",
+        section=TRAINING,
+        values_display={
+            "allreduce": "allreduce (synchronous ring-allreduce)",
+            "adpsgd": "adpsgd (asynchronous decentralized gossip)",
+        },
+        description="How the Horovod workers combine their updates.",
+    ),
+    "gossip": Param(
+        "fixed-ring",
+        type="string",
+        enum=["fixed-ring", "random-ring", "delay-by-one"],
+        title="Gossip variant",
+        section=TRAINING,
+        description="adpsgd only: whom each worker averages with.",
+    ),
+    "num_workers": Param(
+        2,
+        type="integer",
+        minimum=1,
+        maximum=512,
+        title="Training workers",
+        section=TRAINING,
+        description="Horovod processes (local: horovodrun -np N on this machine) or MPI "
+        "worker pods (kubernetes: one per GPU node).",
+    ),
+    "epochs": Param(
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        title="Epochs",
+        section=TRAINING,
+        description="Passes over the training split; empty: the config file's value.",
+    ),
+    "max_steps": Param(
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        title="Maximum steps",
+        section=TRAINING,
+        description="Stop training after this many steps; empty: the config file's value.",
+    ),
+    "asr_config": Param(
+        "configs/demo_asr.yaml",
+        type="string",
+        minLength=1,
+        title="Acoustic model config",
+        section=TRAINING,
+        description="YAML file of TrainConfig fields for the acoustic model.",
+    ),
+    "tts_config": Param(
+        "configs/demo_tts.yaml",
+        type="string",
+        minLength=1,
+        title="Synthesis model config",
+        section=TRAINING,
+        description="YAML file of TrainConfig fields for the synthesis model.",
+    ),
+    "eval_utterances": Param(
+        100,
+        type="integer",
+        minimum=1,
+        title="Synthesis evaluation utterances",
+        section=TRAINING,
+        description="Test sentences the synthesis model speaks in "
+        "its evaluation (mel distortion, intelligibility).",
+    ),
+    "experiment": Param(
+        "speechflow",
+        type="string",
+        minLength=1,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        title="MLflow experiment",
+        section=TRACKING,
+        description="MLflow experiment of the runs; the models are registered as "
+        "EXPERIMENT-asr and EXPERIMENT-tts. MLFLOW_TRACKING_URI names the store.",
+    ),
+    "execution_mode": Param(
+        "local",
+        type="string",
+        enum=["local", "kubernetes"],
+        title="Execution mode",
+        section=EXECUTION,
+        values_display={
+            "local": "local (child processes on the Airflow worker)",
+            "kubernetes": "kubernetes (pods and an MPIJob)",
+        },
+        description="Where the stages run.",
+    ),
+    "gpus_per_worker": Param(
+        None,
+        type=["null", "integer"],
+        minimum=0,
+        title="GPUs per worker pod",
+        section=EXECUTION,
+        description="kubernetes only: GPUs (MPI slots) per worker pod; empty: the cluster settings' value.",
+    ),
+    "work_root": Param(
+        "",
+        type="string",
+        title="Work root",
+        section=EXECUTION,
+        description="Where each run's directory (shards, models, summary) goes. Empty: "
+        "SPEECHFLOW_WORK_ROOT, else .runs/pipeline (local) or /data/runs (kubernetes).",
+    ),
+}
+
+RETRIES = dict(
+    retries=2,
+    retry_delay=timedelta(seconds=30),
+    retry_exponential_backoff=2.0,
+    max_retry_delay=timedelta(minutes=10),
+    execution_timeout=timedelta(hours=2),
+)
+
+
+def _plan() -> st.Plan:
+    return st.Plan.from_xcom(get_current_context()["ti"].xcom_pull(task_ids="plan"))
+
+
+def _parent_run_id() -> str:
+    # Pulled rather than passed: a setup task's direct downstreams must use the trigger rule
+    # all_success, and several stages here must run after a skipped one.
+    return get_current_context()["ti"].xcom_pull(task_ids="start_mlflow_run")
+
+
+def _record(plan: st.Plan, stage: str, path: str, name: str, *params: str) -> dict:
+    args = [
+        "record-stage",
+        "--parent-run-id",
+        _parent_run_id(),
+        "--stage",
+        stage,
+        "--path",
+        path,
+        "--name",
+        name,
+    ]
+    return st.registry(
+        plan, get_current_context(), f"record-{name}", [*args, *[f"--param={p}" for p in params]]
+    )
+
+
+@dag(
+    dag_id="speech_pipeline",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    params=PARAMS,
+    default_args=RETRIES,
+    doc_md=__doc__,
+    tags=["speechflow", "mlflow", "horovod"],
+    dag_display_name="Speech pipeline: Kaldi data to registered models",
+)
+def speech_pipeline():
+    @task(retries=0)
+    def plan() -> dict:
+        """Checks the params and fixes every path of this run."""
+        context = get_current_context()
+        try:
+            return st.make_plan(context["params"], context["dag"].dag_id, context["run_id"]).to_xcom()
+        except ValueError as err:
+            raise AirflowFailException(f"invalid params: {err}") from err
+
+    @setup
+    def start_mlflow_run(plan: dict) -> str:
+        """The MLflow parent run of this DAG run (the same one again on a retry)."""
+        p = st.Plan.from_xcom(plan)
+        args = [
+            "start-parent",
+            "--experiment",
+            p.experiment,
+            "--dag-id",
+            p.dag_id,
+            "--dag-run-id",
+            p.dag_run_id,
+        ]
+        return st.registry(p, get_current_context(), "mlflow-start", args)["parent_run_id"]
+
+    @task(outlets=[CORPUS])
+    def prepare_corpus() -> dict:
+        p = _plan()
+        if not p.make_corpus:
+            raise AirflowSkipException(f"data_dir is given ({p.data_root}): no demo corpus")
+        st.run_stage(p, get_current_context(), "corpus", "pipeline.corpus", st.corpus_args(p))
+        record = _record(p, "corpus", p.data_root, "corpus")
+        get_current_context()["outlet_events"][CORPUS].extra = {
+            "data_root": p.data_root,
+            "dag_run_id": p.dag_run_id,
+        }
+        return {"data_root": p.data_root, "mlflow_run_id": record["run_id"], "counts": record["metrics"]}
+
+    @task(trigger_rule="none_failed", outlets=[FEATURES])
+    def features(split: str) -> dict:
+        p = _plan()
+        if split not in p.splits:
+            raise AirflowSkipException(f"{p.data_root} has no {split} split")
+        context = get_current_context()
+        data_dir = f"{p.data_root}/{split}"
+        st.run_stage(p, context, f"features-{split}", "pipeline.features", st.features_args(p, split))
+        record = _record(p, "features", data_dir, f"features-{split}", f"split={split}")
+        context["outlet_events"][FEATURES].extra = {"split": split, "data_dir": data_dir}
+        return {
+            "split": split,
+            "data_dir": data_dir,
+            "mlflow_run_id": record["run_id"],
+            "counts": record["metrics"],
+        }
+
+    @task(trigger_rule="none_failed", outlets=[SHARDS])
+    def make_shards(featurized: list[dict | None]) -> dict:
+        p = _plan()
+        context = get_current_context()
+        st.run_stage(p, context, "shards", "pipeline.shards", st.shards_args(p))
+        record = _record(p, "shards", p.shards_dir, "shards")
+        manifest = f"{p.shards_dir}/manifest.json"
+        context["outlet_events"][SHARDS].extra = {"shards_dir": p.shards_dir, "manifest": manifest}
+        return {
+            "shards_dir": p.shards_dir,
+            "manifest": manifest,
+            "mlflow_run_id": record["run_id"],
+            "counts": record["metrics"],
+            "data_dirs": {f["split"]: f["data_dir"] for f in featurized if f},
+        }
+
+    @task(execution_timeout=timedelta(hours=12))
+    def train(model: str, shards: dict) -> dict:
+        p = _plan()
+        if model not in p.models:
+            raise AirflowSkipException(f"{model} is not among the models to train ({', '.join(p.models)})")
+        context = get_current_context()
+        trained = st.run_training(p, context, model, _parent_run_id())
+        context["outlet_events"][TRAINED[model]].extra = {
+            "workdir": trained["workdir"],
+            "run_id": trained.get("run_id"),
+        }
+        return trained
+
+    @task(trigger_rule="none_failed")
+    def evaluate(model: str, trained: dict | None, acoustic: dict | None = None) -> dict:
+        p = _plan()
+        if trained is None:
+            raise AirflowSkipException(f"{model} was not trained in this run")
+        with_asr = model == "tts" and acoustic is not None
+        args = st.evaluate_args(p, model, _parent_run_id(), with_asr)
+        st.run_stage(
+            p, get_current_context(), f"evaluate-{model}", "models.evaluate", args, gpus=st.evaluation_gpus(p)
+        )
+        metrics = st.read_eval(p, model)
+        return {
+            "model": model,
+            "workdir": p.workdirs[model],
+            "primary_metric": metrics.get("primary_metric"),
+            "value": metrics.get(metrics.get("primary_metric", ""), None),
+            "metrics": metrics,
+        }
+
+    @task
+    def register(model: str, evaluated: dict) -> dict:
+        p = _plan()
+        args = [
+            "register",
+            "--workdir",
+            p.workdirs[model],
+            "--name",
+            p.model_name(model),
+            "--parent-run-id",
+            _parent_run_id(),
+        ]
+        context = get_current_context()
+        result = st.registry(p, context, f"register-{model}", args)
+        context["outlet_events"][REGISTERED[model]].extra = {
+            k: result[k] for k in ("name", "version", "promoted", "champion_version", "metric", "value")
+        }
+        return result
+
+    @teardown
+    def finish_mlflow_run(parent_run_id: str) -> dict:
+        """Ends the parent run (FAILED if any task failed) and writes RUN_DIR/summary.json."""
+        p = _plan()
+        context = get_current_context()
+        states = context["ti"].get_task_states(dag_id=p.dag_id, run_ids=[p.dag_run_id]).get(p.dag_run_id, {})
+        states.pop(context["ti"].task_id, None)
+        failed = st.failed_tasks(states)
+        args = [
+            "finish",
+            "--parent-run-id",
+            parent_run_id,
+            "--status",
+            "FAILED" if failed else "FINISHED",
+            "--summary",
+            f"{p.run_dir}/summary.json",
+            *[f"--workdir={m}={p.workdirs[m]}" for m in p.models],
+        ]
+        summary = st.registry(p, context, "mlflow-finish", args)
+        for model, info in summary["models"].items():
+            registered = info.get("registered") or {}
+            metric = info.get("primary_metric")
+            st.log.info(
+                "%s: %s=%s, %s version %s (%s)",
+                model,
+                metric,
+                info["metrics"].get(metric),
+                registered.get("name"),
+                registered.get("version"),
+                registered.get("reason"),
+            )
+        st.log.info("summary: %s; failed tasks: %s", f"{p.run_dir}/summary.json", failed or "none")
+        return summary
+
+    parent = start_mlflow_run(plan())
+    corpus = prepare_corpus()
+    parent >> corpus
+    featurized = [features.override(task_id=f"features_{s}")(s) for s in st.SPLITS]
+    corpus >> featurized
+    shards = make_shards(featurized)
+    trained = {m: train.override(task_id=f"train_{m}", outlets=[TRAINED[m]])(m, shards) for m in st.MODELS}
+    evaluated = {
+        "asr": evaluate.override(task_id="evaluate_asr")("asr", trained["asr"]),
+        # Intelligibility: the acoustic model trained a moment ago transcribes the synthesized speech.
+        "tts": evaluate.override(task_id="evaluate_tts")("tts", trained["tts"], trained["asr"]),
+    }
+    registered = [
+        register.override(task_id=f"register_{m}", outlets=[REGISTERED[m]])(m, evaluated[m])
+        for m in st.MODELS
+    ]
+    registered >> finish_mlflow_run(parent)
+
+
+speech_pipeline()

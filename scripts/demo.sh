@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# make demo: the whole pipeline on the demo corpus, end to end, with `airflow dags test` (no scheduler
+# needed): SQLite for Airflow and MLflow, files under .runs/. Ends with a summary of the models.
+#
+#   make demo                                              # the DAG's defaults
+#   DEMO_CONF='{"demo_utterances": 300, "max_steps": 100}' make demo   # other params, as JSON
+#
+# The stages' output scrolls by; Airflow's own log of the run is in .runs/demo.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+RUNS=$ROOT/.runs
+
+say() { printf '\033[1m[demo]\033[0m %s\n' "$*"; }
+die() { printf '\033[1;31m[demo] %s\033[0m\n' "$*" >&2; exit 1; }
+
+[ -x .venv-airflow/bin/airflow ] || die "no .venv-airflow: run 'make setup' first"
+[ -x .venv/bin/python ] || die "no .venv (the training environment the tasks run): run 'make setup' first"
+
+export AIRFLOW_HOME=${AIRFLOW_HOME:-$RUNS/airflow}
+export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$RUNS/mlflow.db}
+export SPEECHFLOW_WORK_ROOT=${SPEECHFLOW_WORK_ROOT:-$RUNS/pipeline}
+export AIRFLOW__CORE__DAGS_FOLDER=$ROOT/dags
+export AIRFLOW__CORE__LOAD_EXAMPLES=${AIRFLOW__CORE__LOAD_EXAMPLES:-False}
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+export PATH=$ROOT/.venv-airflow/bin:$PATH
+CONF=${DEMO_CONF:-"{}"}
+LOG=$RUNS/demo.log
+mkdir -p "$RUNS" "$AIRFLOW_HOME" "$SPEECHFLOW_WORK_ROOT"
+
+say "Airflow database: $AIRFLOW_HOME"
+airflow db migrate >"$RUNS/airflow-db-migrate.log" 2>&1 \
+  || { tail -20 "$RUNS/airflow-db-migrate.log" >&2; die "airflow db migrate failed (log: $RUNS/airflow-db-migrate.log)"; }
+
+started=$(date +%s)
+since=$(mktemp)
+trap 'rm -f "$since"' EXIT
+say "running speech_pipeline with params $CONF (MLflow: $MLFLOW_TRACKING_URI)"
+# Airflow's log lines carry a timestamp, a level, the message and its logger. Shown here: which task
+# starts, the stages' own output (logger speechflow_tasks), errors and tracebacks.
+set +e
+airflow dags test speech_pipeline -c "$CONF" 2>&1 | tee "$LOG" | sed -un -E \
+  -e '/graphviz/d' \
+  -e 's/^[0-9-]+T[0-9:.]+Z \[info +\] \[DAG TEST\] starting task_id=([a-z_]+).*/\n== \1/p' -e t \
+  -e 's/^[0-9-]+T[0-9:.]+Z \[info +\] (.*) \[speechflow_tasks\] loc=.*/  \1/p' -e t \
+  -e '/^[0-9-]+T[0-9:.]+Z \[(error|critical)/p' -e '/^[0-9-]+T[0-9:.]+Z /d' -e p
+status=${PIPESTATUS[0]}
+set -e
+elapsed=$(($(date +%s) - started))
+
+summary=$(find "$SPEECHFLOW_WORK_ROOT" -maxdepth 2 -name summary.json -newer "$since" -printf '%T@ %p\n' \
+  | sort -n | tail -1 | cut -d' ' -f2-)
+[ -n "$summary" ] || die "the DAG run wrote no summary (exit status $status); see $LOG"
+
+.venv/bin/python - "$summary" "$elapsed" "$status" "$ROOT" "$LOG" <<'EOF'
+import json
+import os
+import sys
+from pathlib import Path
+
+summary_file, elapsed, status, root, log = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
+s = json.loads(Path(summary_file).read_text())
+home = os.environ["AIRFLOW_HOME"]
+
+
+def rel(path) -> str:
+    path = Path(path)
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def pct(metrics, key):
+    return f"{100 * metrics[key]:.1f}%" if key in metrics else "n/a"
+
+
+def registry(info) -> str:
+    r = info.get("registered")
+    if not r:
+        return "not registered"
+    verdict = "now the champion" if r["promoted"] else f"champion stays version {r['champion_version']}"
+    return f"registered {r['name']} version {r['version']}, {verdict} ({r['reason']})"
+
+
+print()
+print(f"speech_pipeline {'succeeded' if status == 0 else 'FAILED'} in {elapsed // 60} min {elapsed % 60} s "
+      f"(MLflow parent run {s['parent_run_id']}, {s['status']})")
+models = s["models"]
+if "asr" in models:
+    m = models["asr"]["metrics"]
+    print(f"  acoustic model   test CER {pct(m, 'test_cer')} (beam search {pct(m, 'test_cer_beam')}), "
+          f"WER {pct(m, 'test_wer')}; noisy test CER {pct(m, 'test_noisy_cer')}")
+    print(f"                   {registry(models['asr'])}")
+if "tts" in models:
+    m = models["tts"]["metrics"]
+    mcd = f"{m['test_mcd_db']:.2f} dB" if "test_mcd_db" in m else "n/a"
+    l1 = f"{m['test_mel_l1']:.3f}" if "test_mel_l1" in m else "n/a"
+    print(f"  synthesis model  mel cepstral distortion {mcd}, mel L1 {l1}, "
+          f"intelligibility CER {pct(m, 'test_intelligibility_cer')} (the new acoustic model listening)")
+    print(f"                   {registry(models['tts'])}")
+run_dir = Path(summary_file).parent
+print("Artifacts")
+print(f"  run directory    {rel(run_dir)}/  (corpus/, shards/, asr/, tts/, summary.json)")
+for model, what in (("asr", "hypotheses (eval/test_hypotheses.tsv)"), ("tts", "audio and plots (eval/*.wav, *.png)")):
+    if model in models:
+        print(f"  {model} model        {rel(models[model]['workdir'])}/  model/, {what}")
+print(f"  MLflow store     {s['tracking_uri']}")
+print(f"  Airflow log      {rel(log)}")
+print("Open the UIs")
+print("  make mlflow-ui   then http://127.0.0.1:5000  (the parent run holds one child run per stage)")
+print(f"  make airflow-ui  then http://127.0.0.1:8080  (user admin, password in "
+      f"{rel(Path(home) / 'simple_auth_manager_passwords.json.generated')}, written at its first start)")
+EOF
+exit "$status"

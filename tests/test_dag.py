@@ -1,0 +1,671 @@
+"""The `speech_pipeline` DAG: it imports cleanly, its graph and params, the plans and command lines its
+tasks build, the cluster mode (every task with pods and an MPIJob, against a fake cluster), and the
+whole DAG under `airflow dags test` on a tiny corpus.
+
+Airflow lives in .venv-airflow, so the tests that need it run scripts with that environment's python
+or its `airflow` command; `speechflow_tasks` imports no Airflow at module level and is tested here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import AIRFLOW_BIN, ROOT
+
+DAGS = ROOT / "dags"
+needs_airflow = pytest.mark.skipif(
+    not (AIRFLOW_BIN / "airflow").exists(), reason=".venv-airflow is missing (make setup builds it)"
+)
+
+
+def _load_tasks_module():
+    sys.path.insert(0, str(DAGS))  # as Airflow does for the DAG bundle
+    try:
+        return importlib.import_module("speechflow_tasks")
+    finally:
+        sys.path.remove(str(DAGS))
+
+
+st = _load_tasks_module()
+
+# What the DAG's params hold when the trigger form is left as it is.
+DEFAULTS = {
+    "data_dir": "",
+    "demo_utterances": 1500,
+    "num_shards": 8,
+    "models": ["asr", "tts"],
+    "strategy": "allreduce",
+    "gossip": "fixed-ring",
+    "num_workers": 2,
+    "epochs": None,
+    "max_steps": None,
+    "asr_config": "configs/demo_asr.yaml",
+    "tts_config": "configs/demo_tts.yaml",
+    "eval_utterances": 100,
+    "experiment": "speechflow",
+    "execution_mode": "local",
+    "gpus_per_worker": None,
+    "work_root": "",
+}
+# The CI run: a corpus of 40 utterances, the tiny models, 4 steps on 2 Horovod workers.
+TINY = {
+    "demo_utterances": 40,
+    "num_shards": 2,
+    "num_workers": 2,
+    "max_steps": 4,
+    "eval_utterances": 4,
+    "asr_config": "tests/configs/tiny_asr.yaml",
+    "tts_config": "tests/configs/tiny_tts.yaml",
+    "experiment": "ci",
+}
+
+
+def airflow_env(home: Path, **extra: str) -> dict[str, str]:
+    """Environment of an Airflow command: its own AIRFLOW_HOME, this repository's DAGs, no examples."""
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{AIRFLOW_BIN}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__UNIT_TEST_MODE="False",
+        PYTHONUNBUFFERED="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        # pipeline.k8s for the cluster mode, also where the project is not installed in .venv-airflow
+        PYTHONPATH=str(ROOT),
+    )
+    env.pop("VIRTUAL_ENV", None)
+    env.update(extra)
+    return env
+
+
+def airflow(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(AIRFLOW_BIN / "airflow"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"airflow {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    )
+    return proc
+
+
+def airflow_python(script: str, env: dict, timeout: float = 300) -> dict:
+    """Runs `script` with .venv-airflow's python; returns the JSON it prints on a line starting RESULT."""
+    proc = subprocess.run(
+        [str(AIRFLOW_BIN / "python"), "-c", textwrap.dedent(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-5000:]}\n{proc.stderr[-8000:]}"
+    line = next(line for line in proc.stdout.splitlines()[::-1] if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def last_json(stdout: str):
+    """The JSON a CLI printed (`airflow ... -o json` may print warnings before it)."""
+    return json.loads(next(line for line in stdout.splitlines()[::-1] if line.strip()[:1] in "[{"))
+
+
+# ---- the DAG file -----------------------------------------------------------------------------------
+
+EDGES = {
+    "plan": set(),
+    "start_mlflow_run": {"plan"},
+    "prepare_corpus": {"start_mlflow_run"},
+    **{f"features_{s}": {"prepare_corpus"} for s in ("train", "dev", "test", "test_noisy")},
+    "make_shards": {"features_train", "features_dev", "features_test", "features_test_noisy"},
+    "train_asr": {"make_shards"},
+    "train_tts": {"make_shards"},
+    "evaluate_asr": {"train_asr"},
+    "evaluate_tts": {"train_tts", "train_asr"},
+    "register_asr": {"evaluate_asr"},
+    "register_tts": {"evaluate_tts"},
+    "finish_mlflow_run": {"register_asr", "register_tts", "start_mlflow_run"},
+}
+
+
+@pytest.fixture(scope="module")
+def dag_info(tmp_path_factory):
+    """What the DAG folder holds, as the DAG processor parses it, and how its params validate."""
+    if not (AIRFLOW_BIN / "python").exists():
+        pytest.skip(".venv-airflow is missing (make setup builds it)")
+    script = f"""
+        import copy, json, sys
+        from airflow.dag_processing.dagbag import BundleDagBag
+        from airflow.sdk.definitions.param import ParamValidationError
+
+        bag = BundleDagBag(dag_folder={str(DAGS)!r}, bundle_path={str(DAGS)!r}, bundle_name="dags-folder")
+        dag = bag.dags["speech_pipeline"]
+        rejected = {{}}
+        for key, value in [("strategy", "sgd"), ("gossip", "ring"), ("num_workers", 0), ("models", []),
+                           ("models", ["asr", "wavenet"]), ("execution_mode", "cloud"), ("epochs", 0),
+                           ("experiment", ""), ("demo_utterances", 5), ("max_steps", "ten")]:
+            params = copy.deepcopy(dag.params)
+            try:
+                params[key] = value
+                rejected[f"{{key}}={{value!r}}"] = False
+            except ParamValidationError:
+                rejected[f"{{key}}={{value!r}}"] = True
+        accepted = copy.deepcopy(dag.params)
+        for key, value in {TINY!r}.items():
+            accepted[key] = value
+        accepted["epochs"] = 3
+        accepted["models"] = ["tts"]
+        print("RESULT " + json.dumps({{
+            "errors": {{k: str(v)[-2000:] for k, v in bag.import_errors.items()}},
+            "dag_ids": sorted(bag.dag_ids),
+            "heavy_imports": sorted(m for m in ("tensorflow", "mlflow", "horovod", "keras") if m in sys.modules),
+            "schedule": type(dag.timetable).__name__, "doc": bool(dag.doc_md),
+            "tasks": {{t.task_id: {{"upstream": sorted(t.upstream_task_ids), "trigger_rule": getattr(t.trigger_rule, "value", t.trigger_rule),
+                                   "setup": t.is_setup, "teardown": t.is_teardown, "retries": t.retries,
+                                   "outlets": [o.name for o in t.outlets]}} for t in dag.tasks}},
+            "params": {{k: {{"value": p.value, "description": p.description, "schema": p.schema}}
+                        for k, p in dag.params.items()}},
+            "rejected": rejected, "accepted": accepted.validate(),
+        }}, default=str))
+    """
+    return airflow_python(script, airflow_env(tmp_path_factory.mktemp("airflow-home")))
+
+
+@pytest.mark.airflow
+def test_dag_folder_imports_without_errors_or_tensorflow(dag_info):
+    assert dag_info["errors"] == {}
+    assert dag_info["dag_ids"] == ["speech_pipeline"]
+    assert dag_info["heavy_imports"] == []  # the DAG only wires: no TensorFlow, MLflow, Horovod
+    assert dag_info["doc"] and dag_info["schedule"] == "NullTimetable"  # triggered, by hand or the API
+
+
+@pytest.mark.airflow
+def test_task_graph_is_as_described(dag_info):
+    tasks = dag_info["tasks"]
+    assert {t: set(v["upstream"]) for t, v in tasks.items()} == EDGES
+    assert tasks["start_mlflow_run"]["setup"] and tasks["finish_mlflow_run"]["teardown"]
+    # Stages after one that may be skipped (no demo corpus, one model only) still run.
+    for task_id in ("features_train", "features_test_noisy", "make_shards", "evaluate_asr", "evaluate_tts"):
+        assert tasks[task_id]["trigger_rule"] == "none_failed", task_id
+    assert all(tasks[t]["retries"] >= 1 for t in tasks if t != "plan") and tasks["plan"]["retries"] == 0
+    outlets = {t: v["outlets"] for t, v in tasks.items() if v["outlets"]}
+    assert outlets == {
+        "prepare_corpus": ["speechflow.corpus"],
+        **{f"features_{s}": ["speechflow.features"] for s in ("train", "dev", "test", "test_noisy")},
+        "make_shards": ["speechflow.shards"],
+        "train_asr": ["speechflow.model.asr"],
+        "train_tts": ["speechflow.model.tts"],
+        "register_asr": ["speechflow.registered.asr"],
+        "register_tts": ["speechflow.registered.tts"],
+    }
+
+
+@pytest.mark.airflow
+def test_params_describe_themselves_and_validate(dag_info):
+    params = dag_info["params"]
+    for name in (
+        "data_dir",
+        "models",
+        "strategy",
+        "gossip",
+        "num_workers",
+        "epochs",
+        "max_steps",
+        "demo_utterances",
+        "experiment",
+        "execution_mode",
+    ):
+        assert name in params, name
+    assert {k: p["value"] for k, p in params.items()} == DEFAULTS
+    for name, p in params.items():
+        assert len(p["description"] or "") > 20, f"{name} needs a description for the trigger form"
+        assert p["schema"].get("title") and p["schema"].get("section"), name
+    assert params["strategy"]["schema"]["enum"] == ["allreduce", "adpsgd"]
+    assert params["execution_mode"]["schema"]["enum"] == ["local", "kubernetes"]
+    assert dag_info["rejected"] == {k: True for k in dag_info["rejected"]}
+    assert dag_info["accepted"]["epochs"] == 3 and dag_info["accepted"]["models"] == ["tts"]
+    # The defaults make a valid local plan in this repository.
+    plan = st.make_plan(DEFAULTS, "speech_pipeline", "manual__x")
+    assert plan.models == ("asr", "tts") and plan.make_corpus
+
+
+# ---- plans and command lines (no Airflow needed) -------------------------------------------------
+
+
+def kaldi_root(root: Path, splits=("train", "test")) -> Path:
+    for split in splits:
+        (root / split).mkdir(parents=True)
+        (root / split / "wav.scp").write_text("u1 /x.wav\n")
+    return root
+
+
+def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEECHFLOW_WORK_ROOT", str(tmp_path / "work"))
+    plan = st.make_plan(DEFAULTS, "speech_pipeline", "manual__2026-01-01T00:00:00+00:00")
+    run_dir = Path(plan.run_dir)
+    assert run_dir.parent == tmp_path / "work" and ":" not in run_dir.name and len(run_dir.name) < 40
+    assert plan.data_root == f"{run_dir}/corpus" and plan.splits == ("train", "dev", "test", "test_noisy")
+    assert plan.workdirs == {"asr": f"{run_dir}/asr", "tts": f"{run_dir}/tts"}
+    assert plan.configs["asr"] == str(ROOT / "configs" / "demo_asr.yaml")
+    assert st.Plan.from_xcom(json.loads(json.dumps(plan.to_xcom()))) == plan
+    # Run ids that differ only in characters a directory name cannot hold stay apart.
+    assert st.path_slug("manual__a:b") != st.path_slug("manual__a+b")
+    given = st.make_plan(
+        {**DEFAULTS, "data_dir": str(kaldi_root(tmp_path / "data", ("train", "test", "dev")))},
+        "speech_pipeline",
+        "r",
+    )
+    assert not given.make_corpus and given.splits == ("train", "dev", "test")
+    assert given.data_root == str(tmp_path / "data")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_workers": 4, "num_shards": 2}, "num_shards"),
+        ({"models": []}, "models"),
+        ({"models": ["asr", "wavenet"]}, "models"),
+        ({"execution_mode": "cloud"}, "execution_mode"),
+        ({"asr_config": "configs/missing.yaml"}, "asr_config"),
+        ({"data_dir": "MISSING"}, "test"),
+    ],
+)
+def test_plan_rejects_params_that_do_not_fit(change, message, tmp_path):
+    params = {**DEFAULTS, **change}
+    if params["data_dir"] == "MISSING":
+        params["data_dir"] = str(kaldi_root(tmp_path / "data", ("train",)))
+    with pytest.raises(ValueError, match=message):
+        st.make_plan(params, "speech_pipeline", "r")
+
+
+def test_command_lines_of_the_stages():
+    plan = st.make_plan(
+        {**DEFAULTS, **TINY, "strategy": "adpsgd", "gossip": "random-ring", "epochs": 3},
+        "speech_pipeline",
+        "r",
+    )
+    args = st.train_args(plan, "asr", "parent123")
+    assert args[:6] == ["--model", "asr", "--strategy", "adpsgd", "--gossip", "random-ring"]
+    assert args[args.index("--config") + 1] == str(ROOT / "tests" / "configs" / "tiny_asr.yaml")
+    assert args[args.index("--epochs") + 1] == "3" and args[args.index("--max-steps") + 1] == "4"
+    assert args[args.index("--mlflow-parent-run-id") + 1] == "parent123" and "--experiment" in args
+    cmd = st.local_train_command(plan, args)
+    assert cmd[:6] == [
+        str(Path(plan.python).with_name("horovodrun")),
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+    ]
+    assert cmd[6:9] == [plan.python, "-m", "models.train"]
+    allreduce = st.make_plan({**DEFAULTS, **TINY}, "speech_pipeline", "r")
+    assert "--gossip" not in st.train_args(allreduce, "tts", "p") and "--epochs" not in st.train_args(
+        allreduce, "tts", "p"
+    )
+    shards = st.shards_args(allreduce)
+    assert shards.count("--split") == 4 and f"test_noisy={allreduce.data_root}/test_noisy" in shards
+    assert shards[shards.index("--num-shards") + 1] == "2"
+    tts_eval = st.evaluate_args(allreduce, "tts", "p", with_asr=True)
+    assert tts_eval[tts_eval.index("--asr-model-dir") + 1] == allreduce.workdirs["asr"]
+    assert "--asr-model-dir" not in st.evaluate_args(allreduce, "tts", "p", with_asr=False)
+    assert st.corpus_args(allreduce) == ["--out", allreduce.data_root, "--num-utterances", "40"]
+
+
+# ---- running a command with its output in the log -------------------------------------------------
+
+
+def test_run_command_streams_lines_thins_progress_bars_and_reports_failures():
+    lines: list[str] = []
+    script = (
+        "import sys, time\n"
+        "for i in range(5): sys.stderr.write(f'\\rbar {i}'); sys.stderr.flush()\n"
+        "print('\\nhello'); print('world', flush=True)\n"
+    )
+    st.run_command([sys.executable, "-c", script], emit=lines.append, progress_every_s=3600)
+    assert lines[0].startswith("$ ") and lines[1:] == ["bar 0", "bar 4", "hello", "world"]
+    with pytest.raises(st.StageError, match=r"exited with 3(.|\n)*last words"):
+        st.run_command([sys.executable, "-c", "print('last words'); raise SystemExit(3)"], emit=lines.append)
+
+
+def test_run_command_ends_the_whole_process_group_when_interrupted(tmp_path):
+    pid_file = tmp_path / "pid"
+    script = (
+        f"import os, subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        f"print('started', flush=True)\n"
+        f"time.sleep(60)\n"
+    )
+
+    def interrupt(line: str) -> None:
+        if line == "started":
+            raise KeyboardInterrupt  # what a task timeout or a kill from the UI does to the task
+
+    with pytest.raises(KeyboardInterrupt):
+        st.run_command([sys.executable, "-c", script], emit=interrupt)
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if (
+            not Path(f"/proc/{grandchild}").exists()
+            or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+        ):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"process {grandchild} survived the task")
+
+
+# ---- the MPIJob life cycle against a fake cluster ------------------------------------------------
+
+
+class NotFound(Exception):
+    status = 404
+
+
+class FakeCluster:
+    """The two Kubernetes APIs the MPIJob follower uses, with a scripted sequence of job conditions."""
+
+    def __init__(self, phases: list[str], existing: bool = False, log: bytes = b"step 1\nstep 2\n"):
+        self.phases, self.jobs, self.calls, self.log = list(phases), {}, [], log
+        if existing:
+            self.jobs["job"] = {"status": {}}
+
+    # CustomObjectsApi
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        self.calls.append(("create", body["metadata"]["name"]))
+        self.jobs[body["metadata"]["name"]] = body
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        if name not in self.jobs:
+            raise NotFound(name)
+        phase = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+        conditions = {
+            "Pending": [],
+            "Running": [{"type": "Running", "status": "True"}],
+            "Succeeded": [{"type": "Succeeded", "status": "True"}],
+            "Failed": [
+                {"type": "Failed", "status": "True", "reason": "MPIJobFailed", "message": "rank 1 died"}
+            ],
+        }
+        self.current = phase
+        return {"status": {"conditions": conditions[phase]}}
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **kwargs):
+        self.calls.append(("delete", name))
+        if self.jobs.pop(name, None) is None:
+            raise NotFound(name)
+
+    # CoreV1Api
+    def list_namespaced_pod(self, namespace, label_selector):
+        from types import SimpleNamespace as NS
+
+        phase = {"Pending": "Pending", "Running": "Running"}.get(
+            getattr(self, "current", "Pending"), "Succeeded"
+        )
+        return NS(items=[NS(metadata=NS(name="job-launcher"), status=NS(phase=phase))])
+
+    def read_namespaced_pod_log(self, name, namespace, follow, _preload_content):
+        from types import SimpleNamespace as NS
+
+        self.calls.append(("log", name))
+        return NS(stream=lambda: iter([self.log]))
+
+
+def mpijob():
+    from pipeline import k8s
+
+    return k8s.render_mpijob("job", ["--model", "asr"], 2, 1)
+
+
+def test_mpijob_is_followed_with_the_launcher_log_until_it_succeeds():
+    cluster, lines = FakeCluster(["Pending", "Running", "Running", "Succeeded"]), []
+    status = st.run_mpijob(mpijob(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
+    assert status["conditions"][0]["type"] == "Succeeded"
+    assert cluster.calls == [("delete", "job"), ("create", "job"), ("log", "job-launcher")]
+    assert "step 2" in lines and "job" in cluster.jobs  # a finished job stays (its TTL removes it)
+
+
+def test_a_broken_log_stream_does_not_fail_a_running_job():
+    cluster, lines = FakeCluster(["Running", "Running", "Succeeded"]), []
+
+    def broken(*args, **kwargs):
+        raise ConnectionResetError("connection reset by peer")
+
+    cluster.read_namespaced_pod_log = broken
+    st.run_mpijob(mpijob(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
+    assert any("broke off" in line for line in lines) and "job" in cluster.jobs
+
+
+def test_failed_mpijob_is_deleted_and_its_reason_raised():
+    cluster, lines = FakeCluster(["Running", "Failed"], existing=True), []
+    with pytest.raises(st.StageError, match="MPIJobFailed: rank 1 died"):
+        st.run_mpijob(mpijob(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
+    # The earlier attempt's job went first (a retry), and the failed one after.
+    assert cluster.calls[0] == ("delete", "job") and cluster.calls[-1] == ("delete", "job")
+    assert "job" not in cluster.jobs and any("earlier attempt" in line for line in lines)
+
+
+# ---- cluster mode: every task, with pods and MPIJobs, against a fake cluster ----------------------
+
+
+CLUSTER_PARAMS = {
+    **DEFAULTS,
+    "execution_mode": "kubernetes",
+    "num_workers": 3,
+    "gpus_per_worker": 2,
+    "max_steps": 500,
+    "experiment": "prod",
+}
+
+
+@needs_airflow
+@pytest.mark.airflow
+def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_path):
+    """The DAG with execution_mode=kubernetes, end to end under dag.test(); the pod operator and the
+    Kubernetes APIs are replaced by recorders, so what it would submit is checked, not run."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "none",
+                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "none", "user": {"token": "none"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+            }
+        )
+    )
+    env = airflow_env(
+        tmp_path / "home",
+        KUBECONFIG=str(kubeconfig),
+        SPEECHFLOW_CLUSTER_SETTINGS=str(ROOT / "k8s" / "overlays" / "gpu" / "cluster.yaml"),
+    )
+    airflow(env, "db", "migrate")
+    script = f"""
+        import json, sys
+        sys.path.insert(0, {str(DAGS)!r})
+        import speechflow_tasks as st
+        from airflow.dag_processing.dagbag import BundleDagBag
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+        from kubernetes.client import ApiClient
+
+        pods, jobs = [], []
+
+        def fake_execute(self, context):
+            pod = ApiClient().sanitize_for_serialization(self.build_pod_request_obj(context))
+            c = pod["spec"]["containers"][0]
+            pods.append({{"task": context["ti"].task_id, "command": c["command"], "args": c["args"],
+                          "image": c["image"], "limits": c["resources"].get("limits", {{}}),
+                          "mounts": [m["mountPath"] for m in c["volumeMounts"]], "xcom": self.do_xcom_push}})
+            if not self.do_xcom_push:
+                return None
+            sub = next(a for a in c["args"] if a in ("start-parent", "record-stage", "register", "finish"))
+            return {{"start-parent": {{"parent_run_id": "p" * 32}}, "record-stage": {{"run_id": "c", "metrics": {{}}}},
+                    "register": {{"name": "n", "version": 1, "promoted": True, "champion_version": 1,
+                                  "metric": "test_cer", "value": 0.1}},
+                    "finish": {{"models": {{}}}}}}[sub]
+
+        class Cluster:
+            def delete_namespaced_custom_object(self, *a, **k):
+                raise type("NotFound", (Exception,), {{"status": 404}})()
+            def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+                jobs.append(body)
+            def get_namespaced_custom_object(self, *a):
+                return {{"status": {{"conditions": [{{"type": "Succeeded", "status": "True"}}]}}}}
+            def list_namespaced_pod(self, namespace, label_selector):
+                return type("L", (), {{"items": []}})()
+
+        KubernetesPodOperator.execute = fake_execute
+        st._kubernetes_apis = lambda: (Cluster(), Cluster())
+        bag = BundleDagBag(dag_folder={str(DAGS)!r}, bundle_path={str(DAGS)!r}, bundle_name="dags-folder")
+        dag = bag.dags["speech_pipeline"]
+        for task in dag.tasks:
+            task.retries = 0  # a failure shows at once instead of after the retry delays
+        run = dag.test(run_conf={CLUSTER_PARAMS!r})
+        states = {{ti.task_id: str(ti.state) for ti in run.get_task_instances()}}
+        print("RESULT " + json.dumps({{"state": str(run.state), "states": states, "pods": pods, "jobs": jobs}}))
+    """
+    result = airflow_python(script, env, timeout=600)
+    assert result["state"] == "success", result["states"]
+    assert set(result["states"].values()) == {"success"}, result["states"]
+    settings = yaml.safe_load((ROOT / "k8s" / "overlays" / "gpu" / "cluster.yaml").read_text())
+    image = settings.get("image", "speechflow/train:0.1.0")
+
+    stages = [p for p in result["pods"] if p["command"][-1] != "models.registry"]
+    assert {p["task"]: p["command"][-1] for p in stages} == {
+        "prepare_corpus": "pipeline.corpus",
+        "features_train": "pipeline.features",
+        "features_dev": "pipeline.features",
+        "features_test": "pipeline.features",
+        "features_test_noisy": "pipeline.features",
+        "make_shards": "pipeline.shards",
+        "evaluate_asr": "models.evaluate",
+        "evaluate_tts": "models.evaluate",
+    }
+    for pod in result["pods"]:
+        assert pod["image"] == image and pod["command"][:2] == ["python", "-m"] and "/data" in pod["mounts"]
+    run_dir = next(p["args"][1] for p in stages if p["task"] == "prepare_corpus").rsplit("/corpus", 1)[0]
+    assert run_dir.startswith("/data/runs/manual__")
+    evaluation = {p["task"]: p for p in stages if p["command"][-1] == "models.evaluate"}
+    assert str(evaluation["evaluate_tts"]["limits"].get("nvidia.com/gpu")) == "1"
+    assert (
+        evaluation["evaluate_tts"]["args"][evaluation["evaluate_tts"]["args"].index("--asr-model-dir") + 1]
+        == f"{run_dir}/asr"
+    )
+    registry = [p for p in result["pods"] if p["command"][-1] == "models.registry"]
+    assert all(p["xcom"] and p["args"][:2] == ["--json-file", "/airflow/xcom/return.json"] for p in registry)
+    assert sorted(p["task"] for p in registry if "register" in p["args"]) == ["register_asr", "register_tts"]
+
+    jobs = {j["metadata"]["name"].split("-")[1]: j for j in result["jobs"]}
+    assert sorted(jobs) == ["asr", "tts"] and len(result["jobs"]) == 2
+    for model, job in jobs.items():
+        spec = job["spec"]
+        assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 3 and spec["slotsPerWorker"] == 2
+        worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        assert worker["resources"]["limits"]["nvidia.com/gpu"] == 2 and worker["image"] == image
+        command = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+        assert command[:3] == ["horovodrun", "-np", "6"]
+        train = command[command.index("models.train") + 1 :]
+        assert train[:4] == ["--model", model, "--strategy", "allreduce"]
+        assert train[train.index("--config") + 1] == f"/opt/speechflow/configs/demo_{model}.yaml"
+        assert train[train.index("--workdir") + 1] == f"{run_dir}/{model}"
+        assert train[train.index("--max-steps") + 1] == "500"
+        assert train[train.index("--mlflow-parent-run-id") + 1] == "p" * 32
+
+
+# ---- the whole DAG on a tiny corpus ---------------------------------------------------------------
+
+
+@needs_airflow
+@pytest.mark.slow
+@pytest.mark.airflow
+def test_dag_runs_end_to_end_on_a_tiny_corpus(tmp_path):
+    import mlflow
+
+    from models import registry
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # A short work root: the trainer logs the Kaldi directories' paths in an MLflow field of 500 characters.
+    work = Path(tempfile.mkdtemp(prefix="sf-"))
+    env = airflow_env(tmp_path / "home", MLFLOW_TRACKING_URI=uri, SPEECHFLOW_WORK_ROOT=str(work))
+    try:
+        airflow(env, "db", "migrate")
+        proc = subprocess.run(
+            [str(AIRFLOW_BIN / "airflow"), "dags", "test", "speech_pipeline", "-c", json.dumps(TINY)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
+        (summary_file,) = work.glob("*/summary.json")
+        summary = json.loads(summary_file.read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    (run,) = last_json(airflow(env, "dags", "list-runs", "speech_pipeline", "-o", "json").stdout)
+    assert run["state"] == "success"
+    states = last_json(
+        airflow(env, "tasks", "states-for-dag-run", "speech_pipeline", run["run_id"], "-o", "json").stdout
+    )
+    assert {s["task_id"]: s["state"] for s in states} == {t: "success" for t in EDGES}
+
+    assert summary["status"] == "FINISHED" and summary["dag_run_id"] == run["run_id"]
+    assert (
+        summary["models"]["asr"]["metrics"]["test_cer"] >= 0
+        and "test_mcd_db" in summary["models"]["tts"]["metrics"]
+    )
+    assert (
+        summary["models"]["tts"]["primary_metric"] == "test_intelligibility_cer"
+    )  # with the new acoustic model
+
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("ci")
+    (parent,) = client.search_runs(
+        [experiment.experiment_id],
+        f"tags.`{registry.DAG_RUN_TAG}` = '{run['run_id']}' and tags.`{registry.STAGE_TAG}` = 'pipeline'",
+    )
+    assert parent.info.status == "FINISHED" and parent.data.tags[registry.DAG_ID_TAG] == "speech_pipeline"
+    kids = client.search_runs(
+        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    names = {r.info.run_name for r in kids}
+    assert {
+        "corpus",
+        "features-train",
+        "features-dev",
+        "features-test",
+        "features-test_noisy",
+        "shards",
+        "train-asr",
+        "train-tts",
+        "evaluate-asr",
+        "evaluate-tts",
+        "register-ci-asr",
+        "register-ci-tts",
+    } <= names
+    assert all(r.info.status == "FINISHED" for r in kids)
+    for model in ("asr", "tts"):
+        champion = client.get_model_version_by_alias(f"ci-{model}", "champion")
+        trained = client.get_run(champion.run_id)
+        assert trained.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        # Lineage: the training run's input is the shards' manifest, which names the Kaldi directories.
+        assert trained.inputs.dataset_inputs and "data.train.dir" in trained.data.tags
