@@ -132,8 +132,18 @@ def write_wav(path, wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0
 
 
 def _cepstra(log_mel, n_coeffs):
-    """DCT-II (orthonormal) of each log-mel frame, c1..c_n (c0, the level, is dropped)."""
-    return scipy.fft.dct(np.asarray(log_mel, np.float64), type=2, norm="ortho", axis=-1)[:, 1:n_coeffs + 1]
+    """Mel cepstra c1..c_n of each frame (c0, the level, is dropped).
+
+    Our log-mels are natural logs of mel *power*; half of that is the log amplitude L. The real
+    cepstrum of a spectrum sampled at N mel bins is c_k = (1/N) sum_n L_n cos(pi k (n + 1/2) / N),
+    which is the orthonormal DCT-II divided by sqrt(2N): with that scale, distortions read like
+    the mel-cepstral distortions of the literature (the mel filterbank stands in for the all-pass
+    frequency warping of SPTK's mel-cepstra).
+    """
+    log_mel = np.asarray(log_mel, np.float64)
+    amplitude = 0.5 * log_mel  # [T, bins]
+    dct = scipy.fft.dct(amplitude, type=2, norm="ortho", axis=-1)  # [T, bins]
+    return dct[:, 1 : n_coeffs + 1] / np.sqrt(2 * log_mel.shape[-1])
 
 
 def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,10 +172,9 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def mel_cepstral_distortion(log_mel_a, log_mel_b, n_coeffs: int = 13) -> float:
     """MCD in dB between two log-mel sequences [Ta, bins] and [Tb, bins] of different lengths.
 
-    Cepstra c_1..c_13 are the orthonormal DCT-II of each log-mel frame (c0, the loudness, is
-    excluded); frames are paired by DTW on the per-frame distance, and the result is the mean
-    over the DTW path of 10 / ln 10 * sqrt(2 * sum_d (c_d - c'_d)^2). Our log-mels are natural logs
-    of mel *power*, so values read about twice those of papers using log-amplitude mel-cepstra.
+    Cepstra c_1..c_13 are the real cepstra of each frame's log-amplitude mel spectrum (see
+    `_cepstra`; c0, the loudness, is excluded); frames are paired by DTW on the per-frame distance,
+    and the result is the mean over the DTW path of 10 / ln 10 * sqrt(2 * sum_d (c_d - c'_d)^2).
     """
     ca, cb = _cepstra(log_mel_a, n_coeffs), _cepstra(log_mel_b, n_coeffs)  # [Ta, 13], [Tb, 13]
     distance = 10.0 / np.log(10.0) * np.sqrt(2.0 * np.sum((ca[:, None, :] - cb[None, :, :]) ** 2, -1))

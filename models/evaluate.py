@@ -217,8 +217,14 @@ def log_to_mlflow(model_dir: Path, metrics: dict, parent_run_id: str | None) -> 
     else:
         experiment = "speechflow"
     if parent_run_id:
-        tags = {"speechflow.stage": f"evaluate_{metrics['model']}", "speechflow.trained_run": (trained or {}).get("run_id", "")}
-        with tracking.start_run(experiment, f"evaluate-{metrics['model']}", parent_run_id, tags=tags) as run:
+        stage = f"evaluate_{metrics['model']}"
+        tags = {"speechflow.stage": stage, "speechflow.trained_run": (trained or {}).get("run_id", "")}
+        # A retried evaluation logs into the child run of the first attempt instead of adding one.
+        earlier = mlflow.search_runs(
+            experiment_ids=[tracking.ensure_experiment(experiment)], output_format="list",
+            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`speechflow.stage` = '{stage}'")
+        run_id = earlier[0].info.run_id if earlier else None
+        with tracking.start_run(experiment, f"evaluate-{metrics['model']}", parent_run_id, run_id=run_id, tags=tags) as run:
             mlflow.log_metrics(numbers)
             mlflow.log_artifacts(str(model_dir / "eval"), artifact_path="eval")
             mlflow.log_artifact(str(model_dir / "eval.json"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from models import checkpoint, tracking
 from models.train import TrainConfig, check_workdir, learning_rate, peak_memory_mb
 from pipeline import config as configlib
 from pipeline import runtime
-from pipeline.fsutil import atomic_write_json
+from pipeline.fsutil import atomic_write_json, read_json
 from pipeline.progress import progress as progress_bar
 
 
@@ -197,6 +198,12 @@ class Trainer:
 
     def run(self) -> dict:
         self._setup()
+        finished = read_json(self.workdir / "train_summary.json")
+        if self.position["step"] >= self.total_steps and finished and (self.workdir / "model" / "config.yaml").is_file():
+            # A re-run of a finished training (a retried task) changes nothing and logs nothing again.
+            if self.rank == 0:
+                print(f"{self.workdir} already holds this training ({finished['steps']} steps); nothing to do", file=sys.stderr)
+            return {**finished, "rank": self.rank, "skipped": True}
         try:
             if self.rank == 0:
                 return self._run_rank0()

@@ -67,6 +67,11 @@ def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlfl
     # Other settings (the step budget, the learning rate) may change on resume.
     resumed = train.train_and_evaluate(tiny("asr", "max_steps=4", "optim.learning_rate=0.001"), tiny_shards, tmp_path / "w")
     assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
+    # A finished workdir is left as it is (a retried Airflow task must not train or log again).
+    mtime = (tmp_path / "w" / "train_summary.json").stat().st_mtime_ns
+    again = train.train_and_evaluate(tiny("asr", "max_steps=4"), tiny_shards, tmp_path / "w")
+    assert again["skipped"] and again["steps"] == 4
+    assert (tmp_path / "w" / "train_summary.json").stat().st_mtime_ns == mtime
 
 
 def test_unknown_config_keys_are_errors(tiny_shards, tmp_path):

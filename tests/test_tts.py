@@ -297,10 +297,10 @@ def test_griffin_lim_reanalysis_is_close_to_the_original():
     assert wave.dtype == np.float32 and wave.shape == ((len(reference) - 1) * 160 + 400,)
     rebuilt = audio.kaldi_fbank(wave)
     random_phase = audio.kaldi_fbank(audio.griffin_lim(reference, n_iter=0))
-    # Measured on this signal: 48 iterations 7.9 dB MCD / 0.13 log-mel L1; random phase 30 dB / 1.3.
-    assert audio.mel_cepstral_distortion(reference, rebuilt) < 10.0
+    # Measured on this signal: 48 iterations 0.31 dB MCD / 0.13 log-mel L1; random phase 1.17 dB / 1.3.
+    assert audio.mel_cepstral_distortion(reference, rebuilt) < 0.4
     assert audio.mel_l1(reference, rebuilt) < 0.2
-    assert audio.mel_cepstral_distortion(reference, random_phase) > 20.0
+    assert audio.mel_cepstral_distortion(reference, random_phase) > 0.8
 
 
 def test_mcd_is_zero_for_identical_inputs_and_grows_with_noise():
