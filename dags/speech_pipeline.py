@@ -46,7 +46,7 @@ PARAMS = {
         "Relative paths are the repository's (local mode).",
     ),
     "demo_utterances": Param(
-        1500,
+        2500,
         type="integer",
         minimum=20,
         maximum=100000,

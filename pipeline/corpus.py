@@ -1,6 +1,6 @@
 """A demo speech corpus as a Kaldi data root, synthesized with espeak-ng.
 
-    python -m pipeline.corpus --out DIR [--num-utterances 1500] [--seed 0] [--jobs 2]
+    python -m pipeline.corpus --out DIR [--num-utterances 2500] [--seed 0] [--jobs 2]
 
 writes `DIR/{train,dev,test,test_noisy}/` (Kaldi data directories: `wav.scp`, `text`, `utt2spk`,
 `spk2utt`, sorted by id) over 16 kHz mono 16-bit wavs under `DIR/wav/`, then `DIR/corpus.json`
@@ -56,7 +56,7 @@ _TRAIN_VARIANTS = ("m1", "m2", "m4", "m6", "f1", "f2", "f3", "klatt")
 @dataclasses.dataclass(frozen=True)
 class CorpusConfig:
     # Utterances in train + dev + test; test_noisy mirrors test and is not counted.
-    num_utterances: int = 1500
+    num_utterances: int = 2500
     # Seeds sentences, speaker rates and pitches, and noise offsets; same seed, same bytes.
     seed: int = 0
     # Share of num_utterances for dev (same speakers as train, new sentences).
@@ -639,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--out", required=True, help="corpus root to write (Kaldi data dirs, wav/, corpus.json)"
     )
-    parser.add_argument("--num-utterances", type=int, help="train + dev + test utterances (default 1500)")
+    parser.add_argument("--num-utterances", type=int, help="train + dev + test utterances (default 2500)")
     parser.add_argument("--seed", type=int, help="random seed (default 0)")
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count(), help="parallel synthesis jobs (default: CPUs)"

@@ -43,7 +43,7 @@ st = _load_tasks_module()
 # What the DAG's params hold when the trigger form is left as it is.
 DEFAULTS = {
     "data_dir": "",
-    "demo_utterances": 1500,
+    "demo_utterances": 2500,
     "num_shards": 8,
     "models": ["asr", "tts"],
     "strategy": "allreduce",
