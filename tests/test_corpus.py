@@ -28,9 +28,9 @@ def by_split(plan, field):
 def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
     plan = plan_corpus(CorpusConfig())
     assert {s: sum(u.split == s for u in plan) for s in corpus.SPLITS} == {
-        "train": 1200,
-        "dev": 150,
-        "test": 150,
+        "train": 2000,
+        "dev": 250,
+        "test": 250,
     }
     words = {w for u in plan for w in u.text.split()}
     assert 300 <= len(words) <= 500
