@@ -15,7 +15,6 @@ import dataclasses
 import json
 import resource
 import sys
-import time
 from pathlib import Path
 
 from models import asr as asr_model
@@ -163,10 +162,6 @@ def peak_memory_mb() -> float:
     if tf.config.list_logical_devices("GPU"):
         return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def now() -> float:
-    return time.perf_counter()
 
 
 if __name__ == "__main__":

@@ -589,6 +589,13 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         assert train[train.index("--workdir") + 1] == f"{run_dir}/{model}"
         assert train[train.index("--max-steps") + 1] == "500"
         assert train[train.index("--mlflow-parent-run-id") + 1] == "p" * 32
+    # What the DAG would submit meets the MPIJob CRD's schema and the operator's own rules.
+    from tests.test_k8s import CRD, crd_schema, validate_mpijob
+
+    if not CRD.is_file():
+        pytest.skip(f"MPIJob CRD not found at {CRD} (CI provides ../shared/k8s-schemas/)")
+    for job in jobs.values():
+        assert validate_mpijob.validate_mpijob(job, crd_schema()) == [], job["metadata"]["name"]
 
 
 # ---- the whole DAG on a tiny corpus ---------------------------------------------------------------
