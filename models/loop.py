@@ -367,6 +367,12 @@ class Trainer:
 
         scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k not in ("rank",)}
         mlflow.log_metrics({f"final_{k}": float(v) for k, v in scalars.items()})
+        if "consensus_distance_before_final_average" in summary:
+            # The last point of the consensus-distance curve: the gossip thread measures every
+            # `consensus_every` rounds and may lag the last metrics record, so the curve always
+            # ends with the distance measured just before the final average.
+            mlflow.log_metric("consensus_distance", float(summary["consensus_distance_before_final_average"]),
+                              step=int(summary["steps"]))
         for rank, (fps, mem) in enumerate(zip(summary["per_rank_frames_per_s"], summary["per_rank_peak_memory_mb"])):
             mlflow.log_metrics({f"rank{rank}_frames_per_s": fps, f"rank{rank}_peak_memory_mb": mem})
         plot_dir = self.workdir / "plots"
