@@ -32,9 +32,14 @@ mlflow-ui: setup
 	$(PY) -m mlflow server --host 127.0.0.1 --port 5000 \
 	  --backend-store-uri "$(MLFLOW_TRACKING_URI)" --artifacts-destination "$(RUNS)/mlartifacts"
 
+# All benchmarks at full size (about an hour on 2 cores); tables on stdout, JSON in benchmarks/results/.
+BENCHMARKS := input_pipeline throughput straggler speedup_model convergence
 bench: setup
 	@mkdir -p benchmarks/results
-	$(PY) benchmarks/input_pipeline.py --json benchmarks/results/input_pipeline.json
+	@for b in $(BENCHMARKS); do \
+	  echo "== $$b"; \
+	  $(PY) benchmarks/$$b.py --json benchmarks/results/$$b.json || exit 1; \
+	done
 
 # Re-resolve the lock files after editing requirements/*.in.
 lock:

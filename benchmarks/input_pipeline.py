@@ -12,7 +12,8 @@ For each loader this measures:
   matrices, as Kaldi's make_fbank.sh stores them, so that reading it all takes the seed-style
   loader tens of seconds);
 - the utilization of a consumer that needs a fixed time per batch (an accelerator-like step,
-  SIMULATED BY SLEEPING): busy time over wall time across two steady-state epochs.
+  SIMULATED BY SLEEPING): busy time over wall time across two steady-state epochs, where busy
+  is every moment the consumer is not blocked waiting for the loader's next batch.
 Both loaders get the same frame budget per batch. One process, this machine's cores.
 """
 
@@ -97,16 +98,31 @@ def first_batch(make_iterator) -> float:
     return time.perf_counter() - start
 
 
-def run_epochs(batches, step_s: float) -> tuple[int, int, float]:
-    """Consumes batches (sleeping step_s per batch, the simulated accelerator). Returns (batches, frames, wall)."""
-    start, count, frames = time.perf_counter(), 0, 0
-    for batch in batches:
+def run_epochs(batches, step_s: float) -> tuple[int, int, float, float]:
+    """Consumes batches (sleeping step_s per batch, the simulated accelerator).
+
+    Returns (batches, frames, wall, waiting): `waiting` is the time spent blocked in the loader
+    (inside `next`), so the consumer's utilization is (wall - waiting) / wall: the share of the
+    wall time it was not starved. (Counting nominal sleeps instead would charge the OS's sleep
+    overshoot to the loader.)
+    """
+    start, count, frames, waiting = time.perf_counter(), 0, 0, 0.0
+    iterator = iter(batches)
+    while True:
+        asked = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            waiting += time.perf_counter() - asked
+            break
+        waiting += time.perf_counter() - asked
         lengths = batch[1] if isinstance(batch, tuple) else batch["feat_lengths"].numpy()
         frames += int(np.sum(lengths))
         count += 1
         if step_s:
             time.sleep(step_s)
-    return count, frames, time.perf_counter() - start
+    wall = time.perf_counter() - start
+    return count, frames, wall, waiting
 
 
 def measure_seed(data_dir: Path, budget: int, max_batch: int, step_s: float) -> dict:
@@ -119,10 +135,10 @@ def measure_seed(data_dir: Path, budget: int, max_batch: int, step_s: float) -> 
         yield from loader.epoch()
         yield from loader.epoch()
 
-    batches, frames, wall = run_epochs(two_epochs(), 0.0)
+    batches, frames, wall, _ = run_epochs(two_epochs(), 0.0)
     result["frames_per_s"] = frames / wall
-    batches, frames, wall = run_epochs(two_epochs(), step_s)
-    result["utilization"] = batches * step_s / wall
+    batches, frames, wall, waiting = run_epochs(two_epochs(), step_s)
+    result["utilization"] = (wall - waiting) / wall
     result["batches_per_epoch"] = batches // 2
     return result
 
@@ -136,8 +152,8 @@ def measure_tfdata(out_dir: Path, cfg: dataset.InputConfig, step_s: float) -> di
         iterator, counts = tfdata_epochs(out_dir, cfg, 3)
         for _ in range(counts[0]):  # epoch 0 is the warm-up; epochs 1-2 are measured
             next(iterator)
-        batches, frames, wall = run_epochs(iterator, sleep)
-        result[key] = frames / wall if key == "frames_per_s" else batches * step_s / wall
+        batches, frames, wall, waiting = run_epochs(iterator, sleep)
+        result[key] = frames / wall if key == "frames_per_s" else (wall - waiting) / wall
     result["batches_per_epoch"] = counts[1]
     return result
 

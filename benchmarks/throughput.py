@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     runs = [("asr", 1, "float32"), ("asr", 2, "float32"), ("asr", 1, "mixed_bfloat16"), ("asr", 2, "mixed_bfloat16"),
             ("tts", 1, "float32"), ("tts", 2, "float32")]
+    if args.tiny:  # the test only needs every kind of run once; np=2 bfloat16 adds nothing new there
+        runs.remove(("asr", 2, "mixed_bfloat16"))
     from models import asr
     from models.tasks import resolve_asr
     from pipeline import config as configlib
