@@ -15,8 +15,15 @@ PYTHON = sys.executable
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 
 
-def synthetic_shards(work: Path, utterances: int, mean_frames: int = 300, dim: int = 80, num_shards: int = 8,
-                     test_utterances: int = 0, seed: int = 0) -> Path:
+def synthetic_shards(
+    work: Path,
+    utterances: int,
+    mean_frames: int = 300,
+    dim: int = 80,
+    num_shards: int = 8,
+    test_utterances: int = 0,
+    seed: int = 0,
+) -> Path:
     """Shards of random features with the demo corpus's length spread and short transcripts.
 
     Throughput does not depend on the values, only on shapes; quality benchmarks use real data.
@@ -32,7 +39,21 @@ def synthetic_shards(work: Path, utterances: int, mean_frames: int = 300, dim: i
             continue
         root = work / "data" / split
         root.mkdir(parents=True, exist_ok=True)
-        words = ["turn", "on", "the", "kitchen", "lights", "in", "oslo", "at", "seven", "thirty", "please", "call", "anna"]
+        words = [
+            "turn",
+            "on",
+            "the",
+            "kitchen",
+            "lights",
+            "in",
+            "oslo",
+            "at",
+            "seven",
+            "thirty",
+            "please",
+            "call",
+            "anna",
+        ]
         with kaldiio.WriteHelper(f"ark,scp:{root / 'feats.ark'},{root / 'feats.scp'}") as writer:
             texts, speakers = [], []
             for i in range(count):
@@ -51,14 +72,35 @@ def synthetic_shards(work: Path, utterances: int, mean_frames: int = 300, dim: i
     return out
 
 
-def run_training(shards: Path, workdir: Path, np_: int, config: Path, overrides: list[str], env_extra: dict | None = None,
-                 timeout: float = 1800, extra_args: list[str] | None = None) -> dict:
+def run_training(
+    shards: Path,
+    workdir: Path,
+    np_: int,
+    config: Path,
+    overrides: list[str],
+    env_extra: dict | None = None,
+    timeout: float = 1800,
+    extra_args: list[str] | None = None,
+) -> dict:
     """Runs `models.train` (alone for np_=1, else under horovodrun) and returns its train_summary.json."""
-    args = ["-m", "models.train", "--shards", str(shards), "--workdir", str(workdir), "--config", str(config),
-            *(extra_args or [])]
+    args = [
+        "-m",
+        "models.train",
+        "--shards",
+        str(shards),
+        "--workdir",
+        str(workdir),
+        "--config",
+        str(config),
+        *(extra_args or []),
+    ]
     for item in overrides:
         args += ["--set", item]
-    cmd = [PYTHON, *args] if np_ == 1 else [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", PYTHON, *args]
+    cmd = (
+        [PYTHON, *args]
+        if np_ == 1
+        else [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", PYTHON, *args]
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), **(env_extra or {}))
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{workdir.parent / 'mlflow.db'}")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -68,7 +110,9 @@ def run_training(shards: Path, workdir: Path, np_: int, config: Path, overrides:
 
 
 def print_table(headers: list[str], rows: list[list]) -> None:
-    cells = [[str(h) for h in headers]] + [[c if isinstance(c, str) else f"{c:,.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [
+        [c if isinstance(c, str) else f"{c:,.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows
+    ]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for i, row in enumerate(cells):
         print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))))
@@ -97,6 +141,12 @@ def asr_setup(args, prefix: str, tiny_steps: int = 8):
     else:
         config, steps, warmup = ROOT / "configs/demo_asr.yaml", args.steps, 5
         shards = args.shards or synthetic_shards(work, 1200)
-    items = [f"max_steps={steps}", f"warmup_exclude={warmup}", "checkpoint_every=100000", "log_every=100000",
-             "log_model=false", "epochs=1000"]
+    items = [
+        f"max_steps={steps}",
+        f"warmup_exclude={warmup}",
+        "checkpoint_every=100000",
+        "log_every=100000",
+        "log_model=false",
+        "epochs=1000",
+    ]
     return work, config, shards, items

@@ -33,20 +33,62 @@ VARIANTS = {
 def demo_shards(work: Path, utterances: int) -> Path:
     """The demo corpus through the real stages: corpus -> features -> shards."""
     data = work / "data"
-    subprocess.run([PYTHON, "-m", "pipeline.corpus", "--out", str(data), "--num-utterances", str(utterances)],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [PYTHON, "-m", "pipeline.corpus", "--out", str(data), "--num-utterances", str(utterances)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     for split in ("train", "dev", "test"):
-        subprocess.run([PYTHON, "-m", "pipeline.features", "--data-dir", str(data / split), "--no-progress"],
-                       cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(
+            [PYTHON, "-m", "pipeline.features", "--data-dir", str(data / split), "--no-progress"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     out = work / "shards"
-    subprocess.run([PYTHON, "-m", "pipeline.shards", "--split", f"train={data / 'train'}", "--split", f"dev={data / 'dev'}",
-                    "--split", f"test={data / 'test'}", "--out", str(out), "--no-progress"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "pipeline.shards",
+            "--split",
+            f"train={data / 'train'}",
+            "--split",
+            f"dev={data / 'dev'}",
+            "--split",
+            f"test={data / 'test'}",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
 def evaluate(workdir: Path, shards: Path) -> dict:
-    subprocess.run([PYTHON, "-m", "models.evaluate", "--model-dir", str(workdir), "--shards", str(shards), "--split", "test",
-                    "--no-mlflow", "--beam-width", "4"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "models.evaluate",
+            "--model-dir",
+            str(workdir),
+            "--shards",
+            str(shards),
+            "--split",
+            "test",
+            "--no-mlflow",
+            "--beam-width",
+            "4",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return json.loads((workdir / "eval.json").read_text())
 
 
@@ -54,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--shards", type=Path, help="shards with train and test splits (default: build the demo corpus)")
+    parser.add_argument(
+        "--shards", type=Path, help="shards with train and test splits (default: build the demo corpus)"
+    )
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--utterances", type=int, default=1500, help="demo corpus size when building it")
     args = parser.parse_args(argv)
@@ -68,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"tiny": args.tiny, "epochs": epochs}
     rows = []
     for name, flags in VARIANTS.items():
-        summary = run_training(shards, work / name, 2, config, [f"epochs={epochs}", "max_steps=0", "log_model=false"],
-                               extra_args=flags)
+        summary = run_training(
+            shards, work / name, 2, config, [f"epochs={epochs}", "max_steps=0", "log_model=false"], extra_args=flags
+        )
         metrics = evaluate(work / name, shards)
         results[f"{name}_cer"] = metrics["test_cer"]
         results[f"{name}_wer"] = metrics["test_wer"]
@@ -79,10 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     base = results["allreduce_cer"]
     for name in VARIANTS:
         results[f"{name}_relative_to_allreduce"] = (results[f"{name}_cer"] - base) / base if base else 0.0
-        rows.append([name, results[f"{name}_steps"], results[f"{name}_final_loss"], results[f"{name}_cer"],
-                     results[f"{name}_wer"], results[f"{name}_relative_to_allreduce"]])
-    results["all_within_10_percent"] = all(abs(results[f"{n}_relative_to_allreduce"]) <= 0.10 or results[f"{n}_cer"] <= base
-                                           for n in VARIANTS)
+        rows.append(
+            [
+                name,
+                results[f"{name}_steps"],
+                results[f"{name}_final_loss"],
+                results[f"{name}_cer"],
+                results[f"{name}_wer"],
+                results[f"{name}_relative_to_allreduce"],
+            ]
+        )
+    results["all_within_10_percent"] = all(
+        abs(results[f"{n}_relative_to_allreduce"]) <= 0.10 or results[f"{n}_cer"] <= base for n in VARIANTS
+    )
     print_table(["strategy", "steps", "final loss", "test CER", "test WER", "CER vs allreduce"], rows)
     write_json(args.json, results)
     return 0

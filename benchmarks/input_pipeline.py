@@ -42,10 +42,14 @@ def write_corpus(root: Path, utterances: int, mean_frames: int, compress: bool, 
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     # A few hundred distinct matrices, reused: the content does not matter, only sizes and reads.
-    pool = [rng.normal(size=(max(20, int(n)), 80)).astype(np.float32)
-            for n in rng.normal(mean_frames, mean_frames / 3, size=min(utterances, 300))]
+    pool = [
+        rng.normal(size=(max(20, int(n)), 80)).astype(np.float32)
+        for n in rng.normal(mean_frames, mean_frames / 3, size=min(utterances, 300))
+    ]
     ids = [f"spk{i % 40:02d}-utt{i:07d}" for i in range(utterances)]
-    with kaldiio.WriteHelper(f"ark,scp:{root / 'feats.ark'},{root / 'feats.scp'}", compression_method=2 if compress else None) as w:
+    with kaldiio.WriteHelper(
+        f"ark,scp:{root / 'feats.ark'},{root / 'feats.scp'}", compression_method=2 if compress else None
+    ) as w:
         for i, utt in enumerate(ids):
             w(utt, pool[i % len(pool)])
     words = ["turn", "on", "the", "lights", "in", "oslo"]
@@ -88,7 +92,11 @@ class SeedLoader:
 def tfdata_epochs(out_dir: Path, cfg: dataset.InputConfig, epochs: int):
     manifest = shards.load_manifest(out_dir)
     chained, counts = dataset.chain_epochs(
-        lambda e: dataset.asr_dataset(out_dir, "train", cfg, 0, 1, e, True, manifest), 0, epochs, prefetch=cfg.prefetch_batches)
+        lambda e: dataset.asr_dataset(out_dir, "train", cfg, 0, 1, e, True, manifest),
+        0,
+        epochs,
+        prefetch=cfg.prefetch_batches,
+    )
     return iter(chained), counts
 
 
@@ -179,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, count, compress in (("demo", demo_n, False), ("large", large_n, True)):
             print(f"[{name}] writing {count} utterances and sharding them ...", file=sys.stderr, flush=True)
             data = write_corpus(work / name / "data", count, 300, compress)
-            manifest = shards.make_shards({"train": data}, work / name / "shards", shards.ShardConfig(num_shards=8), progress=False)
+            manifest = shards.make_shards(
+                {"train": data}, work / name / "shards", shards.ShardConfig(num_shards=8), progress=False
+            )
             results[f"{name}_utterances"] = count
             results[f"{name}_frames"] = manifest["splits"]["train"]["frames"]
             if name == "demo":
@@ -192,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 loader = SeedLoader(data / "feats.scp", args.frames_per_batch, 64)
                 results["baseline_first_batch_s"] = first_batch(loader.epoch)
-                results["tfdata_first_batch_s"] = first_batch(lambda shards_dir=work / name / "shards": tfdata_epochs(shards_dir, cfg, 1)[0])
+                results["tfdata_first_batch_s"] = first_batch(
+                    lambda shards_dir=work / name / "shards": tfdata_epochs(shards_dir, cfg, 1)[0]
+                )
             if name == "large" and not args.workdir:
                 shutil.rmtree(work / name, ignore_errors=True)
     finally:
@@ -207,10 +219,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(r: dict) -> None:
     rows = [
-        ("steady-state throughput (frames/s)", f"{r['baseline_frames_per_s']:,.0f}", f"{r['tfdata_frames_per_s']:,.0f}"),
-        (f"first batch, demo corpus ({r['demo_frames']:,} frames) (s)", f"{r['demo_baseline_first_batch_s']:.3f}", f"{r['demo_tfdata_first_batch_s']:.3f}"),
-        (f"first batch, large corpus ({r['large_frames']:,} frames) (s)", f"{r['baseline_first_batch_s']:.3f}", f"{r['tfdata_first_batch_s']:.3f}"),
-        (f"utilization of a {r['step_ms']:g} ms/batch consumer (sleep)", f"{r['baseline_utilization']:.3f}", f"{r['tfdata_utilization']:.3f}"),
+        (
+            "steady-state throughput (frames/s)",
+            f"{r['baseline_frames_per_s']:,.0f}",
+            f"{r['tfdata_frames_per_s']:,.0f}",
+        ),
+        (
+            f"first batch, demo corpus ({r['demo_frames']:,} frames) (s)",
+            f"{r['demo_baseline_first_batch_s']:.3f}",
+            f"{r['demo_tfdata_first_batch_s']:.3f}",
+        ),
+        (
+            f"first batch, large corpus ({r['large_frames']:,} frames) (s)",
+            f"{r['baseline_first_batch_s']:.3f}",
+            f"{r['tfdata_first_batch_s']:.3f}",
+        ),
+        (
+            f"utilization of a {r['step_ms']:g} ms/batch consumer (sleep)",
+            f"{r['baseline_utilization']:.3f}",
+            f"{r['tfdata_utilization']:.3f}",
+        ),
         ("batches per epoch", str(r["baseline_batches_per_epoch"]), str(r["tfdata_batches_per_epoch"])),
     ]
     width = max(len(row[0]) for row in rows)

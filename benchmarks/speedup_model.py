@@ -44,8 +44,15 @@ if hvd.rank() == 0: print("TTRANSMIT", float(np.median(times)), flush=True)
 
 def measure_transmit(parameters: int, repeats: int) -> float:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PYTHON, "-c", PROBE, str(parameters), str(repeats)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=True)
+    proc = subprocess.run(
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PYTHON, "-c", PROBE, str(parameters), str(repeats)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     line = next(line for line in proc.stdout.splitlines() if "TTRANSMIT" in line)
     return float(line.split()[-1])
 
@@ -79,11 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     model_cfg = resolve_asr(configlib.load(TrainConfig, config).asr, load_manifest(shards))
     parameters = int(sum(np.prod(v.shape) for v in asr.build_asr(model_cfg).trainable_variables))
     one = run_training(shards, work / "np1", 1, config, common)
-    two = {s: run_training(shards, work / f"np2-{s}", 2, config, common, extra_args=["--strategy", s]) for s in ("allreduce", "adpsgd")}
+    two = {
+        s: run_training(shards, work / f"np2-{s}", 2, config, common, extra_args=["--strategy", s])
+        for s in ("allreduce", "adpsgd")
+    }
     tcalc = one["time_compute_ms"] / 1000
     ttransmit = measure_transmit(parameters, 5 if args.tiny else 20)
     tmerge = measure_merge(parameters, 20)
-    results = {"tiny": args.tiny, "parameters": parameters, "tcalc_s": tcalc, "ttransmit_s": ttransmit, "tmerge_s": tmerge}
+    results = {
+        "tiny": args.tiny,
+        "parameters": parameters,
+        "tcalc_s": tcalc,
+        "ttransmit_s": ttransmit,
+        "tmerge_s": tmerge,
+    }
     rows = []
     for strategy, predict in (("allreduce", speedup_model.speedup_allreduce), ("adpsgd", speedup_model.speedup_gossip)):
         measured = two[strategy]["frames_per_s_total"] / one["frames_per_s_total"]
@@ -91,11 +107,20 @@ def main(argv: list[str] | None = None) -> int:
             results[f"{strategy}_predicted_speedup_n{n}"] = predict(n, tcalc, ttransmit, tmerge)
         results[f"{strategy}_measured_speedup_n2"] = measured
         results[f"{strategy}_predicted_speedup_n128"] = predict(128, tcalc, ttransmit, tmerge)
-        rows.append([strategy, results[f"{strategy}_predicted_speedup_n1"], results[f"{strategy}_predicted_speedup_n2"],
-                     measured, results[f"{strategy}_predicted_speedup_n128"]])
+        rows.append(
+            [
+                strategy,
+                results[f"{strategy}_predicted_speedup_n1"],
+                results[f"{strategy}_predicted_speedup_n2"],
+                measured,
+                results[f"{strategy}_predicted_speedup_n128"],
+            ]
+        )
     plot = speedup_model.plot_speedup(tcalc, ttransmit, tmerge, work / "speedup_model.png")
-    print(f"Tcalc {tcalc * 1000:.1f} ms, Ttransmit {ttransmit * 1000:.2f} ms ({parameters:,} float32 weights), "
-          f"Tmerge {tmerge * 1000:.2f} ms")
+    print(
+        f"Tcalc {tcalc * 1000:.1f} ms, Ttransmit {ttransmit * 1000:.2f} ms ({parameters:,} float32 weights), "
+        f"Tmerge {tmerge * 1000:.2f} ms"
+    )
     print_table(["strategy", "predicted n=1", "predicted n=2", "measured n=2", "predicted n=128"], rows)
     results["plot"] = str(plot)
     results["mlflow_run_id"] = log_to_mlflow(results, plot)
@@ -108,8 +133,12 @@ def log_to_mlflow(results: dict, plot: Path) -> str:
 
     from models import tracking
 
-    with tracking.start_run("speechflow-benchmarks", "speedup-model", tags={"speechflow.benchmark": "speedup_model"}) as run:
-        mlflow.log_metrics({k: float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    with tracking.start_run(
+        "speechflow-benchmarks", "speedup-model", tags={"speechflow.benchmark": "speedup_model"}
+    ) as run:
+        mlflow.log_metrics(
+            {k: float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        )
         mlflow.log_artifact(str(plot), artifact_path="plots")
         return run.info.run_id
 

@@ -35,14 +35,26 @@ def main(argv: list[str] | None = None) -> int:
         alone = run_training(shards, work / f"{strategy}-alone", 2, config, common, extra_args=["--strategy", strategy])
         # One normal step of the fast rank, measured without the straggler.
         step_ms = 1000.0 / alone["steps_per_s"]
-        slowed = run_training(shards, work / f"{strategy}-straggler", 2, config, common,
-                              extra_args=["--strategy", strategy, "--straggler-rank", "1", "--straggler-delay-ms", f"{step_ms:.1f}"])
+        slowed = run_training(
+            shards,
+            work / f"{strategy}-straggler",
+            2,
+            config,
+            common,
+            extra_args=["--strategy", strategy, "--straggler-rank", "1", "--straggler-delay-ms", f"{step_ms:.1f}"],
+        )
         fast_alone, fast_slowed = alone["per_rank_frames_per_s"][0], slowed["per_rank_frames_per_s"][0]
         ratio = fast_slowed / fast_alone
-        results.update({f"{strategy}_step_ms": step_ms, f"{strategy}_fast_rank_frames_per_s": fast_alone,
-                        f"{strategy}_fast_rank_frames_per_s_with_straggler": fast_slowed,
-                        f"{strategy}_slow_rank_frames_per_s_with_straggler": slowed["per_rank_frames_per_s"][1],
-                        f"{strategy}_fast_rank_ratio": ratio, f"{strategy}_ranks_agree": slowed["ranks_agree"]})
+        results.update(
+            {
+                f"{strategy}_step_ms": step_ms,
+                f"{strategy}_fast_rank_frames_per_s": fast_alone,
+                f"{strategy}_fast_rank_frames_per_s_with_straggler": fast_slowed,
+                f"{strategy}_slow_rank_frames_per_s_with_straggler": slowed["per_rank_frames_per_s"][1],
+                f"{strategy}_fast_rank_ratio": ratio,
+                f"{strategy}_ranks_agree": slowed["ranks_agree"],
+            }
+        )
         rows.append([strategy, step_ms, fast_alone, fast_slowed, slowed["per_rank_frames_per_s"][1], ratio])
     print_table(["strategy", "step (ms)", "fast rank alone", "fast rank, straggler", "slow rank", "ratio"], rows)
     write_json(args.json, results)

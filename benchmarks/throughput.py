@@ -52,13 +52,25 @@ def main(argv: list[str] | None = None) -> int:
         configs = {"asr": ROOT / "configs/demo_asr.yaml", "tts": ROOT / "configs/demo_tts.yaml"}
         shards = args.shards or synthetic_shards(work, 1200)
         steps, warmup = args.steps, 5
-    common = [f"max_steps={steps}", f"warmup_exclude={warmup}", "checkpoint_every=100000", "log_every=100000", "log_model=false"]
+    common = [
+        f"max_steps={steps}",
+        f"warmup_exclude={warmup}",
+        "checkpoint_every=100000",
+        "log_every=100000",
+        "log_model=false",
+    ]
     results: dict = {"tiny": args.tiny, "steps": steps, "warmup_steps_excluded": warmup}
     results["matmul_peak_flops_float32"] = matmul_peak("float32", 256 if args.tiny else 2048)
     results["matmul_peak_flops_bfloat16"] = matmul_peak("bfloat16", 256 if args.tiny else 2048)
     rows = []
-    runs = [("asr", 1, "float32"), ("asr", 2, "float32"), ("asr", 1, "mixed_bfloat16"), ("asr", 2, "mixed_bfloat16"),
-            ("tts", 1, "float32"), ("tts", 2, "float32")]
+    runs = [
+        ("asr", 1, "float32"),
+        ("asr", 2, "float32"),
+        ("asr", 1, "mixed_bfloat16"),
+        ("asr", 2, "mixed_bfloat16"),
+        ("tts", 1, "float32"),
+        ("tts", 2, "float32"),
+    ]
     if args.tiny:  # the test only needs every kind of run once; np=2 bfloat16 adds nothing new there
         runs.remove(("asr", 2, "mixed_bfloat16"))
     from models import asr
@@ -74,8 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         for part in ("input", "compute", "communication"):
             results[f"{key}_share_{part}"] = summary.get(f"share_{part}", 0.0)
             results[f"{key}_time_{part}_ms"] = summary.get(f"time_{part}_ms", 0.0)
-        row = [key, summary["frames_per_s_total"], summary["steps_per_s"], summary.get("share_input", 0.0),
-               summary.get("share_communication", 0.0)]
+        row = [
+            key,
+            summary["frames_per_s_total"],
+            summary["steps_per_s"],
+            summary.get("share_input", 0.0),
+            summary.get("share_communication", 0.0),
+        ]
         if model == "asr":
             from models.train import TrainConfig
 
@@ -90,11 +107,17 @@ def main(argv: list[str] | None = None) -> int:
                 results[f"{key}_profile_{module}_ms"] = summary.get(f"profile_{module}_ms", float("nan"))
             row += ["", ""]
         rows.append(row)
-    print(f"matmul peak: float32 {results['matmul_peak_flops_float32'] / 1e9:.0f} GFLOP/s, "
-          f"bfloat16 {results['matmul_peak_flops_bfloat16'] / 1e9:.0f} GFLOP/s")
+    print(
+        f"matmul peak: float32 {results['matmul_peak_flops_float32'] / 1e9:.0f} GFLOP/s, "
+        f"bfloat16 {results['matmul_peak_flops_bfloat16'] / 1e9:.0f} GFLOP/s"
+    )
     print_table(["run", "frames/s", "steps/s", "input share", "comm share", "GFLOP/s", "of fp32 peak"], rows)
     tts = [results.get(f"tts_np1_profile_{m}_ms") for m in ("encoder", "decoder", "postnet")]
-    print("synthesis per-module time per step (np=1, forward+backward, ms): encoder {:.1f}, decoder {:.1f}, post-net {:.1f}".format(*tts))
+    print(
+        "synthesis per-module time per step (np=1, forward+backward, ms): encoder {:.1f}, decoder {:.1f}, post-net {:.1f}".format(
+            *tts
+        )
+    )
     write_json(args.json, results)
     return 0
 

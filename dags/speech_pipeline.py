@@ -26,8 +26,7 @@ CORPUS = Asset(name="speechflow.corpus", uri="x-speechflow://corpus", group="spe
 FEATURES = Asset(name="speechflow.features", uri="x-speechflow://features", group="speechflow")
 SHARDS = Asset(name="speechflow.shards", uri="x-speechflow://shards", group="speechflow")
 TRAINED = {
-    m: Asset(name=f"speechflow.model.{m}", uri=f"x-speechflow://model/{m}", group="speechflow")
-    for m in st.MODELS
+    m: Asset(name=f"speechflow.model.{m}", uri=f"x-speechflow://model/{m}", group="speechflow") for m in st.MODELS
 }
 REGISTERED = {
     m: Asset(name=f"speechflow.registered.{m}", uri=f"x-speechflow://registered/{m}", group="speechflow")
@@ -52,8 +51,7 @@ PARAMS = {
         maximum=100000,
         title="Demo corpus size",
         section=DATA,
-        description="Utterances of the demo corpus (train, dev and test "
-        "together); only used when data_dir is empty.",
+        description="Utterances of the demo corpus (train, dev and test together); only used when data_dir is empty.",
     ),
     "num_shards": Param(
         8,
@@ -147,8 +145,7 @@ PARAMS = {
         minimum=1,
         title="Synthesis evaluation utterances",
         section=TRAINING,
-        description="Test sentences the synthesis model speaks in "
-        "its evaluation (mel distortion, intelligibility).",
+        description="Test sentences the synthesis model speaks in its evaluation (mel distortion, intelligibility).",
     ),
     "experiment": Param(
         "speechflow",
@@ -221,9 +218,7 @@ def _record(plan: st.Plan, stage: str, path: str, name: str, *params: str) -> di
         "--name",
         name,
     ]
-    return st.registry(
-        plan, get_current_context(), f"record-{name}", [*args, *[f"--param={p}" for p in params]]
-    )
+    return st.registry(plan, get_current_context(), f"record-{name}", [*args, *[f"--param={p}" for p in params]])
 
 
 @dag(
@@ -328,9 +323,7 @@ def speech_pipeline():
             raise AirflowSkipException(f"{model} was not trained in this run")
         with_asr = model == "tts" and acoustic is not None
         args = st.evaluate_args(p, model, _parent_run_id(), with_asr)
-        st.run_stage(
-            p, get_current_context(), f"evaluate-{model}", "models.evaluate", args, gpus=st.evaluation_gpus(p)
-        )
+        st.run_stage(p, get_current_context(), f"evaluate-{model}", "models.evaluate", args, gpus=st.evaluation_gpus(p))
         metrics = st.read_eval(p, model)
         return {
             "model": model,
@@ -406,8 +399,7 @@ def speech_pipeline():
         "tts": evaluate.override(task_id="evaluate_tts")("tts", trained["tts"], trained["asr"]),
     }
     registered = [
-        register.override(task_id=f"register_{m}", outlets=[REGISTERED[m]])(m, evaluated[m])
-        for m in st.MODELS
+        register.override(task_id=f"register_{m}", outlets=[REGISTERED[m]])(m, evaluated[m]) for m in st.MODELS
     ]
     registered >> finish_mlflow_run(parent)
 

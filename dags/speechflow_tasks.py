@@ -444,32 +444,25 @@ def follow_mpijob(
             k8s.MPIJOB_GROUP, k8s.MPIJOB_VERSION, namespace, k8s.MPIJOB_PLURAL, name
         )
         status = job.get("status") or {}
-        for pod in core_api.list_namespaced_pod(
-            namespace, label_selector=k8s.launcher_pod_selector(name)
-        ).items:
+        for pod in core_api.list_namespaced_pod(namespace, label_selector=k8s.launcher_pod_selector(name)).items:
             pod_id = pod.metadata.name
             if pod_id in streamed or pod.status.phase not in ("Running", "Succeeded", "Failed"):
                 continue
             streamed.add(pod_id)
             emit(f"--- log of launcher pod {pod_id} ---")
             try:
-                stream = core_api.read_namespaced_pod_log(
-                    pod_id, namespace, follow=True, _preload_content=False
-                )
+                stream = core_api.read_namespaced_pod_log(pod_id, namespace, follow=True, _preload_content=False)
                 for raw in stream.stream():
                     for line in raw.decode(errors="replace").splitlines():
                         emit(line)
-            except (
-                Exception
-            ) as err:  # the job's status decides, not its log: a broken stream costs lines only
+            except Exception as err:  # the job's status decides, not its log: a broken stream costs lines only
                 emit(f"--- the log of {pod_id} broke off ({err}); following the MPIJob's status ---")
         phase = k8s.mpijob_phase(status)
         if phase == "Succeeded":
             return status
         if phase == "Failed":
             raise StageError(
-                f"MPIJob {namespace}/{name} failed: {k8s.mpijob_failure_message(status)}; "
-                f"see the launcher's log above"
+                f"MPIJob {namespace}/{name} failed: {k8s.mpijob_failure_message(status)}; see the launcher's log above"
             )
         sleep(poll_s)
 

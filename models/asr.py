@@ -60,7 +60,9 @@ class AcousticModel(keras.Model):
         self.config = config
         outputs = config.vocab_size if config.loss == "ctc" else config.num_targets
         if outputs <= 1:
-            raise ValueError(f"the model needs its output size: vocab_size={config.vocab_size}, num_targets={config.num_targets}")
+            raise ValueError(
+                f"the model needs its output size: vocab_size={config.vocab_size}, num_targets={config.num_targets}"
+            )
         self.lstms = [BiLSTM(config.units, name=f"blstm{i}") for i in range(config.num_layers)]
         self.drop = keras.layers.Dropout(config.dropout)
         self.bottleneck = keras.layers.Dense(config.projection, name="projection") if config.projection else None
@@ -94,8 +96,12 @@ def ctc_loss(logits, logit_lengths, tokens, token_lengths):
     utterances are left out of the mean and counted, so one cannot dominate the gradient.
     """
     per_utt = tf.nn.ctc_loss(
-        labels=tokens, logits=logits, label_length=token_lengths, logit_length=logit_lengths,
-        logits_time_major=False, blank_index=0,
+        labels=tokens,
+        logits=logits,
+        label_length=token_lengths,
+        logit_length=logit_lengths,
+        logits_time_major=False,
+        blank_index=0,
     )  # [B]
     inside = tf.sequence_mask(token_lengths - 1, tf.shape(tokens)[1] - 1)  # [B, L-1]
     repeats = tf.reduce_sum(tf.cast((tokens[:, 1:] == tokens[:, :-1]) & inside, tf.int32), axis=1)  # [B]

@@ -161,8 +161,11 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         acc[i] = running + np.minimum.accumulate(entry - running)
     i, j, path = ta - 1, tb - 1, [(ta - 1, tb - 1)]
     while i > 0 or j > 0:
-        options = [(acc[i - 1, j - 1] if i and j else np.inf, i - 1, j - 1),
-                   (acc[i - 1, j] if i else np.inf, i - 1, j), (acc[i, j - 1] if j else np.inf, i, j - 1)]
+        options = [
+            (acc[i - 1, j - 1] if i and j else np.inf, i - 1, j - 1),
+            (acc[i - 1, j] if i else np.inf, i - 1, j),
+            (acc[i, j - 1] if j else np.inf, i, j - 1),
+        ]
         _, i, j = min(options)
         path.append((i, j))
     ia, ib = np.array(path[::-1]).T

@@ -36,8 +36,12 @@ def save(directory: Path, step: int, model_vars, optimizer_vars, position: dict,
     }
     path = directory / f"ckpt-{step:08d}.npz"
     tmp = directory / f".ckpt-{step:08d}.{os.getpid()}.tmp.npz"
-    np.savez(tmp, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **_arrays("model", model_vars),
-             **_arrays("optimizer", optimizer_vars))
+    np.savez(
+        tmp,
+        __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+        **_arrays("model", model_vars),
+        **_arrays("optimizer", optimizer_vars),
+    )
     tmp.replace(path)
     for old in sorted(p for p in directory.iterdir() if PATTERN.search(p.name))[:-keep]:
         old.unlink()

@@ -35,7 +35,9 @@ def error_rates(references: list[str], hypotheses: list[str]) -> dict:
         ref = split_fn(tf.constant(references)).to_sparse()
         hyp = split_fn(tf.constant(hypotheses)).to_sparse()
         distance = tf.edit_distance(hyp, ref, normalize=False).numpy()
-        return float(distance.sum()), int(tf.reduce_sum(tf.cast(split_fn(tf.constant(references)).row_lengths(), tf.int64)))
+        return float(distance.sum()), int(
+            tf.reduce_sum(tf.cast(split_fn(tf.constant(references)).row_lengths(), tf.int64))
+        )
 
     char_edits, chars = edits(lambda t: tf.strings.unicode_split(t, "UTF-8"))
     word_edits, words = edits(lambda t: tf.strings.split(t))
@@ -77,13 +79,27 @@ def evaluate_asr(model, config, data: dict, shards: Path, split: str, out_dir: P
     hyp_file = out_dir / f"{split}_hypotheses.tsv"
     lines = ["utt_id\treference\tgreedy\tbeam"] + ["\t".join(r) for r in rows]
     hyp_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return {f"{split}_cer": greedy_rates["cer"], f"{split}_wer": greedy_rates["wer"],
-            f"{split}_cer_beam": beam_rates["cer"], f"{split}_wer_beam": beam_rates["wer"],
-            f"{split}_utterances": greedy_rates["utterances"]}
+    return {
+        f"{split}_cer": greedy_rates["cer"],
+        f"{split}_wer": greedy_rates["wer"],
+        f"{split}_cer_beam": beam_rates["cer"],
+        f"{split}_wer_beam": beam_rates["wer"],
+        f"{split}_utterances": greedy_rates["utterances"],
+    }
 
 
-def evaluate_tts(model, config, data: dict, shards: Path, split: str, out_dir: Path, asr_model_dir: Path | None,
-                 max_utterances: int, num_audio: int, num_plots: int) -> dict:
+def evaluate_tts(
+    model,
+    config,
+    data: dict,
+    shards: Path,
+    split: str,
+    out_dir: Path,
+    asr_model_dir: Path | None,
+    max_utterances: int,
+    num_audio: int,
+    num_plots: int,
+) -> dict:
     import tensorflow as tf
 
     from models import audio, tts
@@ -123,10 +139,16 @@ def evaluate_tts(model, config, data: dict, shards: Path, split: str, out_dir: P
             synth = free_mels[i, : max(free_lengths[i], 1)]
             mcds.append(audio.mel_cepstral_distortion(synth, ref[i, : lengths[i]]))
             if len(utt_ids) < num_plots:
-                audio.plot_alignment(forced["alignments"][i, : steps[i], : token_lengths[i]].numpy(), out_dir / f"{utt}_attention_teacher_forced.png",
-                                     f"{utt}: teacher-forced attention")
-                audio.plot_alignment(free["alignments"][i, : free_steps[i], : token_lengths[i]].numpy(), out_dir / f"{utt}_attention_synthesis.png",
-                                     f"{utt}: attention while synthesizing")
+                audio.plot_alignment(
+                    forced["alignments"][i, : steps[i], : token_lengths[i]].numpy(),
+                    out_dir / f"{utt}_attention_teacher_forced.png",
+                    f"{utt}: teacher-forced attention",
+                )
+                audio.plot_alignment(
+                    free["alignments"][i, : free_steps[i], : token_lengths[i]].numpy(),
+                    out_dir / f"{utt}_attention_synthesis.png",
+                    f"{utt}: attention while synthesizing",
+                )
                 audio.plot_mels(synth, ref[i, : lengths[i]], out_dir / f"{utt}_mels.png", utt)
             if len(utt_ids) < num_audio:
                 audio.write_wav(out_dir / f"{utt}_synthesized.wav", audio.griffin_lim(synth))
@@ -134,18 +156,30 @@ def evaluate_tts(model, config, data: dict, shards: Path, split: str, out_dir: P
             synthesized.append(synth)
             references.append(batch["tokens"][i, : token_lengths[i]].numpy())
             utt_ids.append(utt)
-    metrics = {f"{split}_mel_l1": l1_sum / max(l1_frames, 1), f"{split}_mcd_db": float(np.mean(mcds)),
-               f"{split}_attention_monotonicity": float(np.nanmean(monotonic_free)),
-               f"{split}_attention_monotonicity_teacher_forced": float(np.nanmean(monotonic_tf)),
-               f"{split}_attention_diagonality_teacher_forced": float(np.nanmean(diagonal)),
-               f"{split}_utterances": len(utt_ids)}
+    metrics = {
+        f"{split}_mel_l1": l1_sum / max(l1_frames, 1),
+        f"{split}_mcd_db": float(np.mean(mcds)),
+        f"{split}_attention_monotonicity": float(np.nanmean(monotonic_free)),
+        f"{split}_attention_monotonicity_teacher_forced": float(np.nanmean(monotonic_tf)),
+        f"{split}_attention_diagonality_teacher_forced": float(np.nanmean(diagonal)),
+        f"{split}_utterances": len(utt_ids),
+    }
     if asr_model_dir is not None:
-        metrics.update(intelligibility(synthesized, references, utt_ids, data["vocabulary"], asr_model_dir, split, out_dir))
+        metrics.update(
+            intelligibility(synthesized, references, utt_ids, data["vocabulary"], asr_model_dir, split, out_dir)
+        )
     return metrics
 
 
-def intelligibility(mels: list[np.ndarray], token_ids: list[np.ndarray], utt_ids: list[str], vocabulary: list[str],
-                    asr_model_dir: Path, split: str, out_dir: Path) -> dict:
+def intelligibility(
+    mels: list[np.ndarray],
+    token_ids: list[np.ndarray],
+    utt_ids: list[str],
+    vocabulary: list[str],
+    asr_model_dir: Path,
+    split: str,
+    out_dir: Path,
+) -> dict:
     """CER of an acoustic model on synthesized log-mels.
 
     The synthesizer is treated as one more speaker: its utterances are normalized with the mean and
@@ -170,8 +204,16 @@ def intelligibility(mels: list[np.ndarray], token_ids: list[np.ndarray], utt_ids
     return {f"{split}_intelligibility_cer": rates["cer"], f"{split}_intelligibility_wer": rates["wer"]}
 
 
-def evaluate(model_dir: Path, shards: Path, splits: list[str], asr_model_dir: Path | None = None, beam_width: int = 16,
-             max_utterances: int = 100, num_audio: int = 3, num_plots: int = 4) -> dict:
+def evaluate(
+    model_dir: Path,
+    shards: Path,
+    splits: list[str],
+    asr_model_dir: Path | None = None,
+    beam_width: int = 16,
+    max_utterances: int = 100,
+    num_audio: int = 3,
+    num_plots: int = 4,
+) -> dict:
     """Evaluates the model trained in `model_dir` (a training workdir). Returns the metrics."""
     from models.serving import load_model_dir
     from pipeline.shards import load_manifest
@@ -188,9 +230,16 @@ def evaluate(model_dir: Path, shards: Path, splits: list[str], asr_model_dir: Pa
         if config.model == "asr":
             metrics.update(evaluate_asr(model, config, data, shards, split, out_dir, beam_width))
         else:
-            metrics.update(evaluate_tts(model, config, data, shards, split, out_dir, asr_model_dir, max_utterances, num_audio, num_plots))
-    metrics["primary_metric"] = f"{splits[0]}_cer" if config.model == "asr" else (
-        f"{splits[0]}_intelligibility_cer" if asr_model_dir else f"{splits[0]}_mcd_db")
+            metrics.update(
+                evaluate_tts(
+                    model, config, data, shards, split, out_dir, asr_model_dir, max_utterances, num_audio, num_plots
+                )
+            )
+    metrics["primary_metric"] = (
+        f"{splits[0]}_cer"
+        if config.model == "asr"
+        else (f"{splits[0]}_intelligibility_cer" if asr_model_dir else f"{splits[0]}_mcd_db")
+    )
     atomic_write_json(model_dir / "eval.json", metrics)
     return metrics
 
@@ -221,10 +270,14 @@ def log_to_mlflow(model_dir: Path, metrics: dict, parent_run_id: str | None) -> 
         tags = {"speechflow.stage": stage, "speechflow.trained_run": (trained or {}).get("run_id", "")}
         # A retried evaluation logs into the child run of the first attempt instead of adding one.
         earlier = mlflow.search_runs(
-            experiment_ids=[tracking.ensure_experiment(experiment)], output_format="list",
-            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`speechflow.stage` = '{stage}'")
+            experiment_ids=[tracking.ensure_experiment(experiment)],
+            output_format="list",
+            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`speechflow.stage` = '{stage}'",
+        )
         run_id = earlier[0].info.run_id if earlier else None
-        with tracking.start_run(experiment, f"evaluate-{metrics['model']}", parent_run_id, run_id=run_id, tags=tags) as run:
+        with tracking.start_run(
+            experiment, f"evaluate-{metrics['model']}", parent_run_id, run_id=run_id, tags=tags
+        ) as run:
             mlflow.log_metrics(numbers)
             mlflow.log_artifacts(str(model_dir / "eval"), artifact_path="eval")
             mlflow.log_artifact(str(model_dir / "eval.json"))
@@ -236,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True, type=Path, help="the training workdir (holds model/)")
     p.add_argument("--shards", required=True, type=Path, help="directory with manifest.json and the shards")
-    p.add_argument("--split", action="append", default=[], help="split(s) to evaluate (default: test, and test_noisy for asr)")
+    p.add_argument(
+        "--split", action="append", default=[], help="split(s) to evaluate (default: test, and test_noisy for asr)"
+    )
     p.add_argument("--asr-model-dir", type=Path, help="tts: a trained acoustic model's workdir, for intelligibility")
     p.add_argument("--beam-width", type=int, default=16, help="asr: beam search width")
     p.add_argument("--max-utterances", type=int, default=100, help="tts: utterances to synthesize")
@@ -248,8 +303,15 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_tensorflow()
     try:
-        metrics = evaluate(args.model_dir, args.shards, args.split, args.asr_model_dir, args.beam_width,
-                           args.max_utterances, args.num_audio)
+        metrics = evaluate(
+            args.model_dir,
+            args.shards,
+            args.split,
+            args.asr_model_dir,
+            args.beam_width,
+            args.max_utterances,
+            args.num_audio,
+        )
         if not args.no_mlflow:
             metrics["mlflow_run_id"] = log_to_mlflow(args.model_dir, metrics, args.mlflow_parent_run_id)
             atomic_write_json(args.model_dir / "eval.json", metrics)

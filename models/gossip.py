@@ -103,7 +103,9 @@ class GossipStrategy:
         self.groups = gossip_schedule.host_groups(self.hosts)
         self.my_group = next(g for g in self.groups if self.rank in g)
         wanted = [tuple(g) for g in self.groups if 1 < len(g) < self.size]
-        wanted += [pair for pair in gossip_schedule.hierarchical_pairs_needed(self.hosts, self.scheme) if len(pair) < self.size]
+        wanted += [
+            pair for pair in gossip_schedule.hierarchical_pairs_needed(self.hosts, self.scheme) if len(pair) < self.size
+        ]
         self._sets = {}
         for ranks in wanted:
             # Horovod: register one process set per pair that can meet (and one per host). Collective:
@@ -148,8 +150,11 @@ class GossipStrategy:
 
     def metrics(self) -> dict:
         distance = {"consensus_distance": self.consensus_distance} if np.isfinite(self.consensus_distance) else {}
-        return {**distance, "gossip_rounds": self.rounds_done,
-                "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done)}
+        return {
+            **distance,
+            "gossip_rounds": self.rounds_done,
+            "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done),
+        }
 
     def finish(self) -> dict:
         """Finishes the remaining rounds, then averages all ranks once (the consensus model)."""
@@ -163,9 +168,13 @@ class GossipStrategy:
         # Horovod: one global average, so every rank saves the same (consensus) model.
         average = self.hvd.allreduce(tf.constant(flat), op=self.hvd.Average, name="gossip.consensus").numpy()
         self._assign(average)  # exactly the average (adding a difference would round differently per rank)
-        return {"consensus_distance_before_final_average": before, "gossip_rounds": self.rounds_done,
-                "gossip_hosts": len(self.groups), "gossip_ranks_per_host": len(self.my_group),
-                "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done)}
+        return {
+            "consensus_distance_before_final_average": before,
+            "gossip_rounds": self.rounds_done,
+            "gossip_hosts": len(self.groups),
+            "gossip_ranks_per_host": len(self.my_group),
+            "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done),
+        }
 
     def close(self) -> None:
         """Stops the thread (after an error in training); it may be blocked in an exchange with a
@@ -176,7 +185,9 @@ class GossipStrategy:
         if self.thread.is_alive():
             self.thread.join(timeout=2.0)
             if self.thread.is_alive():
-                log.warning("rank %d: gossip thread still in an exchange; leaving it to exit with the process", self.rank)
+                log.warning(
+                    "rank %d: gossip thread still in an exchange; leaving it to exit with the process", self.rank
+                )
 
     # -- weights as one flat vector ------------------------------------------------------------
 
@@ -245,20 +256,32 @@ class GossipStrategy:
         result = payload
         if len(self.my_group) > 1:
             # Horovod: the host's ranks average first (H-ADPSGD's super-learner).
-            result = hvd.allreduce(tf.constant(result), op=hvd.Average, process_set=self._set_for(tuple(self.my_group)),
-                                   name=f"gossip.host.{round_index}").numpy()
+            result = hvd.allreduce(
+                tf.constant(result),
+                op=hvd.Average,
+                process_set=self._set_for(tuple(self.my_group)),
+                name=f"gossip.host.{round_index}",
+            ).numpy()
         if len(self.groups) > 1:
             leader = self.my_group[0]
             pairs = gossip_schedule.hierarchical_matching(self.hosts, round_index, self.scheme, self.config.seed)
             mine = next((pair for pair in pairs if leader in pair), None)
             if mine is not None and self.rank == leader:
                 # Horovod: a pairwise average is a 2-rank allreduce on the pair's process set.
-                result = hvd.allreduce(tf.constant(result), op=hvd.Average, process_set=self._set_for(mine),
-                                       name=f"gossip.pair.{round_index}.{mine[0]}-{mine[1]}").numpy()
+                result = hvd.allreduce(
+                    tf.constant(result),
+                    op=hvd.Average,
+                    process_set=self._set_for(mine),
+                    name=f"gossip.pair.{round_index}.{mine[0]}-{mine[1]}",
+                ).numpy()
             if len(self.my_group) > 1:
                 # Horovod: the leader hands the pair's average to the rest of its host.
-                result = hvd.broadcast(tf.constant(result), root_rank=leader, process_set=self._set_for(tuple(self.my_group)),
-                                       name=f"gossip.bcast.{round_index}").numpy()
+                result = hvd.broadcast(
+                    tf.constant(result),
+                    root_rank=leader,
+                    process_set=self._set_for(tuple(self.my_group)),
+                    name=f"gossip.bcast.{round_index}",
+                ).numpy()
         if compress:
             # Only the change travels in fp16; the local copy stays float32: w + (avg16 - w16).
             return weights + (np.asarray(result, np.float32) - payload.astype(np.float32))

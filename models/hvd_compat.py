@@ -30,9 +30,7 @@ def tf_variables(variables: Iterable) -> list[tf.Variable]:
     return unwrapped
 
 
-def distributed_tape(
-    tape: tf.GradientTape, compression: str = "none", process_set=None
-) -> hvd.DistributedGradientTape:
+def distributed_tape(tape: tf.GradientTape, compression: str = "none", process_set=None) -> hvd.DistributedGradientTape:
     """Wraps `tape` so that `.gradient(loss, tf_variables(...))` averages across ranks.
 
     `compression`: "none" or "fp16" (gradients travel as float16, are summed, and come back in

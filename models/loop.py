@@ -70,12 +70,19 @@ class StepTimes:
         step_total = sum(self.total.values())
         out = {f"time_{k}_ms": 1000 * v / self.steps for k, v in self.total.items()}
         out.update({f"share_{k}": v / step_total for k, v in self.total.items() if step_total})
-        out.update(frames_per_s=self.frames / wall, steps_per_s=self.steps / wall, measured_steps=self.steps, measured_seconds=wall)
+        out.update(
+            frames_per_s=self.frames / wall,
+            steps_per_s=self.steps / wall,
+            measured_steps=self.steps,
+            measured_seconds=wall,
+        )
         return out
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None, run_name: str | None):
+    def __init__(
+        self, config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None, run_name: str | None
+    ):
         self.config, self.shards, self.workdir = config, shards, workdir
         self.run_id = None  # rank 0's MLflow run
         self._profile_sample = None
@@ -102,7 +109,10 @@ class Trainer:
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
         self.manifest = load_manifest(self.shards)
         self.task = make_task(c.model, c.asr, c.tts, self.manifest)
-        resolved = {"asr": dataclasses.replace(c, asr=self.task.config), "tts": dataclasses.replace(c, tts=self.task.config)}
+        resolved = {
+            "asr": dataclasses.replace(c, asr=self.task.config),
+            "tts": dataclasses.replace(c, tts=self.task.config),
+        }
         self.config = c = resolved[c.model]
         if self.rank == 0:
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -199,10 +209,17 @@ class Trainer:
     def run(self) -> dict:
         self._setup()
         finished = read_json(self.workdir / "train_summary.json")
-        if self.position["step"] >= self.total_steps and finished and (self.workdir / "model" / "config.yaml").is_file():
+        if (
+            self.position["step"] >= self.total_steps
+            and finished
+            and (self.workdir / "model" / "config.yaml").is_file()
+        ):
             # A re-run of a finished training (a retried task) changes nothing and logs nothing again.
             if self.rank == 0:
-                print(f"{self.workdir} already holds this training ({finished['steps']} steps); nothing to do", file=sys.stderr)
+                print(
+                    f"{self.workdir} already holds this training ({finished['steps']} steps); nothing to do",
+                    file=sys.stderr,
+                )
             return {**finished, "rank": self.rank, "skipped": True}
         try:
             if self.rank == 0:
@@ -220,20 +237,31 @@ class Trainer:
         previous = tracking.load_run_file(self.workdir)
         resume_id = previous["run_id"] if previous and self.position["step"] else None
         tags = {"speechflow.stage": f"train_{c.model}", "speechflow.strategy": c.strategy.name}
-        with tracking.start_run(c.experiment, self.run_name or f"train-{c.model}-{c.strategy.name}",
-                                self.parent_run_id, resume_id, tags) as run:
+        with tracking.start_run(
+            c.experiment, self.run_name or f"train-{c.model}-{c.strategy.name}", self.parent_run_id, resume_id, tags
+        ) as run:
             tracking.save_run_file(self.workdir, run.info.run_id, c.experiment)
             self.run_id = run.info.run_id
             if resume_id is None:
                 params = configlib.flatten(configlib.to_dict(c))
                 params = {k: v for k, v in params.items() if not k.startswith("asr." if c.model == "tts" else "tts.")}
-                params.update(world_size=self.size, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
-                              shards=str(self.shards.resolve()), **{f"threads.{k}": v for k, v in self.threads.items()},
-                              **tracking.versions())
+                params.update(
+                    world_size=self.size,
+                    steps_per_epoch=self.steps_per_epoch,
+                    total_steps=self.total_steps,
+                    shards=str(self.shards.resolve()),
+                    **{f"threads.{k}": v for k, v in self.threads.items()},
+                    **tracking.versions(),
+                )
                 tracking.log_params(params)
                 tracking.log_shards_input(self.shards, self.manifest)
-            bar = progress_bar(total=self.total_steps, initial=self.position["step"], desc=f"train {c.model}", unit="step",
-                               dynamic_ncols=True)
+            bar = progress_bar(
+                total=self.total_steps,
+                initial=self.position["step"],
+                desc=f"train {c.model}",
+                unit="step",
+                dynamic_ncols=True,
+            )
             summary = self._loop(log=mlflow, bar=bar)
             bar.close()
             self._log_final(mlflow, summary)
@@ -254,8 +282,14 @@ class Trainer:
             from pipeline.dataset import chain_epochs
 
             dataset, batches_per_epoch = chain_epochs(
-                lambda e: self.task.dataset(self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest),
-                first_epoch, self.last_epoch, skip, c.input.prefetch_batches)
+                lambda e: self.task.dataset(
+                    self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest
+                ),
+                first_epoch,
+                self.last_epoch,
+                skip,
+                c.input.prefetch_batches,
+            )
             iterator = iter(dataset)
         for epoch, batches in enumerate(batches_per_epoch, start=first_epoch):
             for batch_index in range(skip, batches):
@@ -284,10 +318,18 @@ class Trainer:
                 self.position = {"epoch": epoch, "batch": batch_index + 1, "step": step}
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.3f}", frames_s=f"{times.summary().get('frames_per_s', 0):.0f}", refresh=False)
+                    bar.set_postfix(
+                        loss=f"{loss:.3f}", frames_s=f"{times.summary().get('frames_per_s', 0):.0f}", refresh=False
+                    )
                 if log is not None and (step % c.log_every == 0 or step == self.total_steps):
-                    record = {"loss": loss, "learning_rate": self.current_lr, "epoch": epoch, **aux,
-                              **times.flush_window(), **self.strategy.metrics()}
+                    record = {
+                        "loss": loss,
+                        "learning_rate": self.current_lr,
+                        "epoch": epoch,
+                        **aux,
+                        **times.flush_window(),
+                        **self.strategy.metrics(),
+                    }
                     if profiles:
                         record.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
                     log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
@@ -299,8 +341,17 @@ class Trainer:
                 self.position = {"epoch": epoch + 1, "batch": 0, "step": step}
         timing = times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
         final = self.strategy.finish()
-        summary = {"rank": self.rank, "world_size": self.size, "run_id": self.run_id, "steps": step, "resumed_from_step": start_step,
-                   "final_loss": loss, **final, **timing, "history": history}
+        summary = {
+            "rank": self.rank,
+            "world_size": self.size,
+            "run_id": self.run_id,
+            "steps": step,
+            "resumed_from_step": start_step,
+            "final_loss": loss,
+            **final,
+            **timing,
+            "history": history,
+        }
         if profiles:
             summary.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
         summary.update(self._gather(summary))
@@ -317,14 +368,20 @@ class Trainer:
 
     def _sample_batch(self, epoch: int):
         """One fixed batch for the per-module profile (read once, outside the training pipeline)."""
-        dataset, _ = self.task.dataset(self.shards, "train", self.config.input, self.rank, self.size, epoch, True, self.manifest)
+        dataset, _ = self.task.dataset(
+            self.shards, "train", self.config.input, self.rank, self.size, epoch, True, self.manifest
+        )
         self._profile_sample = next(iter(dataset.take(1)))
         return self._profile_sample
 
     def _gather(self, summary: dict) -> dict:
         """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
-        mine = {"frames_per_s": summary.get("frames_per_s", 0.0), "peak_memory_mb": peak_memory_mb(),
-                "steps": summary["steps"], "weights_digest": self._weights_digest()}
+        mine = {
+            "frames_per_s": summary.get("frames_per_s", 0.0),
+            "peak_memory_mb": peak_memory_mb(),
+            "steps": summary["steps"],
+            "weights_digest": self._weights_digest(),
+        }
         # Horovod: collect one small record per rank on every rank.
         everyone = self.hvd.allgather_object(mine)
         return {
@@ -356,10 +413,16 @@ class Trainer:
         from pipeline.dataset import mel_stats
 
         mean, std = mel_stats(self.manifest)
-        atomic_write_json(model_dir / "data.json", {
-            "model": self.config.model, "vocabulary": self.manifest["vocabulary"],
-            "feature_dim": self.manifest["feature_dim"], "mel_mean": mean.tolist(), "mel_std": std.tolist(),
-        })
+        atomic_write_json(
+            model_dir / "data.json",
+            {
+                "model": self.config.model,
+                "vocabulary": self.manifest["vocabulary"],
+                "feature_dim": self.manifest["feature_dim"],
+                "mel_mean": mean.tolist(),
+                "mel_std": std.tolist(),
+            },
+        )
         atomic_write_json(self.workdir / "train_summary.json", {k: v for k, v in summary.items() if k != "history"})
 
     def _log_final(self, mlflow, summary: dict) -> None:
@@ -371,8 +434,11 @@ class Trainer:
             # The last point of the consensus-distance curve: the gossip thread measures every
             # `consensus_every` rounds and may lag the last metrics record, so the curve always
             # ends with the distance measured just before the final average.
-            mlflow.log_metric("consensus_distance", float(summary["consensus_distance_before_final_average"]),
-                              step=int(summary["steps"]))
+            mlflow.log_metric(
+                "consensus_distance",
+                float(summary["consensus_distance_before_final_average"]),
+                step=int(summary["steps"]),
+            )
         for rank, (fps, mem) in enumerate(zip(summary["per_rank_frames_per_s"], summary["per_rank_peak_memory_mb"])):
             mlflow.log_metrics({f"rank{rank}_frames_per_s": fps, f"rank{rank}_peak_memory_mb": mem})
         plot_dir = self.workdir / "plots"
@@ -384,4 +450,9 @@ class Trainer:
             return
         from models import serving
 
-        serving.log_model(self.workdir / "model", self.model, self.config, json.loads((self.workdir / "model" / "data.json").read_text()))
+        serving.log_model(
+            self.workdir / "model",
+            self.model,
+            self.config,
+            json.loads((self.workdir / "model" / "data.json").read_text()),
+        )

@@ -34,8 +34,14 @@ def training_plots(history: list[dict], summary: dict, out_dir: Path) -> list[Pa
             bottom = [0.0] * len(timed)
             for key, color in (("input", "tab:red"), ("compute", "tab:blue"), ("communication", "tab:green")):
                 values = [h.get(f"time_{key}_ms", 0.0) for h in timed]
-                ax.bar([h["step"] for h in timed], values, bottom=bottom, width=max(1, steps[-1] // (2 * len(timed))),
-                       label=key, color=color)
+                ax.bar(
+                    [h["step"] for h in timed],
+                    values,
+                    bottom=bottom,
+                    width=max(1, steps[-1] // (2 * len(timed))),
+                    label=key,
+                    color=color,
+                )
                 bottom = [b + v for b, v in zip(bottom, values)]
             ax.set_xlabel("step")
             ax.set_ylabel("milliseconds per step")

@@ -64,9 +64,7 @@ def start_parent(experiment: str, dag_id: str, dag_run_id: str) -> dict:
         if run.info.status != "RUNNING":
             client.update_run(run.info.run_id, status="RUNNING")  # the DAG run was cleared and runs again
         return {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "reused": True}
-    run = client.create_run(
-        experiment_id, tags={**tags, STAGE_TAG: "pipeline"}, run_name=f"{dag_id}/{dag_run_id}"
-    )
+    run = client.create_run(experiment_id, tags={**tags, STAGE_TAG: "pipeline"}, run_name=f"{dag_id}/{dag_run_id}")
     return {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "reused": False}
 
 
@@ -164,9 +162,7 @@ def record_stage(
     _parent(parent_run_id)  # a wrong store or id first: it would make every stage fail
     params, metrics, artifacts = stage_outputs(stage, path)
     run, existing = _child_run(parent_run_id, stage, name)
-    numbers = {
-        k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
+    numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if run is None:
         return {"run_id": existing, "stage": stage, "name": name, "metrics": numbers, "reused": True}
     mlflow = _mlflow()
@@ -196,9 +192,7 @@ def _logged_model_uri(run_id: str, experiment_id: str) -> str:
         filter_string=f"source_run_id = '{run_id}' and name = 'model'",
     )
     if not models:
-        raise FileNotFoundError(
-            f"MLflow run {run_id} has no logged model named 'model': the training did not finish"
-        )
+        raise FileNotFoundError(f"MLflow run {run_id} has no logged model named 'model': the training did not finish")
     return f"models:/{max(models, key=lambda m: m.creation_timestamp).model_id}"
 
 
@@ -211,9 +205,7 @@ def _champion(name: str, alias: str, metric: str):
         current = client.get_model_version_by_alias(name, alias)
     except MlflowException as err:
         # No such model yet, or no version holds the alias yet; anything else is a real error.
-        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") and "not found" in str(
-            err
-        ):
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") and "not found" in str(err):
             return None, None
         raise
     value = None
@@ -306,9 +298,7 @@ def finish(parent_run_id: str, status: str, workdirs: dict[str, Path], summary_f
         evaluation = read_json(Path(workdir) / "eval.json") or {}
         models[model] = {
             "workdir": str(Path(workdir).resolve()),
-            "metrics": {
-                k: v for k, v in evaluation.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            },
+            "metrics": {k: v for k, v in evaluation.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             "primary_metric": evaluation.get("primary_metric"),
             "registered": read_json(Path(workdir) / REGISTERED_FILE),
             "training_run_id": (tracking.load_run_file(Path(workdir)) or {}).get("run_id"),
@@ -355,25 +345,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dag-run-id", required=True, help="Airflow DAG run id")
     s = sub.add_parser("record-stage", help="a child run with a data stage's params, counts and small files")
     s.add_argument("--parent-run-id", required=True, help="the DAG run's parent run")
-    s.add_argument(
-        "--stage", required=True, choices=["corpus", "features", "shards"], help="which stage made --path"
-    )
+    s.add_argument("--stage", required=True, choices=["corpus", "features", "shards"], help="which stage made --path")
     s.add_argument("--path", required=True, type=Path, help="the stage's output directory")
     s.add_argument("--name", help="child run name (default: the stage), e.g. features-train")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="an extra param to log")
     s = sub.add_parser("register", help="register a workdir's model; move the alias if it is better")
-    s.add_argument(
-        "--workdir", required=True, type=Path, help="training workdir (mlflow_run.json, eval.json)"
-    )
+    s.add_argument("--workdir", required=True, type=Path, help="training workdir (mlflow_run.json, eval.json)")
     s.add_argument("--name", required=True, help="registered model name, e.g. speechflow-asr")
     s.add_argument("--parent-run-id", help="record the decision in a child run of this run")
     s.add_argument("--alias", default=ALIAS, help=f"the alias of the best version (default {ALIAS})")
     s = sub.add_parser("finish", help="end the parent run and write a summary")
     s.add_argument("--parent-run-id", required=True, help="the DAG run's parent run")
     s.add_argument("--status", default="FINISHED", help="FINISHED, FAILED or KILLED (default FINISHED)")
-    s.add_argument(
-        "--workdir", action="append", default=[], metavar="MODEL=DIR", help="a trained model's workdir"
-    )
+    s.add_argument("--workdir", action="append", default=[], metavar="MODEL=DIR", help="a trained model's workdir")
     s.add_argument("--summary", type=Path, help="write the summary JSON here (and log it to the parent run)")
     return p
 
@@ -384,9 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start-parent":
             result = start_parent(args.experiment, args.dag_id, args.dag_run_id)
         elif args.command == "record-stage":
-            result = record_stage(
-                args.parent_run_id, args.stage, args.path, args.name, _pairs(args.param, "--param")
-            )
+            result = record_stage(args.parent_run_id, args.stage, args.path, args.name, _pairs(args.param, "--param"))
         elif args.command == "register":
             result = register(args.workdir, args.name, args.parent_run_id, args.alias)
         else:

@@ -28,8 +28,11 @@ def load_model_dir(model_dir: Path):
         raise FileNotFoundError(f"{model_dir} holds no trained model (config.yaml and ckpt-*.npz); train first")
     config = configlib.load(TrainConfig, model_dir / "config.yaml")
     data = json.loads((model_dir / "data.json").read_text())
-    manifest_like = {"feature_dim": data["feature_dim"], "vocabulary": data["vocabulary"],
-                     "num_targets": config.asr.num_targets}
+    manifest_like = {
+        "feature_dim": data["feature_dim"],
+        "vocabulary": data["vocabulary"],
+        "num_targets": config.asr.num_targets,
+    }
     task = make_task(config.model, config.asr, config.tts, manifest_like)
     model = task.build()
     checkpoint.restore(weights, model.weights)
@@ -73,7 +76,9 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
             hyps = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
             return [asr.ids_to_text(h, self.data["vocabulary"]) for h in hyps]
         # MLflow hands the text column as a DataFrame; one cell may hold a whole list of sentences.
-        texts = [t for cell in model_input["text"] for t in (cell if isinstance(cell, (list, tuple, np.ndarray)) else [cell])]
+        texts = [
+            t for cell in model_input["text"] for t in (cell if isinstance(cell, (list, tuple, np.ndarray)) else [cell])
+        ]
         tokens, lengths = encode_texts(texts, self.data["vocabulary"])
         out = self.model.infer(tokens, lengths, max_steps=int((params or {}).get("max_steps", 400)))
         mels = out["mels"].numpy() * np.asarray(self.data["mel_std"]) + np.asarray(self.data["mel_mean"])

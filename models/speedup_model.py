@@ -74,9 +74,7 @@ def allreduce_speedup_limit(tcalc: float, ttransmit: float, tmerge: float) -> fl
     return (tcalc + tmerge) / (ttransmit + tmerge)
 
 
-def plot_speedup(
-    tcalc: float, ttransmit: float, tmerge: float, path: str | os.PathLike, max_n: int = 128
-) -> Path:
+def plot_speedup(tcalc: float, ttransmit: float, tmerge: float, path: str | os.PathLike, max_n: int = 128) -> Path:
     """Writes a PNG to `path` with both predicted speedups for n = 1..max_n on log-2 axes, the
     linear-speedup line and the allreduce ceiling; returns the path.
 
@@ -95,12 +93,8 @@ def plot_speedup(
     ax = fig.add_subplot()
     # Where the curves coincide (both linear), widths and drawing order keep all three visible:
     # the wide allreduce line under the narrow gossip line under the dashed ideal.
-    ax.plot(
-        n, speedup_allreduce(n, tcalc, ttransmit, tmerge), color="C0", linewidth=4, label="ring allreduce"
-    )
-    ax.plot(
-        n, speedup_gossip(n, tcalc, ttransmit, tmerge), color="C1", linewidth=1.8, label="gossip (AD-PSGD)"
-    )
+    ax.plot(n, speedup_allreduce(n, tcalc, ttransmit, tmerge), color="C0", linewidth=4, label="ring allreduce")
+    ax.plot(n, speedup_gossip(n, tcalc, ttransmit, tmerge), color="C1", linewidth=1.8, label="gossip (AD-PSGD)")
     ax.plot(n, n, color="0.2", linestyle="--", linewidth=1, label="linear speedup (ideal)")
     limit = allreduce_speedup_limit(tcalc, ttransmit, tmerge)
     if limit < max_n:

@@ -43,7 +43,17 @@ class AsrTask:
     def build(self):
         return asr.build_asr(self.config)
 
-    def dataset(self, shards: Path, split: str, cfg: dataset.InputConfig, rank: int, size: int, epoch: int, training: bool, manifest: dict):
+    def dataset(
+        self,
+        shards: Path,
+        split: str,
+        cfg: dataset.InputConfig,
+        rank: int,
+        size: int,
+        epoch: int,
+        training: bool,
+        manifest: dict,
+    ):
         return dataset.asr_dataset(shards, split, cfg, rank, size, epoch, training, manifest)
 
     @staticmethod
@@ -75,7 +85,17 @@ class TtsTask:
     def build(self):
         return tts.build_tts(self.config)
 
-    def dataset(self, shards: Path, split: str, cfg: dataset.InputConfig, rank: int, size: int, epoch: int, training: bool, manifest: dict):
+    def dataset(
+        self,
+        shards: Path,
+        split: str,
+        cfg: dataset.InputConfig,
+        rank: int,
+        size: int,
+        epoch: int,
+        training: bool,
+        manifest: dict,
+    ):
         return dataset.tts_dataset(shards, split, cfg, rank, size, epoch, training, manifest)
 
     @staticmethod
@@ -109,6 +129,7 @@ def _connected(grads):
 
 def _profile_tts(model, batch) -> dict:
     if model not in _PROFILE_FNS:
+
         def encoder(b):
             with tf.GradientTape() as tape:
                 memory = model.encode(b["tokens"], b["token_lengths"], training=True)

@@ -25,7 +25,7 @@ def tracking_uri() -> str:
 
 def _artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+        return (Path(uri[len("sqlite:///") :]).resolve().parent / "mlartifacts").as_uri()
     return None  # a tracking server decides
 
 
@@ -51,8 +51,13 @@ def ensure_experiment(name: str) -> str:
         return mlflow.get_experiment_by_name(name).experiment_id
 
 
-def start_run(experiment: str, run_name: str | None = None, parent_run_id: str | None = None,
-              run_id: str | None = None, tags: dict | None = None):
+def start_run(
+    experiment: str,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    run_id: str | None = None,
+    tags: dict | None = None,
+):
     """Starts (or resumes, with `run_id`) a run; nested under `parent_run_id` when given."""
     import mlflow
 
@@ -81,9 +86,14 @@ def versions() -> dict[str, str]:
     import numpy
     import tensorflow as tf
 
-    return {"version.python": platform.python_version(), "version.tensorflow": tf.__version__,
-            "version.keras": keras.__version__, "version.horovod": horovod.__version__,
-            "version.mlflow": mlflow.__version__, "version.numpy": numpy.__version__}
+    return {
+        "version.python": platform.python_version(),
+        "version.tensorflow": tf.__version__,
+        "version.keras": keras.__version__,
+        "version.horovod": horovod.__version__,
+        "version.mlflow": mlflow.__version__,
+        "version.numpy": numpy.__version__,
+    }
 
 
 def log_shards_input(shards_dir: Path, manifest: dict, context: str = "training") -> None:
@@ -113,7 +123,9 @@ def log_shards_input(shards_dir: Path, manifest: dict, context: str = "training"
 def save_run_file(workdir: Path, run_id: str, experiment: str) -> None:
     from pipeline.fsutil import atomic_write_json
 
-    atomic_write_json(Path(workdir) / RUN_FILE, {"run_id": run_id, "experiment": experiment, "tracking_uri": tracking_uri()})
+    atomic_write_json(
+        Path(workdir) / RUN_FILE, {"run_id": run_id, "experiment": experiment, "tracking_uri": tracking_uri()}
+    )
 
 
 def load_run_file(workdir: Path) -> dict | None:

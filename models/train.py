@@ -95,8 +95,9 @@ def check_workdir(workdir: Path, config: TrainConfig) -> None:
         raise ValueError(f"{workdir} holds a model with another architecture ({details}); use a new --workdir")
 
 
-def train_and_evaluate(config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None = None,
-                       run_name: str | None = None) -> dict:
+def train_and_evaluate(
+    config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None = None, run_name: str | None = None
+) -> dict:
     """Trains on `shards` into `workdir` (resuming if it holds a checkpoint). Returns a summary dict."""
     from models.loop import Trainer
 
@@ -106,9 +107,14 @@ def train_and_evaluate(config: TrainConfig, shards: Path, workdir: Path, parent_
 def build_config(args: argparse.Namespace) -> TrainConfig:
     config = configlib.load(TrainConfig, args.config, args.set)
     strategy = config.strategy
-    flags = {"name": args.strategy, "gossip": args.gossip, "gossip_compression": args.gossip_compression,
-             "compression": args.compression, "straggler_rank": args.straggler_rank,
-             "straggler_delay_ms": args.straggler_delay_ms}
+    flags = {
+        "name": args.strategy,
+        "gossip": args.gossip,
+        "gossip_compression": args.gossip_compression,
+        "compression": args.compression,
+        "straggler_rank": args.straggler_rank,
+        "straggler_delay_ms": args.straggler_delay_ms,
+    }
     strategy = dataclasses.replace(strategy, **{k: v for k, v in flags.items() if v is not None})
     if args.hierarchical:
         strategy = dataclasses.replace(strategy, hierarchical=True)
@@ -125,14 +131,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="passes over the training split")
     p.add_argument("--max-steps", type=int, help="stop after this many steps (0: no limit)")
     p.add_argument("--config", type=Path, help="YAML file with TrainConfig fields")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. asr.units=256")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. asr.units=256"
+    )
     p.add_argument("--compression", choices=["none", "fp16"], help="allreduce: gradient compression")
     p.add_argument("--gossip", choices=["fixed-ring", "random-ring", "delay-by-one"], help="adpsgd: gossip variant")
     # horovodrun's own parser takes `--hierarchical` anywhere on its command line as an abbreviation
     # of its --hierarchical-allreduce/-allgather and stops; under horovodrun, use --hierarchical-gossip.
-    p.add_argument("--hierarchical", "--hierarchical-gossip", dest="hierarchical", action="store_true",
-                   help="adpsgd: average within each host first, one rank per host gossips (H-ADPSGD); "
-                        "spell it --hierarchical-gossip under horovodrun")
+    p.add_argument(
+        "--hierarchical",
+        "--hierarchical-gossip",
+        dest="hierarchical",
+        action="store_true",
+        help="adpsgd: average within each host first, one rank per host gossips (H-ADPSGD); "
+        "spell it --hierarchical-gossip under horovodrun",
+    )
     p.add_argument("--gossip-compression", choices=["none", "fp16"], help="adpsgd: exchange weights as fp16")
     p.add_argument("--straggler-rank", type=int, help="benchmarks: slow down this rank")
     p.add_argument("--straggler-delay-ms", type=float, help="benchmarks: milliseconds added to each of its steps")

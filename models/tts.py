@@ -92,8 +92,9 @@ class Tacotron(keras.Model):
         c = self.config = config
         self.embedding = layers.Embedding(c.vocab_size, c.embedding_dim)
         n_conv = range(c.encoder_conv_layers)
-        self.enc_convs = self._stack("enc_conv", (layers.Conv1D(c.encoder_conv_filters, c.encoder_conv_kernel,
-                                                                padding="same") for _ in n_conv))
+        self.enc_convs = self._stack(
+            "enc_conv", (layers.Conv1D(c.encoder_conv_filters, c.encoder_conv_kernel, padding="same") for _ in n_conv)
+        )
         # Layer norm, not batch norm: its statistics are per position, so padding cannot leak in.
         self.enc_norms = self._stack("enc_norm", (layers.LayerNormalization() for _ in n_conv))
         self.enc_fw = layers.LSTM(c.encoder_lstm_units, return_sequences=True)
@@ -113,13 +114,18 @@ class Tacotron(keras.Model):
         self.frame_proj = layers.Dense(c.reduction_factor * c.n_mels)
         self.stop_proj = layers.Dense(c.reduction_factor)
         n_post = range(c.postnet_layers)
-        self.post_convs = self._stack("post_conv", (layers.Conv1D(c.postnet_filters, c.postnet_kernel, padding="same")
-                                                    for _ in n_post))
+        self.post_convs = self._stack(
+            "post_conv", (layers.Conv1D(c.postnet_filters, c.postnet_kernel, padding="same") for _ in n_post)
+        )
         self.post_norms = self._stack("post_norm", (layers.LayerNormalization() for _ in n_post))
         self.post_out = layers.Conv1D(c.n_mels, c.postnet_kernel, padding="same")
         # Layers used only inside the loops are built here: variables cannot be made in a loop.
-        builds = [(self.query, (None, u)), (self.location_conv, (None, None, 2)), (self.energy, (None, None, a)),
-                  (self.location_dense, (None, None, c.location_filters))]
+        builds = [
+            (self.query, (None, u)),
+            (self.location_conv, (None, None, 2)),
+            (self.energy, (None, None, a)),
+            (self.location_dense, (None, None, c.location_filters)),
+        ]
         builds += [(d, (None, u)) for d in self.lstm_in[1:]] + [(d, (None, m + u)) for d in self.lstm_rec]
         for layer, shape in builds:
             layer.build(shape)
@@ -158,10 +164,13 @@ class Tacotron(keras.Model):
         """Variables read once, outside the loops (one read + cast instead of one per step)."""
         dt = self.compute_dtype
         loc = tf.einsum("kcf,fa->kca", self.location_conv.kernel.value, self.location_dense.kernel.value)
-        return dict(rec=[tf.cast(r.kernel.value, dt) for r in self.lstm_rec],
-                    inp=[(tf.cast(d.kernel.value, dt), tf.cast(d.bias.value, dt)) for d in self.lstm_in],
-                    query=tf.cast(self.query.kernel.value, dt), loc=tf.cast(loc, dt),  # [K, 2, A]
-                    v=tf.reshape(self.energy.kernel.value, [-1]))  # [A], float32
+        return dict(
+            rec=[tf.cast(r.kernel.value, dt) for r in self.lstm_rec],
+            inp=[(tf.cast(d.kernel.value, dt), tf.cast(d.bias.value, dt)) for d in self.lstm_in],
+            query=tf.cast(self.query.kernel.value, dt),
+            loc=tf.cast(loc, dt),  # [K, 2, A]
+            v=tf.reshape(self.energy.kernel.value, [-1]),
+        )  # [A], float32
 
     def _initial_state(self, memory):
         b, n = tf.shape(memory)[0], tf.shape(memory)[1]
@@ -205,7 +214,7 @@ class Tacotron(keras.Model):
         grouped = tf.pad(tf.cast(mels, self.compute_dtype), [[0, 0], [0, steps * r - t], [0, 0]])
         grouped = tf.reshape(grouped, [b, steps, r * c.n_mels])  # [B, S, r * 80]
         # Step s reads the last frame of group s - 1 (a zero "go" frame for s = 0).
-        inputs = tf.concat([tf.zeros_like(grouped[:, :1, -c.n_mels:]), grouped[:, :-1, -c.n_mels:]], 1)  # [B, S, 80]
+        inputs = tf.concat([tf.zeros_like(grouped[:, :1, -c.n_mels :]), grouped[:, :-1, -c.n_mels :]], 1)  # [B, S, 80]
         on = training or c.prenet_dropout_at_inference
         x0 = tf.transpose(self.lstm_in[0](self._prenet(inputs, on)), [1, 0, 2])  # [S, B, 4U]
         pad_bias = _energy_mask(token_lengths, tf.shape(memory)[1])  # [B, N]
@@ -219,12 +228,15 @@ class Tacotron(keras.Model):
             return s + 1, state, out_ta.write(s, out), align_ta.write(s, state[3])
 
         _, _, out_ta, align_ta = tf.while_loop(
-            lambda s, *_: s < steps, body, (0, self._initial_state(memory), out_ta, align_ta))
+            lambda s, *_: s < steps, body, (0, self._initial_state(memory), out_ta, align_ta)
+        )
         out = tf.transpose(out_ta.stack(), [1, 0, 2])  # [B, S, U + M]
         frames, stops = self.frame_proj(out), self.stop_proj(out)  # [B, S, r * 80], [B, S, r]
-        return dict(mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
-                    stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
-                    alignments=tf.transpose(align_ta.stack(), [1, 0, 2]))  # [B, S, N]
+        return dict(
+            mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
+            stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
+            alignments=tf.transpose(align_ta.stack(), [1, 0, 2]),
+        )  # [B, S, N]
 
     def postnet(self, mel_before, mel_lengths, training=False):
         """mel_before [B, T, 80] -> mel_after [B, T, 80] = mel_before + residual, 0 past mel_lengths."""
@@ -260,9 +272,13 @@ class Tacotron(keras.Model):
             return tf.reduce_sum(err(tf.cast(pred, F32) - mels) * maskf[..., None]) / (frames * c.n_mels)
 
         bce = tf.nn.weighted_cross_entropy_with_logits(
-            tf.cast(batch["stop_targets"], F32), tf.cast(outputs["stop_logits"], F32), c.stop_pos_weight)
-        losses = dict(mel=mel_loss(outputs["mel_before"]), postnet=mel_loss(outputs["mel_after"]),
-                      stop=tf.reduce_sum(bce * maskf) / frames)
+            tf.cast(batch["stop_targets"], F32), tf.cast(outputs["stop_logits"], F32), c.stop_pos_weight
+        )
+        losses = dict(
+            mel=mel_loss(outputs["mel_before"]),
+            postnet=mel_loss(outputs["mel_after"]),
+            stop=tf.reduce_sum(bce * maskf) / frames,
+        )
         # Guided attention: penalty W[s, n] = 1 - exp(-(n/N - s/S)^2 / 2g^2) on the weights, summed
         # over characters, averaged over real decoder steps (so it reads as "off-diagonal mass").
         align = tf.cast(outputs["alignments"], F32)  # [B, S, N]
@@ -271,9 +287,10 @@ class Tacotron(keras.Model):
         n_mask = _mask(batch["token_lengths"], tf.shape(align)[2], F32)  # [B, N]
         s_pos = tf.range(tf.shape(align)[1], dtype=F32)[None, :] / tf.cast(steps_len, F32)[:, None]
         n_pos = tf.range(tf.shape(align)[2], dtype=F32)[None, :] / tf.cast(batch["token_lengths"], F32)[:, None]
-        penalty = 1.0 - tf.exp(-tf.square(n_pos[:, None, :] - s_pos[:, :, None]) / (2 * c.guided_attention_sigma ** 2))
+        penalty = 1.0 - tf.exp(-tf.square(n_pos[:, None, :] - s_pos[:, :, None]) / (2 * c.guided_attention_sigma**2))
         losses["guided_attention"] = tf.reduce_sum(align * penalty * s_mask[:, :, None] * n_mask[:, None, :]) / (
-            tf.maximum(tf.reduce_sum(s_mask), 1.0))
+            tf.maximum(tf.reduce_sum(s_mask), 1.0)
+        )
         total = losses["mel"] + losses["postnet"] + losses["stop"]
         if c.guided_attention:
             total += c.guided_attention_weight * losses["guided_attention"]
@@ -303,26 +320,48 @@ class Tacotron(keras.Model):
             first = tf.argmax(tf.cast(hit, tf.int32), axis=-1, output_type=tf.int32)
             stop_now = tf.reduce_any(hit, -1) & ~finished
             lengths = tf.where(stop_now, s * r + first + 1, lengths)
-            return (s + 1, frames[:, -c.n_mels:], state, finished | stop_now, lengths,
-                    frame_ta.write(s, frames), align_ta.write(s, state[3]))
+            return (
+                s + 1,
+                frames[:, -c.n_mels :],
+                state,
+                finished | stop_now,
+                lengths,
+                frame_ta.write(s, frames),
+                align_ta.write(s, state[3]),
+            )
 
-        init = (0, tf.zeros([b, c.n_mels], self.compute_dtype), self._initial_state(memory),
-                tf.zeros([b], tf.bool), tf.zeros([b], tf.int32), *tas)
+        init = (
+            0,
+            tf.zeros([b, c.n_mels], self.compute_dtype),
+            self._initial_state(memory),
+            tf.zeros([b], tf.bool),
+            tf.zeros([b], tf.int32),
+            *tas,
+        )
         steps, _, _, finished, lengths, frame_ta, align_ta = tf.while_loop(
-            lambda s, _f, _st, finished, *_: (s < max_steps) & ~tf.reduce_all(finished), body, init)
+            lambda s, _f, _st, finished, *_: (s < max_steps) & ~tf.reduce_all(finished), body, init
+        )
         lengths = tf.where(finished, lengths, steps * r)
         before = tf.reshape(tf.transpose(frame_ta.stack(), [1, 0, 2]), [b, steps * r, c.n_mels])  # [B, T, 80]
         before = before * _mask(lengths, steps * r, before.dtype)[..., None]
-        return dict(mels=tf.cast(self.postnet(before, lengths), F32), mels_before=tf.cast(before, F32),
-                    lengths=lengths, alignments=tf.transpose(align_ta.stack(), [1, 0, 2]))  # [B, steps, N]
+        return dict(
+            mels=tf.cast(self.postnet(before, lengths), F32),
+            mels_before=tf.cast(before, F32),
+            lengths=lengths,
+            alignments=tf.transpose(align_ta.stack(), [1, 0, 2]),
+        )  # [B, steps, N]
 
 
 def build_tts(config: TtsConfig) -> Tacotron:
     """A Tacotron with every variable created (so models/checkpoint.py can restore into it)."""
     model = Tacotron(config)
     r = config.reduction_factor
-    dummy = dict(tokens=tf.ones([1, 3], tf.int32), token_lengths=tf.constant([3]),
-                 mels=tf.zeros([1, r + 1, config.n_mels]), mel_lengths=tf.constant([r + 1]))
+    dummy = dict(
+        tokens=tf.ones([1, 3], tf.int32),
+        token_lengths=tf.constant([3]),
+        mels=tf.zeros([1, r + 1, config.n_mels]),
+        mel_lengths=tf.constant([r + 1]),
+    )
     model.teacher_forced(dummy, training=False)
     model.built = True  # every variable exists now; lets Keras count and summarize them
     return model
@@ -335,7 +374,7 @@ def attention_monotonicity(alignments, token_lengths, decoder_lengths) -> float:
     monotonic walk; a random or stuck-backwards alignment scores far lower. NaN if no step pairs.
     """
     a = np.asarray(alignments)
-    peaks = [np.argmax(a[i, :int(s), :int(n)], -1) for i, (n, s) in enumerate(zip(token_lengths, decoder_lengths))]
+    peaks = [np.argmax(a[i, : int(s), : int(n)], -1) for i, (n, s) in enumerate(zip(token_lengths, decoder_lengths))]
     moves = np.concatenate([np.diff(p) for p in peaks] + [np.zeros([0], int)])
     return float(np.mean((moves >= 0) & (moves <= 2))) if moves.size else float("nan")
 
@@ -344,7 +383,7 @@ def attention_diagonality(alignments, token_lengths, decoder_lengths, band: floa
     """Mean attention mass per decoder step within `band` (share of the text) of the straight diagonal."""
     total, count = 0.0, 0
     for i, (n, s) in enumerate(zip(np.asarray(token_lengths), np.asarray(decoder_lengths))):
-        a = np.asarray(alignments)[i, :int(s), :int(n)]  # [s, n]
+        a = np.asarray(alignments)[i, : int(s), : int(n)]  # [s, n]
         near = np.abs(np.arange(n)[None, :] / n - np.arange(s)[:, None] / s) <= band
         total, count = total + float(np.sum(a * near)), count + int(s)
     return total / count if count else float("nan")

@@ -125,7 +125,9 @@ def parse_set(assignments: Sequence[str]) -> dict[str, Any]:
     return nested
 
 
-def load(cls: type[T], yaml_path: str | Path | None = None, assignments: Sequence[str] = (), base: T | None = None) -> T:
+def load(
+    cls: type[T], yaml_path: str | Path | None = None, assignments: Sequence[str] = (), base: T | None = None
+) -> T:
     """Resolves a config: `base` (or the dataclass defaults), then the YAML file, then `--set` items."""
     config = base if base is not None else cls()
     if yaml_path:

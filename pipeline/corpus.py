@@ -86,17 +86,13 @@ class CorpusConfig:
     max_words: int = 14
 
     def __post_init__(self):
-        if not (
-            self.dev_fraction > 0 and self.test_fraction > 0 and self.dev_fraction + self.test_fraction < 1
-        ):
+        if not (self.dev_fraction > 0 and self.test_fraction > 0 and self.dev_fraction + self.test_fraction < 1):
             raise ValueError("dev_fraction and test_fraction must be positive and sum to less than 1")
         if min(split_sizes(self).values()) < 1:
             raise ValueError(f"num_utterances={self.num_utterances} leaves a split empty; use at least 10")
         overlap = sorted(set(self.train_voices) & set(self.test_voices))
         if overlap:
-            raise ValueError(
-                f"voices {overlap} are in both train_voices and test_voices; test voices must be unseen"
-            )
+            raise ValueError(f"voices {overlap} are in both train_voices and test_voices; test voices must be unseen")
         for spec in (*self.train_voices, *self.test_voices):
             if not re.fullmatch(r"[a-z0-9-]+(\+[A-Za-z0-9]+)?", spec):
                 raise ValueError(f"voice {spec!r} is not an espeak-ng `voice` or `voice+variant` spec")
@@ -104,9 +100,7 @@ class CorpusConfig:
             80 <= self.rate_range[0] <= self.rate_range[1] <= 450
             and 0 <= self.pitch_range[0] <= self.pitch_range[1] <= 99
         ):
-            raise ValueError(
-                f"rate_range {self.rate_range} must lie in 80-450, pitch_range {self.pitch_range} in 0-99"
-            )
+            raise ValueError(f"rate_range {self.rate_range} must lie in 80-450, pitch_range {self.pitch_range} in 0-99")
         if not 1 <= self.min_words <= self.max_words:
             raise ValueError(f"need 1 <= min_words <= max_words, got {self.min_words}, {self.max_words}")
         if not 0 < self.amplitude <= 200 or self.sample_rate < 8000:
@@ -315,19 +309,12 @@ def make_sentence(rng: random.Random, min_words: int = 3, max_words: int = 14) -
             raise ValueError(f"grammar produced {text!r}, which is not a lower-case transcript; fix GRAMMAR")
         if min_words <= len(text.split()) <= max_words:
             return text
-    raise ValueError(
-        f"the grammar makes almost no sentences of {min_words} to {max_words} words; widen the range"
-    )
+    raise ValueError(f"the grammar makes almost no sentences of {min_words} to {max_words} words; widen the range")
 
 
 def grammar_vocabulary() -> set[str]:
     """Every word the grammar can produce (numbers up to 9999 included)."""
-    words = (
-        set(_ONES)
-        | set(_TENS[2:])
-        | set(_ORDINALS)
-        | {"hundred", "thousand", "and", "twentieth", "thirtieth"}
-    )
+    words = set(_ONES) | set(_TENS[2:]) | set(_ORDINALS) | {"hundred", "thousand", "and", "twentieth", "thirtieth"}
     for options in (TEMPLATES, *(s for s in SLOTS.values() if not callable(s))):
         words |= {w for o in options for w in _SLOT.sub(" ", o).split()}
     return words
@@ -369,9 +356,7 @@ def select_voices(
 
     def exists(spec: str) -> bool:
         base, _, variant = spec.partition("+")
-        return inventory is None or (
-            base in inventory.bases and (not variant or variant in inventory.variants)
-        )
+        return inventory is None or (base in inventory.bases and (not variant or variant in inventory.variants))
 
     train = [v for v in config.train_voices if exists(v)]
     test = [v for v in config.test_voices if exists(v)]
@@ -415,15 +400,11 @@ def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -
                 if text not in seen:
                     break
             else:
-                raise ValueError(
-                    f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances"
-                )
+                raise ValueError(f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances")
             seen.add(text)
             spk = speakers[i % len(speakers)]
             plan.append(
-                PlannedUtterance(
-                    split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, spk.voice, spk.rate, spk.pitch, text
-                )
+                PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, spk.voice, spk.rate, spk.pitch, text)
             )
         if split == "train":
             used_in_train = speakers[:size]
@@ -471,9 +452,7 @@ def _tool(name: str) -> str:
 def _run(cmd: list[str], what: str, **kwargs) -> bytes:
     proc = subprocess.run(cmd, capture_output=True, **kwargs)
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"{what}: `{' '.join(cmd)}` exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
-        )
+        raise RuntimeError(f"{what}: `{' '.join(cmd)}` exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")
     return proc.stdout
 
 
@@ -510,9 +489,7 @@ def _synthesize(utt: PlannedUtterance, wav: Path, config: CorpusConfig, espeak: 
     tmp.replace(wav)
 
 
-def _add_noise(
-    utt_id: str, clean_wav: Path, noisy_wav: Path, noise: np.ndarray, config: CorpusConfig
-) -> float:
+def _add_noise(utt_id: str, clean_wav: Path, noisy_wav: Path, noise: np.ndarray, config: CorpusConfig) -> float:
     """Writes clean_wav mixed with a slice of `noise` at config.snr_db to noisy_wav; returns the SNR."""
     clean, _ = sf.read(clean_wav, dtype="int16")
     # A per-utterance offset into one long noise recording, so utterances get different noise.
@@ -569,9 +546,7 @@ def _write_data_dirs(plan: list[PlannedUtterance], out: Path, snrs: dict[str, fl
     rows: dict[str, list] = {split: [] for split in ALL_SPLITS}
     for utt in plan:
         for split in (utt.split, "test_noisy") if utt.split == "test" else (utt.split,):
-            rows[split].append(
-                (utt.utt_id, utt.speaker, utt.text, str(out / "wav" / split / f"{utt.utt_id}.wav"))
-            )
+            rows[split].append((utt.utt_id, utt.speaker, utt.text, str(out / "wav" / split / f"{utt.utt_id}.wav")))
     for split in ALL_SPLITS:
         for name, content in kaldi_files(rows[split]).items():
             fsutil.atomic_write_text(out / split / name, content)
@@ -611,9 +586,7 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
         (out / split).mkdir(parents=True, exist_ok=True)
     snrs = _render_all(plan, out, config, jobs or os.cpu_count() or 1, espeak, sox)
     rows = _write_data_dirs(plan, out, snrs)
-    version = {
-        tool: _run([tool, "--version"], f"{tool} --version").decode().strip() for tool in (espeak, sox)
-    }
+    version = {tool: _run([tool, "--version"], f"{tool} --version").decode().strip() for tool in (espeak, sox)}
     summary = {
         "config": config_lib.to_dict(config),
         "code_version": code_version(),
@@ -636,18 +609,12 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pipeline.corpus", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--out", required=True, help="corpus root to write (Kaldi data dirs, wav/, corpus.json)"
-    )
+    parser.add_argument("--out", required=True, help="corpus root to write (Kaldi data dirs, wav/, corpus.json)")
     parser.add_argument("--num-utterances", type=int, help="train + dev + test utterances (default 2500)")
     parser.add_argument("--seed", type=int, help="random seed (default 0)")
-    parser.add_argument(
-        "--jobs", type=int, default=os.cpu_count(), help="parallel synthesis jobs (default: CPUs)"
-    )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel synthesis jobs (default: CPUs)")
     parser.add_argument("--config", help="YAML file with CorpusConfig fields")
-    parser.add_argument(
-        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. snr_db=10"
-    )
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. snr_db=10")
     args = parser.parse_args(argv)
     flags = {k: v for k, v in (("num_utterances", args.num_utterances), ("seed", args.seed)) if v is not None}
     config = config_lib.apply_overrides(config_lib.load(CorpusConfig, args.config, args.set), flags)

@@ -96,7 +96,9 @@ def bucket_plan(lengths: list[int], cfg: InputConfig) -> tuple[list[int], list[i
     qs = np.quantile(np.asarray(lengths), np.linspace(0, 1, cfg.num_buckets + 1)[1:-1])
     boundaries = sorted({int(q) + 1 for q in qs})
     uppers = [*boundaries, max(lengths) + 1]
-    sizes = [max(1, min(cfg.max_batch_size, cfg.frames_per_batch // (upper - 1 if upper > 1 else 1))) for upper in uppers]
+    sizes = [
+        max(1, min(cfg.max_batch_size, cfg.frames_per_batch // (upper - 1 if upper > 1 else 1))) for upper in uppers
+    ]
     return boundaries, sizes
 
 
@@ -186,7 +188,9 @@ def _normalizer(manifest: dict, split: str, mode: str):
         raise ValueError(f"cmvn must be 'speaker', 'global' or 'none', got {mode!r}")
     names, means, inv_stds = cmvn_tables(manifest, split, mode)
     table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(names or [""], tf.string), tf.range(max(1, len(names)), dtype=tf.int64)),
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(names or [""], tf.string), tf.range(max(1, len(names)), dtype=tf.int64)
+        ),
         default_value=len(names),
     )
     means, inv_stds = tf.constant(means), tf.constant(inv_stds)
@@ -236,8 +240,19 @@ def _read(paths: list[str], manifest: dict, cfg: InputConfig, epoch: int, traini
     return records
 
 
-def _batches(out_dir: Path, split: str, cfg: InputConfig, rank: int, size: int, epoch: int, training: bool,
-             manifest: dict, prepare, length_key: str, padding: dict):
+def _batches(
+    out_dir: Path,
+    split: str,
+    cfg: InputConfig,
+    rank: int,
+    size: int,
+    epoch: int,
+    training: bool,
+    manifest: dict,
+    prepare,
+    length_key: str,
+    padding: dict,
+):
     """The part both models share: this rank's files, parallel reads and parsing (`prepare(index,
     serialized) -> example`), bucketing by `length_key`, equal batch counts, prefetching."""
 
@@ -247,9 +262,15 @@ def _batches(out_dir: Path, split: str, cfg: InputConfig, rank: int, size: int, 
         mine = [paths[i] for i in rank_files(manifest, split, rank, size, epoch, cfg.seed)]
     else:
         mine = paths[rank::size]
-        target, _ = count_batches([n for s in manifest["splits"][split]["shards"][rank::size] for n in s["lengths"]], boundaries, sizes)
+        target, _ = count_batches(
+            [n for s in manifest["splits"][split]["shards"][rank::size] for n in s["lengths"]], boundaries, sizes
+        )
     ordered = cfg.deterministic or not training
-    dataset = _read(mine, manifest, cfg, epoch, training).enumerate().map(prepare, num_parallel_calls=AUTOTUNE, deterministic=ordered)
+    dataset = (
+        _read(mine, manifest, cfg, epoch, training)
+        .enumerate()
+        .map(prepare, num_parallel_calls=AUTOTUNE, deterministic=ordered)
+    )
     dataset = dataset.bucket_by_sequence_length(lambda ex: ex[length_key], boundaries, sizes, padding_values=padding)
     if training:
         dataset = _split_batches(dataset, target - counts[rank])
@@ -264,8 +285,16 @@ def _finish(dataset, cfg: InputConfig, training: bool):
     return dataset.prefetch(AUTOTUNE).with_options(options)
 
 
-def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size: int = 1, epoch: int = 0,
-                training: bool = True, manifest: dict | None = None):
+def asr_dataset(
+    out_dir: Path,
+    split: str,
+    cfg: InputConfig,
+    rank: int = 0,
+    size: int = 1,
+    epoch: int = 0,
+    training: bool = True,
+    manifest: dict | None = None,
+):
     """Batches for the acoustic model, for one epoch of one rank. Returns (dataset, batches).
 
     Each element: `feats` float32 [B, T, D*stack], `feat_lengths` int32 [B], `tokens` int32 [B, L]
@@ -285,9 +314,16 @@ def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
         ex = shardlib.parse_example(serialized, dim, with_targets)
         feats = normalize(ex["feats"], ex["speaker"])  # [frames, dim]
         if augment:
-            feats = spec_augment(feats, cfg, tf.stack([tf.cast(cfg.seed * 7919 + epoch * 104729 + rank, tf.int64), index]))
-        out = {"feats": feats, "feat_lengths": tf.shape(feats)[0], "tokens": ex["tokens"],
-               "token_lengths": tf.shape(ex["tokens"])[0], "utt_id": ex["utt_id"]}
+            feats = spec_augment(
+                feats, cfg, tf.stack([tf.cast(cfg.seed * 7919 + epoch * 104729 + rank, tf.int64), index])
+            )
+        out = {
+            "feats": feats,
+            "feat_lengths": tf.shape(feats)[0],
+            "tokens": ex["tokens"],
+            "token_lengths": tf.shape(ex["tokens"])[0],
+            "utt_id": ex["utt_id"],
+        }
         if with_targets:
             out["targets"] = ex["targets"]
         return out
@@ -295,8 +331,11 @@ def asr_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
     padding = {"feats": 0.0, "feat_lengths": 0, "tokens": 0, "token_lengths": 0, "utt_id": b""}
     if with_targets:
         padding["targets"] = -1
-    dataset, batches = _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "feat_lengths", padding)
+    dataset, batches = _batches(
+        out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "feat_lengths", padding
+    )
     if cfg.stack_frames > 1 or cfg.subsample > 1:
+
         def stack(batch):
             feats, lengths = stack_and_subsample(batch["feats"], batch["feat_lengths"], cfg.stack_frames, cfg.subsample)
             return {**batch, "feats": feats, "feat_lengths": lengths}
@@ -311,8 +350,16 @@ def mel_stats(manifest: dict, split: str = "train") -> tuple[np.ndarray, np.ndar
     return means[-1], 1.0 / inv_stds[-1]
 
 
-def tts_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size: int = 1, epoch: int = 0,
-                training: bool = True, manifest: dict | None = None):
+def tts_dataset(
+    out_dir: Path,
+    split: str,
+    cfg: InputConfig,
+    rank: int = 0,
+    size: int = 1,
+    epoch: int = 0,
+    training: bool = True,
+    manifest: dict | None = None,
+):
     """Batches for the synthesis model, for one epoch of one rank. Returns (dataset, batches).
 
     Each element: `tokens` int32 [B, N], `token_lengths` int32 [B], `mels` float32 [B, T, D]
@@ -323,18 +370,27 @@ def tts_dataset(out_dir: Path, split: str, cfg: InputConfig, rank: int = 0, size
 
     manifest = manifest or shardlib.load_manifest(out_dir)
     dim = manifest["feature_dim"]
-    mean, std = (tf.constant(v, tf.float32) for v in mel_stats(manifest, "train" if "train" in manifest["splits"] else split))
+    mean, std = (
+        tf.constant(v, tf.float32) for v in mel_stats(manifest, "train" if "train" in manifest["splits"] else split)
+    )
 
     def prepare(index, serialized):
         ex = shardlib.parse_example(serialized, dim)
         mels = (ex["feats"] - mean) / std  # [frames, dim]
         frames = tf.shape(mels)[0]
-        return {"tokens": ex["tokens"], "token_lengths": tf.shape(ex["tokens"])[0], "mels": mels, "mel_lengths": frames,
-                "stop_targets": tf.cast(tf.range(frames) >= frames - 1, tf.float32),  # [frames]
-                "utt_id": ex["utt_id"]}
+        return {
+            "tokens": ex["tokens"],
+            "token_lengths": tf.shape(ex["tokens"])[0],
+            "mels": mels,
+            "mel_lengths": frames,
+            "stop_targets": tf.cast(tf.range(frames) >= frames - 1, tf.float32),  # [frames]
+            "utt_id": ex["utt_id"],
+        }
 
     padding = {"tokens": 0, "token_lengths": 0, "mels": 0.0, "mel_lengths": 0, "stop_targets": 1.0, "utt_id": b""}
-    dataset, batches = _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "mel_lengths", padding)
+    dataset, batches = _batches(
+        out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "mel_lengths", padding
+    )
     return _finish(dataset, cfg, training), batches
 
 

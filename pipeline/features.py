@@ -72,7 +72,9 @@ def _check_riff(path: Path) -> None:
             if chunk_id == b"data":
                 # 0 and 0xFFFFFFFF mean "unknown length" (a WAV written to a pipe).
                 if length not in (0, 0xFFFFFFFF) and pos + 8 + length > size:
-                    raise AudioError("truncated", f"{path}: header announces {length} data bytes, file has {size - pos - 8}")
+                    raise AudioError(
+                        "truncated", f"{path}: header announces {length} data bytes, file has {size - pos - 8}"
+                    )
                 return
             pos += 8 + length + (length & 1)
     raise AudioError("truncated", f"{path}: no complete data chunk")
@@ -129,7 +131,9 @@ def prepare_waveform(rate: int, samples: np.ndarray, segment: kaldi.Segment | No
         wave = wave[int(round(segment.start * rate)) : int(round(min(segment.end, duration) * rate))]
     if rate != cfg.sample_rate:
         if not cfg.resample:
-            raise AudioError("unsupported_audio", f"sample rate {rate} Hz, expected {cfg.sample_rate} and resample is off")
+            raise AudioError(
+                "unsupported_audio", f"sample rate {rate} Hz, expected {cfg.sample_rate} and resample is off"
+            )
         divisor = np.gcd(rate, cfg.sample_rate)
         wave = resample_poly(wave, cfg.sample_rate // divisor, rate // divisor)
     return np.ascontiguousarray(wave, dtype=np.float32)
@@ -170,7 +174,13 @@ def _featurize_recording(task):
             continue
         feats = compute_fbank(wave, cfg)
         if feats.shape[0] == 0:
-            results.append((entry.utt_id, None, kaldi.Rejection(entry.utt_id, "zero_frames", f"{spec}: {len(wave)} samples give no frame")))
+            results.append(
+                (
+                    entry.utt_id,
+                    None,
+                    kaldi.Rejection(entry.utt_id, "zero_frames", f"{spec}: {len(wave)} samples give no frame"),
+                )
+            )
         else:
             results.append((entry.utt_id, feats, None))
     return results
@@ -218,7 +228,7 @@ def _finish_ark(tmp_ark: Path, tmp_scp: Path, ark: Path, scp: Path) -> None:
     fixed = []
     for line in sorted(lines):
         key, spec = line.split(" ", 1)
-        fixed.append(f"{key} {ark.resolve()}:{spec[len(prefix):]}" if spec.startswith(prefix) else line)
+        fixed.append(f"{key} {ark.resolve()}:{spec[len(prefix) :]}" if spec.startswith(prefix) else line)
     tmp_ark.replace(ark)
     fsutil.atomic_write_text(scp, "\n".join(fixed) + "\n")
     tmp_scp.unlink()
@@ -318,11 +328,15 @@ def _raise_if_too_many(data_dir: Path, rejections: list, total: int, limit: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data-dir", required=True, type=Path, help="Kaldi data directory (wav.scp, utt2spk, ...)")
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of wav.scp as shell commands")
     parser.add_argument("--config", type=Path, help="YAML file with FeatureConfig fields")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a FeatureConfig field")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a FeatureConfig field"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     cfg = configlib.load(FeatureConfig, args.config, args.set)

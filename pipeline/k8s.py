@@ -113,9 +113,7 @@ class ClusterSettings:
         for field in ("gpu_node_selector", "nccl_env"):
             for pair in getattr(self, field):
                 if len(pair) != 2:
-                    raise ValueError(
-                        f"ClusterSettings.{field}: expected [name, value] pairs, got {list(pair)!r}"
-                    )
+                    raise ValueError(f"ClusterSettings.{field}: expected [name, value] pairs, got {list(pair)!r}")
 
 
 def load_settings(path: str | Path | None = None, assignments: Sequence[str] = ()) -> ClusterSettings:
@@ -210,15 +208,11 @@ def _env(settings: ClusterSettings) -> list[dict[str, Any]]:
             {"name": "AWS_REGION", "value": settings.s3_region},
             {
                 "name": "AWS_ACCESS_KEY_ID",
-                "valueFrom": {
-                    "secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_access_key_field}
-                },
+                "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_access_key_field}},
             },
             {
                 "name": "AWS_SECRET_ACCESS_KEY",
-                "valueFrom": {
-                    "secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_secret_key_field}
-                },
+                "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_secret_key_field}},
             },
         ]
     return env
@@ -490,9 +484,7 @@ def render_stage_pod(
     settings = settings or ClusterSettings()
     _check_name(name, 63)
     if not re.fullmatch(r"[A-Za-z_][\w.]*", module):
-        raise ValueError(
-            f"stage pod {name}: {module!r} is not a Python module name such as pipeline.features"
-        )
+        raise ValueError(f"stage pod {name}: {module!r} is not a Python module name such as pipeline.features")
     scratch_volumes, scratch_mounts = _scratch_volumes(settings)
     data_volume, data_mount = _data_volume(settings)
     resources: dict[str, dict[str, Any]] = {
@@ -570,9 +562,7 @@ def mpijob_phase(status: Mapping[str, Any] | None) -> Literal["Pending", "Runnin
     Terminal conditions win over Running; a job with no true condition yet (just submitted, or
     suspended) is Pending.
     """
-    true_types = {
-        c.get("type") for c in (status or {}).get("conditions") or [] if str(c.get("status")) == "True"
-    }
+    true_types = {c.get("type") for c in (status or {}).get("conditions") or [] if str(c.get("status")) == "True"}
     if "Failed" in true_types:
         return "Failed"
     if "Succeeded" in true_types:
@@ -599,9 +589,7 @@ class _NoAliasDumper(yaml.SafeDumper):
 
 def to_yaml(manifest: Mapping[str, Any]) -> str:
     """The manifest as YAML, keys in the order they were built (the order `kubectl` users expect)."""
-    return yaml.dump(
-        dict(manifest), Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=96
-    )
+    return yaml.dump(dict(manifest), Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=96)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -619,19 +607,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="what", required=True)
     job = sub.add_parser("mpijob", help="an MPIJob running `horovodrun ... python -m models.train ARGS`")
-    job.add_argument(
-        "--name", required=True, help=f"MPIJob name (a DNS label, at most {MAX_JOB_NAME} characters)"
-    )
+    job.add_argument("--name", required=True, help=f"MPIJob name (a DNS label, at most {MAX_JOB_NAME} characters)")
     job.add_argument("--num-workers", type=int, required=True, help="worker pods (one per GPU node)")
-    job.add_argument(
-        "--gpus-per-worker", type=int, help="GPUs (= MPI slots) per worker; default from the settings"
-    )
+    job.add_argument("--gpus-per-worker", type=int, help="GPUs (= MPI slots) per worker; default from the settings")
     job.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of models.train")
     pod = sub.add_parser("stage-pod", help="a Pod running `python -m MODULE ARGS`")
     pod.add_argument("--name", required=True, help="Pod name (a DNS label)")
-    pod.add_argument(
-        "--module", required=True, help="stage module, e.g. pipeline.features or models.evaluate"
-    )
+    pod.add_argument("--module", required=True, help="stage module, e.g. pipeline.features or models.evaluate")
     pod.add_argument("--gpus", type=int, default=0, help="GPUs for the pod (default 0)")
     pod.add_argument("stage_args", nargs=argparse.REMAINDER, help="-- then the stage's arguments")
     args = parser.parse_args(argv)

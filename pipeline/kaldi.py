@@ -268,7 +268,9 @@ def load_matrix(spec: str) -> np.ndarray:
     return matrix
 
 
-def check_matrix(utt: str, spec: str, check: FeatureCheck, dim: int | None) -> tuple[np.ndarray | None, Rejection | None]:
+def check_matrix(
+    utt: str, spec: str, check: FeatureCheck, dim: int | None
+) -> tuple[np.ndarray | None, Rejection | None]:
     """Loads and checks one utterance's features: the matrix, or why it was rejected."""
     try:
         matrix = load_matrix(spec)
@@ -280,7 +282,9 @@ def check_matrix(utt: str, spec: str, check: FeatureCheck, dim: int | None) -> t
     if matrix.shape[0] == 0:
         return None, Rejection(utt, "zero_frames", f"{spec} has 0 frames")
     if matrix.shape[0] > check.max_frames:
-        return None, Rejection(utt, "too_many_frames", f"{spec} has {matrix.shape[0]} frames > max_frames={check.max_frames}")
+        return None, Rejection(
+            utt, "too_many_frames", f"{spec} has {matrix.shape[0]} frames > max_frames={check.max_frames}"
+        )
     if dim is not None and matrix.shape[1] != dim:
         return None, Rejection(utt, "wrong_dimension", f"{spec} has dimension {matrix.shape[1]}, the split has {dim}")
     if not np.isfinite(matrix).all():

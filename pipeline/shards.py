@@ -138,7 +138,9 @@ class SplitPlan:
     targets: dict | None
 
 
-def validate_split(name: str, data_dir: Path, cfg: ShardConfig, pool, alignments: Path | None, progress: bool) -> SplitPlan:
+def validate_split(
+    name: str, data_dir: Path, cfg: ShardConfig, pool, alignments: Path | None, progress: bool
+) -> SplitPlan:
     entries, rejections = kaldi.scan_data_dir(data_dir, allow_pipes=cfg.allow_pipes, need_text=True, source="feats")
     previous = Path(data_dir) / features_stage.REJECTED
     if previous.is_file():
@@ -159,14 +161,20 @@ def validate_split(name: str, data_dir: Path, cfg: ShardConfig, pool, alignments
         if rejection is not None:
             rejections.append(rejection)
         elif shape[1] != dim:
-            rejections.append(kaldi.Rejection(utt, "wrong_dimension", f"{by_id[utt].feats} has dimension {shape[1]}, the split has {dim}"))
+            rejections.append(
+                kaldi.Rejection(
+                    utt, "wrong_dimension", f"{by_id[utt].feats} has dimension {shape[1]}, the split has {dim}"
+                )
+            )
         else:
             valid[utt], lengths[utt] = by_id[utt], shape[0]
             stats = np.zeros((2, dim + 1))
             stats[:, :dim] = moments
             stats[0, dim] = shape[0]
             sums[by_id[utt].speaker] = sums[by_id[utt].speaker] + stats
-    return SplitPlan(name, Path(data_dir), valid, lengths, dim or 0, rejections, _speaker_stats(data_dir, dict(sums), dim), targets)
+    return SplitPlan(
+        name, Path(data_dir), valid, lengths, dim or 0, rejections, _speaker_stats(data_dir, dict(sums), dim), targets
+    )
 
 
 def _speaker_stats(data_dir: Path, computed: dict[str, np.ndarray], dim: int | None) -> dict[str, np.ndarray]:
@@ -186,7 +194,9 @@ def _speaker_stats(data_dir: Path, computed: dict[str, np.ndarray], dim: int | N
         stats[speaker] = matrix
     missing = set(computed) - set(stats)
     if missing:
-        raise ValueError(f"{cmvn} lacks speakers {sorted(missing)[:5]}; re-run `python -m pipeline.features --data-dir {data_dir}`")
+        raise ValueError(
+            f"{cmvn} lacks speakers {sorted(missing)[:5]}; re-run `python -m pipeline.features --data-dir {data_dir}`"
+        )
     return stats
 
 
@@ -261,10 +271,16 @@ def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: Shar
                 arks |= {kaldi.spec_path(s) for s in kaldi.read_table(data_dir / table).values.values()} - {None}
         if name in alignments:
             tables.append(alignments[name])
-        per_dir[name] = {"dir": str(data_dir.resolve()), "tables": fsutil.fingerprint_files(tables),
-                         "arks": fsutil.fingerprint_files(arks, content=False)}
-    return {"inputs": per_dir, "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
-            "code": fsutil.code_version(sys.modules[__name__], kaldi)}
+        per_dir[name] = {
+            "dir": str(data_dir.resolve()),
+            "tables": fsutil.fingerprint_files(tables),
+            "arks": fsutil.fingerprint_files(arks, content=False),
+        }
+    return {
+        "inputs": per_dir,
+        "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
+        "code": fsutil.code_version(sys.modules[__name__], kaldi),
+    }
 
 
 def _shards_complete(out_dir: Path, manifest: dict) -> bool:
@@ -276,13 +292,19 @@ def _shards_complete(out_dir: Path, manifest: dict) -> bool:
 
 
 def make_shards(
-    splits: dict[str, Path], out_dir: Path, cfg: ShardConfig, alignments: dict[str, Path] | None = None, progress: bool = True
+    splits: dict[str, Path],
+    out_dir: Path,
+    cfg: ShardConfig,
+    alignments: dict[str, Path] | None = None,
+    progress: bool = True,
 ) -> dict:
     """Validates and shards every split. Returns the manifest; raises ValueError on too many rejections."""
     if cfg.compression not in ("none", "gzip"):
         raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
     if cfg.vocabulary_split not in splits:
-        raise ValueError(f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}")
+        raise ValueError(
+            f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}"
+        )
     alignments = alignments or {}
     unknown = set(alignments) - set(splits)
     if unknown:
@@ -313,7 +335,9 @@ def make_shards(
         if len(dims) > 1:
             raise ValueError(f"splits disagree on the feature dimension: { {n: p.dim for n, p in plans.items()} }")
         vocab_plan = plans[cfg.vocabulary_split]
-        vocabulary = build_vocabulary([normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()])
+        vocabulary = build_vocabulary(
+            [normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
+        )
 
         tasks, layout = [], {}
         for name, plan in plans.items():
@@ -451,11 +475,21 @@ def _parse_pairs(items: list[str], flag: str) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--split", action="append", required=True, metavar="NAME=DIR", help="a split and its Kaldi data directory")
+    parser.add_argument(
+        "--split", action="append", required=True, metavar="NAME=DIR", help="a split and its Kaldi data directory"
+    )
     parser.add_argument("--out", required=True, type=Path, help="output directory for shards and manifest.json")
     parser.add_argument("--num-shards", type=int, help="shards per split (default 8)")
-    parser.add_argument("--max-rejected-fraction", type=float, help="fail above this share of rejected utterances (default 0.05)")
-    parser.add_argument("--alignments", action="append", default=[], metavar="NAME=PATH", help="frame targets (ali.scp or an int-vector ark) for a split")
+    parser.add_argument(
+        "--max-rejected-fraction", type=float, help="fail above this share of rejected utterances (default 0.05)"
+    )
+    parser.add_argument(
+        "--alignments",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="frame targets (ali.scp or an int-vector ark) for a split",
+    )
     parser.add_argument("--compression", choices=["none", "gzip"], help="TFRecord compression")
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of feats.scp as shell commands")
     parser.add_argument("--config", type=Path, help="YAML file with ShardConfig fields")
@@ -464,18 +498,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = configlib.load(ShardConfig, args.config, args.set)
-        flags = {"num_shards": args.num_shards, "max_rejected_fraction": args.max_rejected_fraction,
-                 "compression": args.compression, "allow_pipes": args.allow_pipes or None}
+        flags = {
+            "num_shards": args.num_shards,
+            "max_rejected_fraction": args.max_rejected_fraction,
+            "compression": args.compression,
+            "allow_pipes": args.allow_pipes or None,
+        }
         cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
-        manifest = make_shards(_parse_pairs(args.split, "--split"), args.out, cfg,
-                               _parse_pairs(args.alignments, "--alignments"), progress=not args.no_progress)
+        manifest = make_shards(
+            _parse_pairs(args.split, "--split"),
+            args.out,
+            cfg,
+            _parse_pairs(args.alignments, "--alignments"),
+            progress=not args.no_progress,
+        )
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     state = "unchanged" if manifest["skipped"] else "written"
     for name, split in manifest["splits"].items():
-        print(f"{name}: {split['utterances']} utterances, {split['frames']} frames, {len(split['shards'])} shards, "
-              f"{split['rejected']} rejected ({state})")
+        print(
+            f"{name}: {split['utterances']} utterances, {split['frames']} frames, {len(split['shards'])} shards, "
+            f"{split['rejected']} rejected ({state})"
+        )
     print(f"manifest: {Path(args.out) / MANIFEST}")
     return 0
 

@@ -26,9 +26,7 @@ def quiet_env(**extra: str) -> dict[str, str]:
 def horovodrun(args: list[str], np: int = 2, timeout: float = 600, env: dict | None = None, check: bool = True):
     """Runs `horovodrun -np N -H localhost:N --gloo python ARGS` and returns the CompletedProcess."""
     cmd = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", "--gloo", PYTHON, *args]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout
-    )
+    proc = subprocess.run(cmd, cwd=ROOT, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
@@ -48,7 +46,9 @@ def tiny_shards(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
     train, _, _ = make_feats_dir(root / "train", num_utts=24, dim=13, frames=(30, 70), seed=3)
     test, _, _ = make_feats_dir(root / "test", num_utts=8, dim=13, frames=(30, 70), seed=4)
-    shards.make_shards({"train": train, "test": test}, root / "shards", shards.ShardConfig(num_shards=4, jobs=1), progress=False)
+    shards.make_shards(
+        {"train": train, "test": test}, root / "shards", shards.ShardConfig(num_shards=4, jobs=1), progress=False
+    )
     return root / "shards"
 
 

@@ -112,9 +112,7 @@ def wait_for(what: str, check, timeout: float, every: float = 2, log: Path | Non
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
 
 
-@pytest.mark.skipif(
-    not (AIRFLOW_BIN / "airflow").exists(), reason=".venv-airflow is missing (make setup builds it)"
-)
+@pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(), reason=".venv-airflow is missing (make setup builds it)")
 @pytest.mark.slow
 @pytest.mark.airflow
 def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
@@ -139,9 +137,7 @@ def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
             start_new_session=True,
         )
     try:
-        wait_for(
-            "the API server", lambda: request("GET", f"{base}/api/v2/monitor/health")[0] == 200, 300, log=log
-        )
+        wait_for("the API server", lambda: request("GET", f"{base}/api/v2/monitor/health")[0] == 200, 300, log=log)
         passwords = home / "simple_auth_manager_passwords.json.generated"
         password = wait_for("the admin password", lambda: json.loads(passwords.read_text()).get("admin"), 60)
         _, login = request("POST", f"{base}/auth/token", {"username": "admin", "password": password})
@@ -175,9 +171,7 @@ def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
         assert all(s == "success" for t, s in states.items() if t not in skipped), states
         assert (next(work.glob("*/summary.json"))).is_file()
         # The task log holds the stage's own output (pipeline.shards prints where the manifest went).
-        _, task_log = request(
-            "GET", f"{run_url}/taskInstances/make_shards/logs/1?full_content=true", token=token
-        )
+        _, task_log = request("GET", f"{run_url}/taskInstances/make_shards/logs/1?full_content=true", token=token)
         assert "manifest:" in json.dumps(task_log) and "python -m pipeline.shards" in json.dumps(task_log)
     finally:
         survivors = stop(proc)

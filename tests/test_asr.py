@@ -17,7 +17,9 @@ def test_output_shapes_follow_stacking_and_subsampling():
     logits, lengths = model(tf.random.normal([4, 31, 13]), tf.constant([31, 30, 10, 1]))
     assert logits.shape == (4, 11, 7) and logits.dtype == tf.float32
     assert lengths.numpy().tolist() == [11, 10, 4, 1]
-    no_projection = asr.build_asr(asr.AsrConfig(feature_dim=40, vocab_size=30, num_layers=1, units=4, projection=0, subsample=1, stack_frames=1))
+    no_projection = asr.build_asr(
+        asr.AsrConfig(feature_dim=40, vocab_size=30, num_layers=1, units=4, projection=0, subsample=1, stack_frames=1)
+    )
     assert no_projection(tf.zeros([2, 5, 40]), tf.constant([5, 2]))[0].shape == (2, 5, 30)
 
 
@@ -32,7 +34,9 @@ def test_padding_does_not_change_valid_outputs():
 
 
 def test_frame_ce_model_outputs_pdf_ids():
-    cfg = asr.AsrConfig(feature_dim=13, vocab_size=7, num_targets=11, loss="frame_ce", num_layers=1, units=4, subsample=2)
+    cfg = asr.AsrConfig(
+        feature_dim=13, vocab_size=7, num_targets=11, loss="frame_ce", num_layers=1, units=4, subsample=2
+    )
     model = asr.build_asr(cfg)
     logits, lengths = model(tf.zeros([2, 10, 13]), tf.constant([10, 7]))
     assert logits.shape == (2, 5, 11)
@@ -53,7 +57,9 @@ def test_beam_search_agrees_with_greedy_on_a_peaked_path():
     eye = np.eye(5, dtype=np.float32)
     path = [0, 4, 4, 0, 1, 1, 2]
     logits = tf.constant(eye[path][None] * 20)
-    assert asr.beam_decode(logits, tf.constant([7]), beam_width=4) == asr.greedy_decode(logits.numpy(), [7]) == [[4, 1, 2]]
+    assert (
+        asr.beam_decode(logits, tf.constant([7]), beam_width=4) == asr.greedy_decode(logits.numpy(), [7]) == [[4, 1, 2]]
+    )
 
 
 def test_ctc_loss_skips_infeasible_utterances():
@@ -99,8 +105,17 @@ def test_overfits_a_handful_of_utterances():
 
 @pytest.mark.parametrize("loss", ["ctc", "frame_ce"])
 def test_flops_per_frame_counts_every_layer(loss):
-    cfg = asr.AsrConfig(feature_dim=80, vocab_size=30, num_targets=100, loss=loss, num_layers=1, units=10, projection=0,
-                        stack_frames=1, subsample=1)
+    cfg = asr.AsrConfig(
+        feature_dim=80,
+        vocab_size=30,
+        num_targets=100,
+        loss=loss,
+        num_layers=1,
+        units=10,
+        projection=0,
+        stack_frames=1,
+        subsample=1,
+    )
     lstm = 2 * 2 * 4 * 10 * (80 + 10)
     out = 2 * 20 * (30 if loss == "ctc" else 100)
     assert asr.flops_per_frame(cfg) == 3 * (lstm + out)

@@ -13,15 +13,44 @@ from tests.conftest import PYTHON, ROOT, quiet_env
 pytestmark = pytest.mark.slow
 
 EXPECTED = {
-    "input_pipeline": ["baseline_frames_per_s", "tfdata_frames_per_s", "baseline_first_batch_s", "tfdata_first_batch_s",
-                       "baseline_utilization", "tfdata_utilization", "demo_baseline_first_batch_s", "demo_tfdata_first_batch_s"],
-    "throughput": ["asr_np1_frames_per_s", "asr_np2_frames_per_s", "tts_np1_frames_per_s", "tts_np2_frames_per_s",
-                   "asr_np1_fraction_of_fp32_peak", "asr_np1_bf16_frames_per_s", "matmul_peak_flops_float32",
-                   "asr_np2_share_input", "tts_np1_profile_decoder_ms"],
+    "input_pipeline": [
+        "baseline_frames_per_s",
+        "tfdata_frames_per_s",
+        "baseline_first_batch_s",
+        "tfdata_first_batch_s",
+        "baseline_utilization",
+        "tfdata_utilization",
+        "demo_baseline_first_batch_s",
+        "demo_tfdata_first_batch_s",
+    ],
+    "throughput": [
+        "asr_np1_frames_per_s",
+        "asr_np2_frames_per_s",
+        "tts_np1_frames_per_s",
+        "tts_np2_frames_per_s",
+        "asr_np1_fraction_of_fp32_peak",
+        "asr_np1_bf16_frames_per_s",
+        "matmul_peak_flops_float32",
+        "asr_np2_share_input",
+        "tts_np1_profile_decoder_ms",
+    ],
     "straggler": ["allreduce_fast_rank_ratio", "adpsgd_fast_rank_ratio", "allreduce_step_ms", "adpsgd_ranks_agree"],
-    "convergence": ["allreduce_cer", "fixed-ring_cer", "random-ring_cer", "delay-by-one_cer", "delay-by-one_relative_to_allreduce"],
-    "speedup_model": ["tcalc_s", "ttransmit_s", "tmerge_s", "allreduce_predicted_speedup_n2", "adpsgd_measured_speedup_n2",
-                      "allreduce_predicted_speedup_n128", "mlflow_run_id"],
+    "convergence": [
+        "allreduce_cer",
+        "fixed-ring_cer",
+        "random-ring_cer",
+        "delay-by-one_cer",
+        "delay-by-one_relative_to_allreduce",
+    ],
+    "speedup_model": [
+        "tcalc_s",
+        "ttransmit_s",
+        "tmerge_s",
+        "allreduce_predicted_speedup_n2",
+        "adpsgd_measured_speedup_n2",
+        "allreduce_predicted_speedup_n128",
+        "mlflow_run_id",
+    ],
 }
 
 
@@ -29,8 +58,14 @@ EXPECTED = {
 def test_benchmark_runs_on_tiny_inputs(name, tmp_path):
     out = tmp_path / f"{name}.json"
     env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    proc = subprocess.run([PYTHON, f"benchmarks/{name}.py", "--tiny", "--json", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [PYTHON, f"benchmarks/{name}.py", "--tiny", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
     for key in EXPECTED[name]:

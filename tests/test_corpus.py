@@ -140,11 +140,7 @@ def test_real_run_writes_valid_sorted_kaldi_dirs(built):
         assert list(spk2utt) == sorted(spk2utt) == summary["speakers"][split]
         assert {u: s for s, us in spk2utt.items() for u in us} == utt2spk
         for _, path in tables["wav.scp"]:
-            assert (
-                Path(path).is_absolute()
-                and Path(path).is_file()
-                and Path(path).parent == built / "wav" / split
-            )
+            assert Path(path).is_absolute() and Path(path).is_file() and Path(path).parent == built / "wav" / split
     assert read_table(built / "test_noisy" / "text") == read_table(built / "test" / "text")
     train_voices = {s.rsplit("-r", 1)[0] for s in summary["speakers"]["train"]}
     assert not train_voices & {s.rsplit("-r", 1)[0] for s in summary["speakers"]["test"]}
@@ -163,9 +159,7 @@ def test_real_run_wavs_are_16k_mono_16bit_speech(built):
 def test_real_run_noisy_copies_are_mixed_at_15_db(built):
     recorded = {
         u: float(s)
-        for u, s in (
-            line.split("\t") for line in (built / "test_noisy" / "snr.tsv").read_text().splitlines()[1:]
-        )
+        for u, s in (line.split("\t") for line in (built / "test_noisy" / "snr.tsv").read_text().splitlines()[1:])
     }
     clean_paths = dict(read_table(built / "test" / "wav.scp"))
     assert set(recorded) == set(clean_paths)
@@ -198,9 +192,7 @@ def test_changed_config_rebuilds_and_drops_stale_wavs(tmp_path, monkeypatch, cap
     out = tmp_path / "c"
     corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "1"])
     # A machine without the klatt variant: those voices are skipped and logged, the rest build.
-    monkeypatch.setattr(
-        corpus, "installed_voices", lambda: VoiceInventory(ALL_BASES, ALL_VARIANTS - {"klatt"})
-    )
+    monkeypatch.setattr(corpus, "installed_voices", lambda: VoiceInventory(ALL_BASES, ALL_VARIANTS - {"klatt"}))
     with caplog.at_level(logging.INFO, logger="pipeline.corpus"):
         corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "2"])
     assert "rebuilding" in caplog.text and "en-us+klatt is not installed" in caplog.text

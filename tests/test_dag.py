@@ -362,10 +362,7 @@ def test_run_command_ends_the_whole_process_group_when_interrupted(tmp_path):
         st.run_command([sys.executable, "-c", script], emit=interrupt)
     grandchild = int(pid_file.read_text())
     for _ in range(50):
-        if (
-            not Path(f"/proc/{grandchild}").exists()
-            or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
-        ):
+        if not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]:
             break
         time.sleep(0.1)
     else:
@@ -400,9 +397,7 @@ class FakeCluster:
             "Pending": [],
             "Running": [{"type": "Running", "status": "True"}],
             "Succeeded": [{"type": "Succeeded", "status": "True"}],
-            "Failed": [
-                {"type": "Failed", "status": "True", "reason": "MPIJobFailed", "message": "rank 1 died"}
-            ],
+            "Failed": [{"type": "Failed", "status": "True", "reason": "MPIJobFailed", "message": "rank 1 died"}],
         }
         self.current = phase
         return {"status": {"conditions": conditions[phase]}}
@@ -416,9 +411,7 @@ class FakeCluster:
     def list_namespaced_pod(self, namespace, label_selector):
         from types import SimpleNamespace as NS
 
-        phase = {"Pending": "Pending", "Running": "Running"}.get(
-            getattr(self, "current", "Pending"), "Succeeded"
-        )
+        phase = {"Pending": "Pending", "Running": "Running"}.get(getattr(self, "current", "Pending"), "Succeeded")
         return NS(items=[NS(metadata=NS(name="job-launcher"), status=NS(phase=phase))])
 
     def read_namespaced_pod_log(self, name, namespace, follow, _preload_content):
@@ -636,13 +629,8 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus(tmp_path):
     assert {s["task_id"]: s["state"] for s in states} == {t: "success" for t in EDGES}
 
     assert summary["status"] == "FINISHED" and summary["dag_run_id"] == run["run_id"]
-    assert (
-        summary["models"]["asr"]["metrics"]["test_cer"] >= 0
-        and "test_mcd_db" in summary["models"]["tts"]["metrics"]
-    )
-    assert (
-        summary["models"]["tts"]["primary_metric"] == "test_intelligibility_cer"
-    )  # with the new acoustic model
+    assert summary["models"]["asr"]["metrics"]["test_cer"] >= 0 and "test_mcd_db" in summary["models"]["tts"]["metrics"]
+    assert summary["models"]["tts"]["primary_metric"] == "test_intelligibility_cer"  # with the new acoustic model
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("ci")
@@ -651,9 +639,7 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus(tmp_path):
         f"tags.`{registry.DAG_RUN_TAG}` = '{run['run_id']}' and tags.`{registry.STAGE_TAG}` = 'pipeline'",
     )
     assert parent.info.status == "FINISHED" and parent.data.tags[registry.DAG_ID_TAG] == "speech_pipeline"
-    kids = client.search_runs(
-        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
-    )
+    kids = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     names = {r.info.run_name for r in kids}
     assert {
         "corpus",

@@ -23,7 +23,9 @@ def sharded(tmp_path_factory):
     train, feats, texts = make_feats_dir(root / "train", num_utts=53, dim=13, num_speakers=4, frames=(10, 200))
     test, _, _ = make_feats_dir(root / "test", num_utts=7, dim=13, num_speakers=2, seed=5)
     # 5 shards for 2 ranks: one rank reads three, the other two, so batch counts differ naturally.
-    shards.make_shards({"train": train, "test": test}, root / "out", shards.ShardConfig(num_shards=5, jobs=1), progress=False)
+    shards.make_shards(
+        {"train": train, "test": test}, root / "out", shards.ShardConfig(num_shards=5, jobs=1), progress=False
+    )
     return root / "out", feats, texts
 
 

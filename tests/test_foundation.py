@@ -66,6 +66,7 @@ def test_airflow_environment_is_separate_and_pinned():
     assert out.stdout.strip().splitlines()[-1] == "3.3.2"
     tf_probe = subprocess.run(
         [AIRFLOW_BIN / "python", "-c", "import importlib.util as u; print(u.find_spec('tensorflow') is None)"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert tf_probe.stdout.strip() == "True", "the Airflow environment must not carry TensorFlow"

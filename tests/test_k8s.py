@@ -25,9 +25,7 @@ from tests.conftest import AIRFLOW_BIN, ROOT
 CRD = ROOT.parent / "shared" / "k8s-schemas" / "mpijobs.kubeflow.org-v0.8.2.yaml"
 VENV_K8S = ROOT / ".venv-k8s"
 # The kubectl pinned in .venv-k8s (requirements/k8s.in), else the machine's.
-KUBECTL = (
-    str(VENV_K8S / "bin" / "kubectl") if (VENV_K8S / "bin" / "kubectl").exists() else shutil.which("kubectl")
-)
+KUBECTL = str(VENV_K8S / "bin" / "kubectl") if (VENV_K8S / "bin" / "kubectl").exists() else shutil.which("kubectl")
 OVERLAYS = ("gpu", "single-node")
 TRAIN_ARGS = [
     "--model",
@@ -43,9 +41,7 @@ TRAIN_ARGS = [
 needs_crd = pytest.mark.skipif(
     not CRD.is_file(), reason=f"MPIJob CRD not found at {CRD} (CI provides ../shared/k8s-schemas/)"
 )
-needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not installed (it renders the kustomizations)"
-)
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (it renders the kustomizations)")
 
 
 def _load_validator():
@@ -154,9 +150,7 @@ def test_mpijob_workers_get_gpus_slots_gpu_nodes_shm_and_nccl_settings():
     assert launcher_env["NCCL_DEBUG"] == "WARN"
     assert launcher_env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
     assert launcher_env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-    assert launcher_env["AWS_SECRET_ACCESS_KEY"] == {
-        "secretKeyRef": {"name": "s3-credentials", "key": "secret-key"}
-    }
+    assert launcher_env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "s3-credentials", "key": "secret-key"}}
 
 
 def test_mpijob_pods_are_unprivileged():
@@ -282,9 +276,7 @@ def test_stage_pod_runs_the_module_with_data_claim_and_s3_secret():
 
 
 def test_stage_pod_operator_kwargs_carry_image_command_and_template():
-    pod = k8s.render_stage_pod(
-        "shards", "pipeline.shards", ["--split", "train=/data/c/train", "--out", "/data/s"]
-    )
+    pod = k8s.render_stage_pod("shards", "pipeline.shards", ["--split", "train=/data/c/train", "--out", "/data/s"])
     kwargs = k8s.stage_pod_operator_kwargs(pod)
     assert kwargs["image"] == "speechflow/train:0.1.0"
     assert kwargs["cmds"] == ["python", "-m", "pipeline.shards"]
@@ -439,18 +431,13 @@ def test_renderer_defaults_match_the_kustomize_base():
     assert account["automountServiceAccountToken"] is False
     assert find(docs, "Service", "mlflow")["spec"]["ports"][0]["port"] == 5000
     assert settings.mlflow_tracking_uri == "http://mlflow:5000"
-    assert (
-        settings.s3_endpoint == "minio:9000"
-        and find(docs, "Service", "minio")["spec"]["ports"][0]["port"] == 9000
-    )
+    assert settings.s3_endpoint == "minio:9000" and find(docs, "Service", "minio")["spec"]["ports"][0]["port"] == 9000
 
     # The NetworkPolicies select the labels the renderer puts on pipeline pods.
     pod_labels = k8s.render_stage_pod("x", "pipeline.corpus", [])["metadata"]["labels"]
     pipeline_policy = find(docs, "NetworkPolicy", "pipeline")["spec"]
     assert pipeline_policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
-    minio_from = find(docs, "NetworkPolicy", "minio")["spec"]["ingress"][0]["from"][0]["podSelector"][
-        "matchLabels"
-    ]
+    minio_from = find(docs, "NetworkPolicy", "minio")["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
     assert minio_from.items() <= pod_labels.items()
 
     # The secret and keys the pods read are the ones minio-setup makes a MinIO user of.
@@ -463,10 +450,7 @@ def test_renderer_defaults_match_the_kustomize_base():
 
     # The RoleBinding lets the namespace's accounts (Airflow's task pods) manage MPIJobs.
     role = find(docs, "Role", "mpijob-submitter")
-    assert any(
-        "mpijobs" in r["resources"] and "create" in r["verbs"] and "delete" in r["verbs"]
-        for r in role["rules"]
-    )
+    assert any("mpijobs" in r["resources"] and "create" in r["verbs"] and "delete" in r["verbs"] for r in role["rules"])
     binding = find(docs, "RoleBinding", "mpijob-submitter")
     assert binding["subjects"][0]["name"] == f"system:serviceaccounts:{settings.namespace}"
 
@@ -499,9 +483,7 @@ def test_embedded_shell_scripts_parse(manifest, tmp_path):
 
 
 def kustomize(path: str) -> list[dict]:
-    proc = subprocess.run(
-        [KUBECTL, "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=120
-    )
+    proc = subprocess.run([KUBECTL, "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
@@ -529,9 +511,7 @@ def test_kustomize_renders_namespaced_limited_unprivileged_objects(path):
             for c in pod["containers"]:
                 assert c["securityContext"]["allowPrivilegeEscalation"] is False
                 assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-                assert {"cpu", "memory"} <= c["resources"]["requests"].keys() & c["resources"][
-                    "limits"
-                ].keys()
+                assert {"cpu", "memory"} <= c["resources"]["requests"].keys() & c["resources"]["limits"].keys()
                 assert not c["image"].endswith(":latest") and ":" in c["image"]
     secrets = [d for d in docs if d["kind"] == "Secret"]
     assert secrets == [], "no Secret (and no secret value) is committed"

@@ -45,9 +45,7 @@ def trained_workdir(path, metrics: dict, parent_run_id: str | None = None, exper
 
 def children(parent_run_id: str) -> dict[str, object]:
     parent = tracking.client().get_run(parent_run_id)
-    runs = tracking.client().search_runs(
-        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
-    )
+    runs = tracking.client().search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
     return {r.data.tags.get(registry.NAME_TAG, r.info.run_name): r for r in runs}
 
 
@@ -125,16 +123,10 @@ def stage_dirs(root):
 
 
 def test_record_stage_logs_counts_and_small_files_once_per_stage(mlflow_uri, tmp_path, capsys):
-    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")[
-        "parent_run_id"
-    ]
+    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")["parent_run_id"]
     corpus, train, kaldi_made, shards = stage_dirs(tmp_path)
     rec = cli(capsys, "record-stage", "--parent-run-id", parent, "--stage", "corpus", "--path", str(corpus))
-    assert (
-        rec["metrics"]["utterances.train"] == 32
-        and rec["metrics"]["speakers.train"] == 2
-        and not rec["reused"]
-    )
+    assert rec["metrics"]["utterances.train"] == 32 and rec["metrics"]["speakers.train"] == 2 and not rec["reused"]
     feats = cli(
         capsys,
         "record-stage",
@@ -181,35 +173,21 @@ def test_record_stage_logs_counts_and_small_files_once_per_stage(mlflow_uri, tmp
 
 
 def test_record_stage_names_the_missing_output(mlflow_uri, tmp_path, capsys):
-    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")[
-        "parent_run_id"
-    ]
-    assert (
-        registry.main(
-            ["record-stage", "--parent-run-id", parent, "--stage", "shards", "--path", str(tmp_path)]
-        )
-        == 1
-    )
+    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")["parent_run_id"]
+    assert registry.main(["record-stage", "--parent-run-id", parent, "--stage", "shards", "--path", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "manifest.json" in err and "python -m pipeline.shards" in err
     assert (
-        registry.main(
-            ["record-stage", "--parent-run-id", "0" * 32, "--stage", "corpus", "--path", str(tmp_path)]
-        )
-        == 1
+        registry.main(["record-stage", "--parent-run-id", "0" * 32, "--stage", "corpus", "--path", str(tmp_path)]) == 1
     )
     assert "MLFLOW_TRACKING_URI" in capsys.readouterr().err
 
 
 def test_register_moves_the_champion_only_to_a_better_model(mlflow_uri, tmp_path, capsys):
-    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")[
-        "parent_run_id"
-    ]
+    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")["parent_run_id"]
 
     def register(name: str, cer: float) -> dict:
-        work = trained_workdir(
-            tmp_path / name, {"model": "asr", "primary_metric": "test_cer", "test_cer": cer}, parent
-        )
+        work = trained_workdir(tmp_path / name, {"model": "asr", "primary_metric": "test_cer", "test_cer": cer}, parent)
         return cli(capsys, "register", "--workdir", str(work), "--name", "reg-asr", "--parent-run-id", parent)
 
     first = register("first", 0.5)
@@ -227,13 +205,8 @@ def test_register_moves_the_champion_only_to_a_better_model(mlflow_uri, tmp_path
 
     client = tracking.client()
     champion = client.get_model_version_by_alias("reg-asr", "champion")
-    assert (
-        int(champion.version) == 4
-        and champion.run_id == tracking.load_run_file(tmp_path / "better")["run_id"]
-    )
-    assert (
-        champion.tags[registry.METRIC_TAG] == "test_cer" and float(champion.tags[registry.VALUE_TAG]) == 0.3
-    )
+    assert int(champion.version) == 4 and champion.run_id == tracking.load_run_file(tmp_path / "better")["run_id"]
+    assert champion.tags[registry.METRIC_TAG] == "test_cer" and float(champion.tags[registry.VALUE_TAG]) == 0.3
     assert len(client.search_model_versions("name = 'reg-asr'")) == 4
     assert json.loads((tmp_path / "better" / registry.REGISTERED_FILE).read_text())["version"] == 4
     decision = children(parent)["register-reg-asr"]
@@ -242,9 +215,7 @@ def test_register_moves_the_champion_only_to_a_better_model(mlflow_uri, tmp_path
 
 def test_a_champion_without_the_metric_keeps_its_alias(mlflow_uri, tmp_path, capsys):
     # The champion was evaluated without an acoustic model: it has no intelligibility CER to compare.
-    old = trained_workdir(
-        tmp_path / "old", {"model": "tts", "primary_metric": "test_mcd_db", "test_mcd_db": 9.0}
-    )
+    old = trained_workdir(tmp_path / "old", {"model": "tts", "primary_metric": "test_mcd_db", "test_mcd_db": 9.0})
     cli(capsys, "register", "--workdir", str(old), "--name", "reg-tts")
     new = trained_workdir(
         tmp_path / "new",
@@ -273,12 +244,8 @@ def test_register_errors_name_the_fix(mlflow_uri, tmp_path, capsys):
 
 
 def test_finish_ends_the_parent_and_writes_the_summary(mlflow_uri, tmp_path, capsys):
-    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")[
-        "parent_run_id"
-    ]
-    work = trained_workdir(
-        tmp_path / "asr", {"model": "asr", "primary_metric": "test_cer", "test_cer": 0.25}, parent
-    )
+    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")["parent_run_id"]
+    work = trained_workdir(tmp_path / "asr", {"model": "asr", "primary_metric": "test_cer", "test_cer": 0.25}, parent)
     cli(capsys, "register", "--workdir", str(work), "--name", "reg-asr")
     summary = cli(
         capsys,

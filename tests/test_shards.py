@@ -25,7 +25,9 @@ CFG = shards.ShardConfig(num_shards=3, jobs=1)
     [("binary", None, 0.0), ("CM", 2, None), ("CM2", 3, None), ("CM3", 5, None), ("text", None, 1e-6)],
 )
 def test_round_trip_of_every_ark_format(tmp_path, kind, method, atol):
-    data_dir, feats, texts = make_feats_dir(tmp_path / "d", num_utts=9, dim=13, compression_method=method, text_ark=kind == "text")
+    data_dir, feats, texts = make_feats_dir(
+        tmp_path / "d", num_utts=9, dim=13, compression_method=method, text_ark=kind == "text"
+    )
     if method is not None:
         # Compressed matrices are lossy: the shards must hold exactly what kaldiio decodes.
         feats = {utt: kaldiio.load_mat(spec) for utt, spec in kaldi.read_table(data_dir / "feats.scp").values.items()}
@@ -41,7 +43,12 @@ def test_round_trip_of_every_ark_format(tmp_path, kind, method, atol):
 @pytest.mark.parametrize("dim", [13, 40, 80])
 def test_any_feature_dimension_and_gzip(tmp_path, dim):
     data_dir, feats, _ = make_feats_dir(tmp_path / "d", num_utts=5, dim=dim)
-    manifest = shards.make_shards({"train": data_dir}, tmp_path / "out", shards.ShardConfig(num_shards=2, compression="gzip", jobs=1), progress=False)
+    manifest = shards.make_shards(
+        {"train": data_dir},
+        tmp_path / "out",
+        shards.ShardConfig(num_shards=2, compression="gzip", jobs=1),
+        progress=False,
+    )
     assert manifest["feature_dim"] == dim
     assert all(s["file"].endswith(".tfrecord.gz") for s in manifest["splits"]["train"]["shards"])
     got = dict((u, m) for u, m, _ in shards.read_utterances(tmp_path / "out", "train"))
@@ -73,7 +80,9 @@ def test_manifest_contents(tmp_path):
 
 def test_shards_balance_lengths(tmp_path):
     data_dir, _, _ = make_feats_dir(tmp_path / "d", num_utts=60, frames=(10, 300))
-    manifest = shards.make_shards({"train": data_dir}, tmp_path / "out", shards.ShardConfig(num_shards=4, jobs=1), progress=False)
+    manifest = shards.make_shards(
+        {"train": data_dir}, tmp_path / "out", shards.ShardConfig(num_shards=4, jobs=1), progress=False
+    )
     frames = [s["frames"] for s in manifest["splits"]["train"]["shards"]]
     assert max(frames) - min(frames) < 0.1 * np.mean(frames), frames
 
@@ -91,17 +100,36 @@ def test_rerun_is_a_no_op_and_changed_inputs_rebuild(tmp_path):
     assert not rebuilt["skipped"] and rebuilt["fingerprint"] != first["fingerprint"]
     # Another layout removes the old shards.
     shards.make_shards({"train": data_dir}, out, shards.ShardConfig(num_shards=2, jobs=1), progress=False)
-    assert sorted(p.name for p in out.glob("*.tfrecord")) == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert sorted(p.name for p in out.glob("*.tfrecord")) == [
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
 
 
 @pytest.mark.slow
 def test_killed_writer_leaves_no_partial_shard_and_rerun_gives_same_manifest(tmp_path):
     data_dir, _, _ = make_feats_dir(tmp_path / "d", num_utts=400, dim=80, frames=(200, 400))
-    cmd = [sys.executable, "-m", "pipeline.shards", "--split", f"train={data_dir}", "--num-shards", "8", "--no-progress",
-           "--set", "jobs=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.shards",
+        "--split",
+        f"train={data_dir}",
+        "--num-shards",
+        "8",
+        "--no-progress",
+        "--set",
+        "jobs=2",
+    ]
     out = tmp_path / "out"
-    proc = subprocess.Popen([*cmd, "--out", str(out)], cwd=ROOT, env=quiet_env(), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out)],
+        cwd=ROOT,
+        env=quiet_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while not list(out.glob(".*.tfrecord.tmp")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -131,7 +159,15 @@ def test_feature_stage_matches_kaldi_native_fbank_and_is_safe_to_rerun(tmp_path)
 
     data_dir = make_wav_dir(tmp_path / "w", num_utts=4)
     summary = features.compute_features(data_dir, features.FeatureConfig(jobs=1), progress=False)
-    assert summary == {"utterances": 4, "featurized": 4, "rejected": 0, "frames": 4 * 48, "speakers": 2, "dim": 80, "skipped": False}
+    assert summary == {
+        "utterances": 4,
+        "featurized": 4,
+        "rejected": 0,
+        "frames": 4 * 48,
+        "speakers": 2,
+        "dim": 80,
+        "skipped": False,
+    }
     feats = kaldiio.load_scp(str(data_dir / "feats.scp"))
     utt = sorted(feats)[0]
     wave, _ = soundfile.read(data_dir / "wav" / f"{utt}.wav", dtype="int16")
@@ -149,7 +185,10 @@ def test_feature_stage_matches_kaldi_native_fbank_and_is_safe_to_rerun(tmp_path)
     assert features.compute_features(data_dir, features.FeatureConfig(jobs=1), progress=False)["skipped"]
     assert (data_dir / "feats.ark").stat().st_mtime_ns == mtime
     # Another configuration recomputes.
-    assert features.compute_features(data_dir, features.FeatureConfig(jobs=1, num_mel_bins=40), progress=False)["dim"] == 40
+    assert (
+        features.compute_features(data_dir, features.FeatureConfig(jobs=1, num_mel_bins=40), progress=False)["dim"]
+        == 40
+    )
     assert kaldiio.load_scp(str(data_dir / "feats.scp"))[utt].shape[1] == 40
 
 
@@ -163,8 +202,14 @@ def test_feature_stage_leaves_kaldi_features_alone(tmp_path):
 
 def test_feature_cli_runs_in_parallel(tmp_path):
     data_dir = make_wav_dir(tmp_path / "w", num_utts=6)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.features", "--data-dir", str(data_dir), "--set", "jobs=2"],
-                          cwd=ROOT, env=quiet_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.features", "--data-dir", str(data_dir), "--set", "jobs=2"],
+        cwd=ROOT,
+        env=quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "featurized=6" in proc.stdout and "fbank" in proc.stderr  # the progress bar
     assert len(kaldiio.load_scp(str(data_dir / "feats.scp"))) == 6

@@ -51,8 +51,15 @@ def test_tiny_acoustic_model_learns_and_records_everything(tiny_shards, tmp_path
         assert key in history[-1]
     assert summary["frames_per_s"] > 0 and summary["per_rank_peak_memory_mb"][0] > 0
     work = tmp_path / "w"
-    for path in ("config.yaml", "model/config.yaml", "model/data.json", "train_summary.json", "plots/loss.png",
-                 "plots/step_time_breakdown.png", "plots/ranks.png"):
+    for path in (
+        "config.yaml",
+        "model/config.yaml",
+        "model/data.json",
+        "train_summary.json",
+        "plots/loss.png",
+        "plots/step_time_breakdown.png",
+        "plots/ranks.png",
+    ):
         assert (work / path).is_file(), path
     run = mlflow.MlflowClient(mlflow_uri).get_run(summary["run_id"])
     assert run.data.params["asr.units"] == "48" and run.data.params["world_size"] == "1"
@@ -65,7 +72,9 @@ def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlfl
     with pytest.raises(ValueError, match="asr.units: 16 -> 24"):
         train.train_and_evaluate(tiny("asr", "max_steps=4", "asr.units=24"), tiny_shards, tmp_path / "w")
     # Other settings (the step budget, the learning rate) may change on resume.
-    resumed = train.train_and_evaluate(tiny("asr", "max_steps=4", "optim.learning_rate=0.001"), tiny_shards, tmp_path / "w")
+    resumed = train.train_and_evaluate(
+        tiny("asr", "max_steps=4", "optim.learning_rate=0.001"), tiny_shards, tmp_path / "w"
+    )
     assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
     # A finished workdir is left as it is (a retried Airflow task must not train or log again).
     mtime = (tmp_path / "w" / "train_summary.json").stat().st_mtime_ns
@@ -75,20 +84,43 @@ def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlfl
 
 
 def test_unknown_config_keys_are_errors(tiny_shards, tmp_path):
-    proc = subprocess.run([PYTHON, "-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(tmp_path),
-                           "--set", "asr.unit=3"], cwd=ROOT, env=quiet_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [PYTHON, "-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(tmp_path), "--set", "asr.unit=3"],
+        cwd=ROOT,
+        env=quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "unknown config key 'asr.unit'" in proc.stderr
 
 
 @pytest.mark.slow
 def test_killed_training_resumes_from_its_last_checkpoint(tiny_shards, tmp_path, mlflow_uri):
     workdir = tmp_path / "w"
-    cmd = [PYTHON, "-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(workdir), "--config",
-           str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "400", "--set", "checkpoint_every=5"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "models.train",
+        "--shards",
+        str(tiny_shards),
+        "--workdir",
+        str(workdir),
+        "--config",
+        str(CONFIGS / "tiny_asr.yaml"),
+        "--max-steps",
+        "400",
+        "--set",
+        "checkpoint_every=5",
+    ]
     env = quiet_env(MLFLOW_TRACKING_URI=mlflow_uri)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None and not list((workdir / "checkpoints").glob("ckpt-00000010.npz")):
+    while (
+        time.time() < deadline and proc.poll() is None and not list((workdir / "checkpoints").glob("ckpt-00000010.npz"))
+    ):
         time.sleep(0.1)
     assert proc.poll() is None, "training ended before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
@@ -96,7 +128,9 @@ def test_killed_training_resumes_from_its_last_checkpoint(tiny_shards, tmp_path,
     saved = sorted(int(p.stem.split("-")[1]) for p in (workdir / "checkpoints").glob("ckpt-*.npz"))
     assert saved and saved[-1] >= 10
     first_run = json.loads((workdir / "mlflow_run.json").read_text())["run_id"]
-    done = subprocess.run([*cmd[:-2], "--max-steps", str(saved[-1] + 6)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*cmd[:-2], "--max-steps", str(saved[-1] + 6)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((workdir / "train_summary.json").read_text())
     assert summary["resumed_from_step"] == saved[-1] and summary["steps"] == saved[-1] + 6
@@ -121,8 +155,21 @@ def _check_horovod_run(workdir, mlflow_uri, model: str):
 @pytest.mark.slow
 def test_horovodrun_acoustic_model_allreduce(tiny_shards, tmp_path, mlflow_uri):
     workdir = tmp_path / "asr"
-    horovodrun(["-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(workdir),
-                "--config", str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "6"], env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri))
+    horovodrun(
+        [
+            "-m",
+            "models.train",
+            "--shards",
+            str(tiny_shards),
+            "--workdir",
+            str(workdir),
+            "--config",
+            str(CONFIGS / "tiny_asr.yaml"),
+            "--max-steps",
+            "6",
+        ],
+        env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri),
+    )
     summary, run, loaded = _check_horovod_run(workdir, mlflow_uri, "asr")
     assert run.data.metrics["time_communication_ms"] > 0  # the allreduce is timed apart from compute
     hyps = loaded.predict({"feats": np.zeros([2, 30, 13], np.float32), "lengths": np.asarray([30, 20], np.int32)})
@@ -132,9 +179,25 @@ def test_horovodrun_acoustic_model_allreduce(tiny_shards, tmp_path, mlflow_uri):
 @pytest.mark.slow
 def test_horovodrun_synthesis_model_fused_step_fp16(tiny_shards, tmp_path, mlflow_uri):
     workdir = tmp_path / "tts"
-    horovodrun(["-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(workdir), "--config",
-                str(CONFIGS / "tiny_tts.yaml"), "--max-steps", "6", "--compression", "fp16", "--set", "strategy.fused_step=true"],
-               env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri))
+    horovodrun(
+        [
+            "-m",
+            "models.train",
+            "--shards",
+            str(tiny_shards),
+            "--workdir",
+            str(workdir),
+            "--config",
+            str(CONFIGS / "tiny_tts.yaml"),
+            "--max-steps",
+            "6",
+            "--compression",
+            "fp16",
+            "--set",
+            "strategy.fused_step=true",
+        ],
+        env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri),
+    )
     summary, run, loaded = _check_horovod_run(workdir, mlflow_uri, "tts")
     for module in ("encoder", "decoder", "postnet"):
         assert run.data.metrics[f"final_profile_{module}_ms"] > 0

@@ -15,10 +15,22 @@ import tensorflow as tf
 from models import audio
 from models.tts import TtsConfig, attention_diagonality, attention_monotonicity, build_tts
 
-TINY = TtsConfig(vocab_size=16, embedding_dim=32, encoder_conv_layers=1, encoder_conv_filters=32,
-                 encoder_lstm_units=32, attention_dim=32, location_filters=8, location_kernel=7,
-                 prenet_units=(32, 16), decoder_lstm_units=64, reduction_factor=3, postnet_layers=1,
-                 postnet_filters=32, prenet_dropout_at_inference=False)
+TINY = TtsConfig(
+    vocab_size=16,
+    embedding_dim=32,
+    encoder_conv_layers=1,
+    encoder_conv_filters=32,
+    encoder_lstm_units=32,
+    attention_dim=32,
+    location_filters=8,
+    location_kernel=7,
+    prenet_units=(32, 16),
+    decoder_lstm_units=64,
+    reduction_factor=3,
+    postnet_layers=1,
+    postnet_filters=32,
+    prenet_dropout_at_inference=False,
+)
 
 
 def synthetic_batch(config=TINY, lengths=(6, 8, 10, 12), seed=0):
@@ -29,12 +41,15 @@ def synthetic_batch(config=TINY, lengths=(6, 8, 10, 12), seed=0):
     sentences = [rng.integers(1, config.vocab_size, size=n) for n in lengths]
     frames = [np.repeat(table[s], 4 + s % 3, axis=0) for s in sentences]
     t_max, n_max = max(len(f) for f in frames), max(lengths)
-    batch = dict(tokens=np.zeros([len(lengths), n_max], np.int32), mels=np.zeros([len(lengths), t_max, 80], np.float32),
-                 stop_targets=np.zeros([len(lengths), t_max], np.float32))
+    batch = dict(
+        tokens=np.zeros([len(lengths), n_max], np.int32),
+        mels=np.zeros([len(lengths), t_max, 80], np.float32),
+        stop_targets=np.zeros([len(lengths), t_max], np.float32),
+    )
     for i, (s, f) in enumerate(zip(sentences, frames)):
-        batch["tokens"][i, :len(s)] = s
-        batch["mels"][i, :len(f)] = f
-        batch["stop_targets"][i, len(f) - 1:] = 1.0
+        batch["tokens"][i, : len(s)] = s
+        batch["mels"][i, : len(f)] = f
+        batch["stop_targets"][i, len(f) - 1 :] = 1.0
     batch["token_lengths"] = np.array(lengths, np.int32)
     batch["mel_lengths"] = np.array([len(f) for f in frames], np.int32)
     return {k: tf.constant(v) for k, v in batch.items()}
@@ -86,7 +101,7 @@ def test_shapes_with_frames_not_a_multiple_of_r(model):
     assert memory.shape == (2, n, 2 * TINY.encoder_lstm_units)
     assert np.all(memory.numpy()[1, 3:] == 0)
     after = model.postnet(out["mel_before"], batch["mel_lengths"])
-    assert np.all(after.numpy()[1, batch["mel_lengths"][1]:] == 0)
+    assert np.all(after.numpy()[1, batch["mel_lengths"][1] :] == 0)
     losses = model.compute_losses(batch, out)
     assert set(losses) == {"total", "mel", "postnet", "stop", "guided_attention"}
     assert all(v.shape == () and np.isfinite(v.numpy()) for v in losses.values())
@@ -122,11 +137,15 @@ def test_padding_values_change_neither_outputs_nor_losses(model):
     # The amount of padding does not matter either: the shortest utterance alone, unpadded,
     # gets the same outputs (catches a backward LSTM or a convolution reading padding first).
     n0, t0 = int(batch["token_lengths"][0]), int(batch["mel_lengths"][0])
-    alone = dict(tokens=batch["tokens"][:1, :n0], token_lengths=batch["token_lengths"][:1],
-                 mels=batch["mels"][:1, :t0], mel_lengths=batch["mel_lengths"][:1])
+    alone = dict(
+        tokens=batch["tokens"][:1, :n0],
+        token_lengths=batch["token_lengths"][:1],
+        mels=batch["mels"][:1, :t0],
+        mel_lengths=batch["mel_lengths"][:1],
+    )
     out_alone = model.teacher_forced(alone)
     np.testing.assert_allclose(out_alone["mel_after"][0], out["mel_after"][0, :t0], atol=1e-5)
-    np.testing.assert_allclose(out_alone["alignments"][0], out["alignments"][0, :-(-t0 // 3), :n0], atol=1e-6)
+    np.testing.assert_allclose(out_alone["alignments"][0], out["alignments"][0, : -(-t0 // 3), :n0], atol=1e-6)
     # ... while a change to a real frame does move the loss, so the comparisons above can fail.
     changed["mels"] = batch["mels"] + 0.5
     assert abs(float(model.compute_losses(changed, model.teacher_forced(changed))["mel"] - losses["mel"])) > 1e-3
@@ -247,6 +266,7 @@ def test_attention_metrics_tell_diagonal_from_stuck_and_backwards():
 
 # ---- audio ----
 
+
 def speech_like(seconds=1.5, seed=0):
     """A pulse train at a gliding 80-160 Hz through three vowel-like formant sets, plus a fricative burst."""
     rng = np.random.default_rng(seed)
@@ -259,7 +279,9 @@ def speech_like(seconds=1.5, seed=0):
         part = slice(k * n // 3, (k + 1) * n // 3)
         for f in formants:
             r = np.exp(-np.pi * 80 / 16000)
-            wave[part] += scipy.signal.lfilter([1 - r], [1, -2 * r * np.cos(2 * np.pi * f / 16000), r * r], source[part])
+            wave[part] += scipy.signal.lfilter(
+                [1 - r], [1, -2 * r * np.cos(2 * np.pi * f / 16000), r * r], source[part]
+            )
     burst = slice(int(0.6 * n), int(0.7 * n))
     wave[burst] += 0.05 * scipy.signal.lfilter([1, -0.9], [1], rng.normal(size=burst.stop - burst.start))
     wave += 1e-4 * rng.normal(size=n)
@@ -307,8 +329,10 @@ def test_mcd_is_zero_for_identical_inputs_and_grows_with_noise():
     reference = audio.kaldi_fbank(speech_like())
     rng = np.random.default_rng(0)
     assert audio.mel_cepstral_distortion(reference, reference) == 0.0
-    noisy = [audio.mel_cepstral_distortion(reference, reference + s * rng.normal(size=reference.shape))
-             for s in (0.05, 0.2, 0.8)]
+    noisy = [
+        audio.mel_cepstral_distortion(reference, reference + s * rng.normal(size=reference.shape))
+        for s in (0.05, 0.2, 0.8)
+    ]
     assert 0 < noisy[0] < noisy[1] < noisy[2]
     # DTW absorbs a time stretch: every frame repeated twice costs nothing.
     assert audio.mel_cepstral_distortion(reference, np.repeat(reference, 2, axis=0)) == 0.0

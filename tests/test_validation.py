@@ -66,7 +66,14 @@ def test_unreadable_truncated_and_missing_files(data_dir, tmp_path):
     cut.write_bytes(cut.read_bytes()[:600])
     with open(data_dir / "feats.scp", "a") as f:
         f.write(f"bad-1 {garbage}:6\nlost-1 {data_dir / 'nowhere.ark'}:6\n")
-    write_table(data_dir / "text", {**dict(line.split(" ", 1) for line in (data_dir / "text").read_text().splitlines()), "bad-1": "a", "lost-1": "b"})
+    write_table(
+        data_dir / "text",
+        {
+            **dict(line.split(" ", 1) for line in (data_dir / "text").read_text().splitlines()),
+            "bad-1": "a",
+            "lost-1": "b",
+        },
+    )
     with open(data_dir / "utt2spk", "a") as f:
         f.write("bad-1 spk0\nlost-1 spk0\n")
     rejected = shard_rejections(data_dir, tmp_path)
@@ -86,7 +93,9 @@ def test_nan_inf_dimension_and_frame_limits(data_dir, tmp_path):
     append_matrix(data_dir, "dim-1", np.ones((30, 40), np.float32))
     append_matrix(data_dir, "empty-1", np.zeros((0, 13), np.float32))
     append_matrix(data_dir, "long-1", np.ones((500, 13), np.float32))
-    rejected = shard_rejections(data_dir, tmp_path, shards.ShardConfig(max_frames=400, max_rejected_fraction=1.0, jobs=1))
+    rejected = shard_rejections(
+        data_dir, tmp_path, shards.ShardConfig(max_frames=400, max_rejected_fraction=1.0, jobs=1)
+    )
     assert rejected["nan-1"].reason == "nan_or_inf"
     assert rejected["inf-1"].reason == "nan_or_inf"
     assert rejected["dim-1"].reason == "wrong_dimension"
@@ -101,7 +110,11 @@ def test_transcript_problems_and_duplicates(data_dir, tmp_path):
         f.write(f"{utts[1]} caf\xe9 \xff\xfe\n".encode("latin-1"))  # same id again: duplicate too
     text = kaldi.read_table(data_dir / "text")
     assert utts[0] in text.duplicates
-    lines = [ln for ln in (data_dir / "text").read_bytes().split(b"\n") if ln and not ln.startswith(utts[0].encode()) and not ln.startswith(utts[1].encode())]
+    lines = [
+        ln
+        for ln in (data_dir / "text").read_bytes().split(b"\n")
+        if ln and not ln.startswith(utts[0].encode()) and not ln.startswith(utts[1].encode())
+    ]
     lines += [utts[0].encode(), f"{utts[1]} ".encode() + b"\xff\xfe"]  # empty and undecodable, once each
     (data_dir / "text").write_bytes(b"\n".join(lines) + b"\n")
     with open(data_dir / "utt2spk", "a") as f:
@@ -149,9 +162,23 @@ def test_too_many_rejections_fail_with_a_message_naming_the_file(data_dir, tmp_p
         bad[0, 0] = np.nan
         append_matrix(data_dir, f"nan-{i}", bad)
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.shards", "--split", f"train={data_dir}", "--out", str(tmp_path / "out"),
-         "--max-rejected-fraction", "0.1", "--no-progress"],
-        cwd=ROOT, env=quiet_env(), capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.shards",
+            "--split",
+            f"train={data_dir}",
+            "--out",
+            str(tmp_path / "out"),
+            "--max-rejected-fraction",
+            "0.1",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "rejected.tsv" in proc.stderr and "3 x nan_or_inf" in proc.stderr
@@ -172,8 +199,12 @@ def test_audio_rejections_are_carried_to_the_shard_stage(tmp_path):
     junk = data_dir / "wav" / "junk.wav"
     junk.write_bytes(b"this is not audio at all " * 40)
     canary = tmp_path / "audio-pipe-ran"
-    extra = {"cut-1": str(cut), "junk-1": str(junk), "gone-1": str(data_dir / "wav" / "gone.wav"),
-             "pipe-1": f"touch {canary}; sox -n -t wav - synth 1 sine 300 |"}
+    extra = {
+        "cut-1": str(cut),
+        "junk-1": str(junk),
+        "gone-1": str(data_dir / "wav" / "gone.wav"),
+        "pipe-1": f"touch {canary}; sox -n -t wav - synth 1 sine 300 |",
+    }
     write_table(data_dir / "wav.scp", {**wav, **extra})
     with open(data_dir / "text", "a") as f:
         f.writelines(f"{u} hello\n" for u in extra)
@@ -185,7 +216,11 @@ def test_audio_rejections_are_carried_to_the_shard_stage(tmp_path):
     assert not canary.exists()
     rejected = shard_rejections(data_dir, tmp_path)
     assert {u: r.reason for u, r in rejected.items()} == {
-        "cut-1": "truncated", "junk-1": "unreadable", "gone-1": "file_missing", "pipe-1": "pipe_refused"}
+        "cut-1": "truncated",
+        "junk-1": "unreadable",
+        "gone-1": "file_missing",
+        "pipe-1": "pipe_refused",
+    }
 
 
 def test_segments_outside_recording_and_bad_segments(tmp_path):
@@ -193,10 +228,20 @@ def test_segments_outside_recording_and_bad_segments(tmp_path):
     (data_dir / "wav").mkdir(parents=True)
     soundfile.write(data_dir / "wav" / "rec1.wav", tone(2.0), 16000, subtype="PCM_16")
     write_table(data_dir / "wav.scp", {"rec1": str(data_dir / "wav" / "rec1.wav")})
-    write_table(data_dir / "segments", {"s-a": "rec1 0.00 0.80", "s-b": "rec1 0.80 1.95",
-                                        "s-c": "rec1 1.50 3.50", "s-d": "rec1 1.2 0.4", "s-e": "rec9 0 1"})
+    write_table(
+        data_dir / "segments",
+        {
+            "s-a": "rec1 0.00 0.80",
+            "s-b": "rec1 0.80 1.95",
+            "s-c": "rec1 1.50 3.50",
+            "s-d": "rec1 1.2 0.4",
+            "s-e": "rec9 0 1",
+        },
+    )
     write_table(data_dir / "utt2spk", {u: "s" for u in ("s-a", "s-b", "s-c", "s-d", "s-e")})
-    summary = features.compute_features(data_dir, features.FeatureConfig(max_rejected_fraction=1.0, jobs=1), progress=False)
+    summary = features.compute_features(
+        data_dir, features.FeatureConfig(max_rejected_fraction=1.0, jobs=1), progress=False
+    )
     rejected = {r.utt_id: r.reason for _, r in kaldi.read_rejections(data_dir / features.REJECTED)}
     assert rejected == {"s-c": "segment_outside_recording", "s-d": "bad_segment", "s-e": "missing_audio"}
     feats = kaldiio.load_scp(str(data_dir / "feats.scp"))
@@ -224,7 +269,9 @@ def test_other_sample_rates_and_channels_are_converted_or_rejected(tmp_path):
     strict.mkdir()
     for name in ("wav.scp", "utt2spk"):
         (strict / name).write_text((data_dir / name).read_text())
-    features.compute_features(strict, features.FeatureConfig(jobs=1, resample=False, downmix=False, max_rejected_fraction=1.0), progress=False)
+    features.compute_features(
+        strict, features.FeatureConfig(jobs=1, resample=False, downmix=False, max_rejected_fraction=1.0), progress=False
+    )
     rejected = {r.utt_id: r for _, r in kaldi.read_rejections(strict / features.REJECTED)}
     assert {u: r.reason for u, r in rejected.items()} == {"b": "unsupported_audio", "c": "unsupported_audio"}
     assert "8000" in rejected["b"].detail and "2 channels" in rejected["c"].detail

@@ -10,5 +10,8 @@ hvd.init()
 x = tf.constant([float(hvd.rank() + 1), 10.0 * (hvd.rank() + 1)])
 total = hvd.allreduce(x, op=hvd.Sum).numpy()
 mean = hvd.allreduce(x, op=hvd.Average).numpy()
-print(f"RESULT rank={hvd.rank()} size={hvd.size()} sum={total.tolist()} mean={mean.tolist()} "
-      f"threads={applied['intra_op_threads']},{applied['inter_op_threads']}", flush=True)
+print(
+    f"RESULT rank={hvd.rank()} size={hvd.size()} sum={total.tolist()} mean={mean.tolist()} "
+    f"threads={applied['intra_op_threads']},{applied['inter_op_threads']}",
+    flush=True,
+)
