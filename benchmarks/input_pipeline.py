@@ -158,8 +158,9 @@ def measure_tfdata(out_dir: Path, cfg: dataset.InputConfig, step_s: float) -> di
     result = {"first_batch_s": first_batch(lambda: tfdata_epochs(out_dir, cfg, 1)[0])}
     for key, sleep in (("frames_per_s", 0.0), ("utilization", step_s)):
         iterator, counts = tfdata_epochs(out_dir, cfg, 3)
-        for _ in range(counts[0]):  # epoch 0 is the warm-up; epochs 1-2 are measured
+        for _ in range(counts[0]):  # epoch 0 is the warm-up, at the consumer's pace; epochs 1-2 are measured
             next(iterator)
+            time.sleep(sleep)
         batches, frames, wall, waiting = run_epochs(iterator, sleep)
         result[key] = frames / wall if key == "frames_per_s" else (wall - waiting) / wall
     result["batches_per_epoch"] = counts[1]

@@ -395,24 +395,53 @@ def tts_dataset(
 
 
 def chain_epochs(make_epoch, first_epoch: int, epochs: int, skip: int = 0, prefetch: int = 8):
-    """One dataset over epochs first_epoch..epochs-1, so the next epoch's reads and shuffling start
-    while the current one is still training (no bubble at epoch boundaries).
+    """The batches of epochs first_epoch..epochs-1, in order, with no bubble at epoch boundaries.
 
     `make_epoch(epoch) -> (dataset, batches)`; `skip` batches of the first epoch are skipped (resuming).
-    Returns (dataset, [batches per epoch]).
+    Returns (an iterable over every epoch's batches, [batches per epoch]).
     """
     parts, counts = [], []
     for epoch in range(first_epoch, epochs):
         dataset, batches = make_epoch(epoch)
         if epoch == first_epoch and skip:
             dataset = dataset.skip(skip)
-        parts.append(dataset)
+        # A fixed, generous buffer: AUTOTUNE sizes it for the steady state and lets it run dry at
+        # the end of an epoch.
+        parts.append(dataset.prefetch(prefetch))
         counts.append(batches)
     if not parts:
         raise ValueError(f"no epochs to run: first_epoch={first_epoch}, epochs={epochs}")
-    chained = parts[0]
-    for part in parts[1:]:
-        chained = chained.concatenate(part)
-    # A fixed, generous buffer: AUTOTUNE sizes it for the steady state and lets it run dry while the
-    # next epoch fills its shuffle buffer.
-    return chained.prefetch(prefetch), counts
+    return EpochStream(parts), counts
+
+
+class EpochStream:
+    """Iterates over one dataset per epoch, starting each epoch's pipeline one epoch early.
+
+    `Dataset.concatenate` (and `flat_map`) create the next epoch's iterator only when the current
+    one is exhausted, so every epoch would begin with its start-up latency (opening files, filling
+    the shuffle buffer, the first full bucket: about 0.15 s measured on the demo corpus) while the
+    model waits. tf.data has no operator that starts a sequential successor early, hence this:
+    while epoch e is consumed, a background thread creates epoch e+1's iterator and pulls its
+    first batch, which also starts its prefetch thread; the order of the batches is unchanged.
+    """
+
+    def __init__(self, datasets: list):
+        self.datasets = datasets
+
+    def __iter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        def start(dataset):
+            iterator = iter(dataset)
+            return next(iterator, None), iterator
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-epoch") as pool:
+            upcoming = pool.submit(start, self.datasets[0])
+            for index in range(len(self.datasets)):
+                first, iterator = upcoming.result()
+                if index + 1 < len(self.datasets):
+                    upcoming = pool.submit(start, self.datasets[index + 1])
+                if first is None:
+                    continue
+                yield first
+                yield from iterator

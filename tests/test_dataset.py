@@ -162,3 +162,29 @@ def test_spec_augment_masks_bands_and_runs_in_training_only(sharded):
     for batch in eval_ds.as_numpy_iterator():
         utt = batch["utt_id"][0].decode()
         np.testing.assert_array_equal(batch["feats"][0, : batch["feat_lengths"][0]], feats[utt])
+
+
+def test_epoch_stream_keeps_order_and_starts_the_next_epoch_early():
+    import time
+
+    import tensorflow as tf
+
+    produced = []
+
+    def make_epoch(epoch):
+        def record(x):
+            produced.append(int(x))
+            return x
+
+        items = tf.data.Dataset.range(epoch * 10, epoch * 10 + 4)
+        return items.map(lambda x: tf.py_function(record, [x], tf.int64)), 4
+
+    stream, counts = dataset.chain_epochs(make_epoch, 0, 3, skip=1, prefetch=1)
+    assert counts == [4, 4, 4]
+    iterator = iter(stream)
+    assert int(next(iterator)) == 1  # epoch 0 resumed after one batch
+    deadline = time.monotonic() + 10
+    while 10 not in produced and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 10 in produced, produced  # epoch 1's first batch exists while epoch 0 is still being consumed
+    assert [int(x) for x in iterator] == [2, 3, 10, 11, 12, 13, 20, 21, 22, 23]
