@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Tmerge {tmerge * 1000:.2f} ms"
     )
     print_table(["strategy", "predicted n=1", "predicted n=2", "measured n=2", "predicted n=128"], rows)
-    results["plot"] = str(plot)
+    results["plot"] = plot.name  # logged to MLflow with the numbers
     results["mlflow_run_id"] = log_to_mlflow(results, plot)
     write_json(args.json, results)
     return 0
