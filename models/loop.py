@@ -362,7 +362,8 @@ class Trainer:
 
     def _set_learning_rate(self, step: int) -> None:
         """Sets the rate that step `step` (1-based) will use."""
-        workers = self.size if self.config.strategy.name == "allreduce" else 1  # gossip workers step alone
+        strategy = self.config.strategy
+        workers = self.size if strategy.name == "allreduce" or strategy.gossip_scale_lr else 1
         self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
         self.optimizer.learning_rate.assign(self.current_lr)
 

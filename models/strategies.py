@@ -30,6 +30,10 @@ class StrategyConfig:
     gossip_compression: str = "none"  # adpsgd: exchanges travel as "none" (float32) or "fp16"
     consensus_every: int = 10  # adpsgd: gossip rounds between consensus-distance measurements
     seed: int = 0  # adpsgd random-ring: the seed every rank draws the matchings from
+    # adpsgd: scale the learning rate with the number of workers, as allreduce does. Averaging n
+    # workers' models, each stepped by its own gradient, moves the average by lr x the mean gradient
+    # per n batches: the same as one allreduce step, so both need the same rate per sample.
+    gossip_scale_lr: bool = True
     straggler_rank: int = -1  # benchmarks/tests: this rank sleeps straggler_delay_ms every step
     straggler_delay_ms: float = 0.0  # the added delay per step of straggler_rank
 

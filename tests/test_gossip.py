@@ -60,6 +60,9 @@ def test_acoustic_model_gossip_ends_with_consensus(tiny_shards, tmp_path, uri, v
     assert run.data.params["strategy.name"] == "adpsgd"
     history = mlflow.MlflowClient(uri).get_metric_history(run.info.run_id, "consensus_distance")
     assert history and all(m.value >= 0 for m in history)
+    # Gossip scales the learning rate with the workers, like allreduce (tiny config: 0.003, 2 ranks).
+    rates = mlflow.MlflowClient(uri).get_metric_history(run.info.run_id, "learning_rate")
+    assert max(m.value for m in rates) > 1.5 * 0.003
 
 
 def test_straggler_does_not_slow_the_fast_rank_to_its_pace(tiny_shards, tmp_path, uri):
