@@ -18,8 +18,8 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
 lint: setup
-	$(PY) -m ruff check pipeline models dags tests benchmarks
-	$(PY) -m ruff format --check pipeline models dags tests benchmarks
+	$(PY) -m ruff check common pipeline models workflow dags tests benchmarks
+	$(PY) -m ruff format --check common pipeline models workflow dags tests benchmarks
 
 demo: setup
 	bash scripts/demo.sh

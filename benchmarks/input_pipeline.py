@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline import dataset, shards  # noqa: E402
+from pipeline import dataset, records, shards  # noqa: E402
 
 
 def write_corpus(root: Path, utterances: int, mean_frames: int, compress: bool, seed: int = 0) -> Path:
@@ -90,7 +90,7 @@ class SeedLoader:
 
 
 def tfdata_epochs(out_dir: Path, cfg: dataset.InputConfig, epochs: int):
-    manifest = shards.load_manifest(out_dir)
+    manifest = records.load_manifest(out_dir)
     chained, counts = dataset.chain_epochs(
         lambda e: dataset.asr_dataset(out_dir, "train", cfg, 0, 1, e, True, manifest),
         0,
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames-per-batch", type=int, default=6000, help="the frame budget of a batch, both loaders")
     parser.add_argument("--large-utterances", type=int, default=100_000, help="utterances of the large corpus")
     args = parser.parse_args(argv)
-    from pipeline.runtime import configure_tensorflow
+    from common.runtime import configure_tensorflow
 
     configure_tensorflow()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="input-bench-"))

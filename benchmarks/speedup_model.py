@@ -10,7 +10,7 @@ Measures, for the acoustic model:
 - Tmerge: one averaging (w <- w + (average - snapshot) over the flat weight vector, numpy).
 Then applies Speedup = n (Tcalc + Tmerge) / (Tcalc + Tmerge + Twait), with
 Twait = max(n Ttransmit + (n - 1) Tmerge - Tcalc, 0) for the ring (allreduce) and the gossip form
-of models/speedup_model.py, compares the prediction at n = 1 and 2 with the measured throughput
+of benchmarks/speedup_theory.py, compares the prediction at n = 1 and 2 with the measured throughput
 ratio, plots both predicted curves to n = 128 and logs the plot and numbers to MLflow.
 """
 
@@ -31,7 +31,7 @@ from benchmarks.common import HOROVODRUN, PYTHON, ROOT, asr_setup, print_table, 
 
 PROBE = """
 import sys, time, numpy as np, tensorflow as tf, horovod.tensorflow as hvd
-from pipeline.runtime import configure_tensorflow
+from common.runtime import configure_tensorflow
 configure_tensorflow(); hvd.init()
 x = tf.constant(np.random.default_rng(hvd.rank()).normal(size=int(sys.argv[1])).astype(np.float32))
 for _ in range(3): hvd.allreduce(x, op=hvd.Average, name="warm").numpy()
@@ -75,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=Path)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args(argv)
-    from models import asr, speedup_model
+    from benchmarks import speedup_theory as speedup_model
+    from common import config as configlib
+    from models import asr
     from models.tasks import resolve_asr
-    from models.train import TrainConfig
-    from pipeline import config as configlib
-    from pipeline.shards import load_manifest
+    from models.train_config import TrainConfig
+    from pipeline.records import load_manifest
 
     work, config, shards, common = asr_setup(args, "speedup_model-", tiny_steps=8)
     common.append("intra_op_threads=1")

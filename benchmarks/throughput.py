@@ -74,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.tiny:  # the test only needs every kind of run once; np=2 bfloat16 adds nothing new there
         runs.remove(("asr", 2, "mixed_bfloat16"))
+    from common import config as configlib
     from models import asr
     from models.tasks import resolve_asr
-    from pipeline import config as configlib
-    from pipeline.shards import load_manifest
+    from pipeline.records import load_manifest
 
     for model, np_, precision in runs:
         key = f"{model}_np{np_}" + ("_bf16" if precision != "float32" else "")
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             summary.get("share_communication", 0.0),
         ]
         if model == "asr":
-            from models.train import TrainConfig
+            from models.train_config import TrainConfig
 
             cfg = resolve_asr(configlib.load(TrainConfig, configs[model]).asr, load_manifest(shards))
             flops = asr.flops_per_frame(cfg) * summary["frames_per_s_total"]

@@ -9,28 +9,31 @@ the training environment (`execution_mode=local`; training under `horovodrun -np
 as a pod of the training image (`kubernetes`; training as an MPIJob). Every stage skips work that
 is already done, so a retried or cleared task picks up where it stopped. MLflow: one parent run per
 DAG run, a child run per stage; the registry's alias `champion` moves only to a better model.
-What the tasks run lives in `speechflow_tasks.py` beside this file.
+What the tasks run lives in the `workflow` package (plan, command lines, runners); this file wires.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pendulum
-import speechflow_tasks as st
 from airflow.sdk import Asset, Param, dag, get_current_context, setup, task, teardown
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from workflow import commands, runner
+from workflow.plan import MODELS, SPLITS, Plan, make_plan
+
+log = logging.getLogger("speechflow.dag")  # shown by scripts/demo.sh
 
 # What the pipeline produces, for DAGs scheduled on them; each event's `extra` holds the paths.
 CORPUS = Asset(name="speechflow.corpus", uri="x-speechflow://corpus", group="speechflow")
 FEATURES = Asset(name="speechflow.features", uri="x-speechflow://features", group="speechflow")
 SHARDS = Asset(name="speechflow.shards", uri="x-speechflow://shards", group="speechflow")
-TRAINED = {
-    m: Asset(name=f"speechflow.model.{m}", uri=f"x-speechflow://model/{m}", group="speechflow") for m in st.MODELS
-}
+TRAINED = {m: Asset(name=f"speechflow.model.{m}", uri=f"x-speechflow://model/{m}", group="speechflow") for m in MODELS}
 REGISTERED = {
     m: Asset(name=f"speechflow.registered.{m}", uri=f"x-speechflow://registered/{m}", group="speechflow")
-    for m in st.MODELS
+    for m in MODELS
 }
 
 DATA, TRAINING, TRACKING, EXECUTION = "Data", "Training", "Tracking", "Execution"
@@ -63,12 +66,12 @@ PARAMS = {
         description="TFRecord shards per split; at least num_workers (each worker reads its own).",
     ),
     "models": Param(
-        list(st.MODELS),
+        list(MODELS),
         type="array",
-        items={"type": "string", "enum": list(st.MODELS)},
+        items={"type": "string", "enum": list(MODELS)},
         minItems=1,
         uniqueItems=True,
-        examples=list(st.MODELS),
+        examples=list(MODELS),
         section=TRAINING,
         values_display={
             "asr": "asr: acoustic model (speech recognition)",
@@ -196,8 +199,8 @@ RETRIES = dict(
 )
 
 
-def _plan() -> st.Plan:
-    return st.Plan.from_xcom(get_current_context()["ti"].xcom_pull(task_ids="plan"))
+def _plan() -> Plan:
+    return Plan.from_xcom(get_current_context()["ti"].xcom_pull(task_ids="plan"))
 
 
 def _parent_run_id() -> str:
@@ -206,19 +209,9 @@ def _parent_run_id() -> str:
     return get_current_context()["ti"].xcom_pull(task_ids="start_mlflow_run")
 
 
-def _record(plan: st.Plan, stage: str, path: str, name: str, *params: str) -> dict:
-    args = [
-        "record-stage",
-        "--parent-run-id",
-        _parent_run_id(),
-        "--stage",
-        stage,
-        "--path",
-        path,
-        "--name",
-        name,
-    ]
-    return st.registry(plan, get_current_context(), f"record-{name}", [*args, *[f"--param={p}" for p in params]])
+def _record(plan: Plan, stage: str, path: str, name: str, **params: str) -> dict:
+    args = commands.record_stage_args(_parent_run_id(), stage, path, name, params)
+    return runner.registry(plan, get_current_context(), f"record-{name}", args)
 
 
 @dag(
@@ -238,31 +231,22 @@ def speech_pipeline():
         """Checks the params and fixes every path of this run."""
         context = get_current_context()
         try:
-            return st.make_plan(context["params"], context["dag"].dag_id, context["run_id"]).to_xcom()
+            return make_plan(context["params"], context["dag"].dag_id, context["run_id"]).to_xcom()
         except ValueError as err:
             raise AirflowFailException(f"invalid params: {err}") from err
 
     @setup
     def start_mlflow_run(plan: dict) -> str:
         """The MLflow parent run of this DAG run (the same one again on a retry)."""
-        p = st.Plan.from_xcom(plan)
-        args = [
-            "start-parent",
-            "--experiment",
-            p.experiment,
-            "--dag-id",
-            p.dag_id,
-            "--dag-run-id",
-            p.dag_run_id,
-        ]
-        return st.registry(p, get_current_context(), "mlflow-start", args)["parent_run_id"]
+        p = Plan.from_xcom(plan)
+        return runner.registry(p, get_current_context(), "mlflow-start", commands.start_parent_args(p))["parent_run_id"]
 
     @task(outlets=[CORPUS])
     def prepare_corpus() -> dict:
         p = _plan()
         if not p.make_corpus:
             raise AirflowSkipException(f"data_dir is given ({p.data_root}): no demo corpus")
-        st.run_stage(p, get_current_context(), "corpus", "pipeline.corpus", st.corpus_args(p))
+        runner.run_stage(p, get_current_context(), "corpus", commands.CORPUS, commands.corpus_args(p))
         record = _record(p, "corpus", p.data_root, "corpus")
         get_current_context()["outlet_events"][CORPUS].extra = {
             "data_root": p.data_root,
@@ -277,8 +261,8 @@ def speech_pipeline():
             raise AirflowSkipException(f"{p.data_root} has no {split} split")
         context = get_current_context()
         data_dir = f"{p.data_root}/{split}"
-        st.run_stage(p, context, f"features-{split}", "pipeline.features", st.features_args(p, split))
-        record = _record(p, "features", data_dir, f"features-{split}", f"split={split}")
+        runner.run_stage(p, context, f"features-{split}", commands.FEATURES, commands.features_args(p, split))
+        record = _record(p, "features", data_dir, f"features-{split}", split=split)
         context["outlet_events"][FEATURES].extra = {"split": split, "data_dir": data_dir}
         return {
             "split": split,
@@ -291,7 +275,7 @@ def speech_pipeline():
     def make_shards(featurized: list[dict | None]) -> dict:
         p = _plan()
         context = get_current_context()
-        st.run_stage(p, context, "shards", "pipeline.shards", st.shards_args(p))
+        runner.run_stage(p, context, "shards", commands.SHARDS, commands.shards_args(p))
         record = _record(p, "shards", p.shards_dir, "shards")
         manifest = f"{p.shards_dir}/manifest.json"
         context["outlet_events"][SHARDS].extra = {"shards_dir": p.shards_dir, "manifest": manifest}
@@ -309,7 +293,7 @@ def speech_pipeline():
         if model not in p.models:
             raise AirflowSkipException(f"{model} is not among the models to train ({', '.join(p.models)})")
         context = get_current_context()
-        trained = st.run_training(p, context, model, _parent_run_id())
+        trained = runner.run_training(p, context, model, _parent_run_id())
         context["outlet_events"][TRAINED[model]].extra = {
             "workdir": trained["workdir"],
             "run_id": trained.get("run_id"),
@@ -322,9 +306,10 @@ def speech_pipeline():
         if trained is None:
             raise AirflowSkipException(f"{model} was not trained in this run")
         with_asr = model == "tts" and acoustic is not None
-        args = st.evaluate_args(p, model, _parent_run_id(), with_asr)
-        st.run_stage(p, get_current_context(), f"evaluate-{model}", "models.evaluate", args, gpus=st.evaluation_gpus(p))
-        metrics = st.read_eval(p, model)
+        args = commands.evaluate_args(p, model, _parent_run_id(), with_asr)
+        gpus = runner.evaluation_gpus(p)
+        runner.run_stage(p, get_current_context(), f"evaluate-{model}", commands.EVALUATE, args, gpus=gpus)
+        metrics = runner.read_eval(p, model)
         return {
             "model": model,
             "workdir": p.workdirs[model],
@@ -336,17 +321,8 @@ def speech_pipeline():
     @task
     def register(model: str, evaluated: dict) -> dict:
         p = _plan()
-        args = [
-            "register",
-            "--workdir",
-            p.workdirs[model],
-            "--name",
-            p.model_name(model),
-            "--parent-run-id",
-            _parent_run_id(),
-        ]
         context = get_current_context()
-        result = st.registry(p, context, f"register-{model}", args)
+        result = runner.registry(p, context, f"register-{model}", commands.register_args(p, model, _parent_run_id()))
         context["outlet_events"][REGISTERED[model]].extra = {
             k: result[k] for k in ("name", "version", "promoted", "champion_version", "metric", "value")
         }
@@ -359,22 +335,12 @@ def speech_pipeline():
         context = get_current_context()
         states = context["ti"].get_task_states(dag_id=p.dag_id, run_ids=[p.dag_run_id]).get(p.dag_run_id, {})
         states.pop(context["ti"].task_id, None)
-        failed = st.failed_tasks(states)
-        args = [
-            "finish",
-            "--parent-run-id",
-            parent_run_id,
-            "--status",
-            "FAILED" if failed else "FINISHED",
-            "--summary",
-            f"{p.run_dir}/summary.json",
-            *[f"--workdir={m}={p.workdirs[m]}" for m in p.models],
-        ]
-        summary = st.registry(p, context, "mlflow-finish", args)
+        failed = runner.failed_tasks(states)
+        summary = runner.registry(p, context, "mlflow-finish", commands.finish_args(p, parent_run_id, bool(failed)))
         for model, info in summary["models"].items():
             registered = info.get("registered") or {}
             metric = info.get("primary_metric")
-            st.log.info(
+            log.info(
                 "%s: %s=%s, %s version %s (%s)",
                 model,
                 metric,
@@ -383,24 +349,22 @@ def speech_pipeline():
                 registered.get("version"),
                 registered.get("reason"),
             )
-        st.log.info("summary: %s; failed tasks: %s", f"{p.run_dir}/summary.json", failed or "none")
+        log.info("summary: %s; failed tasks: %s", f"{p.run_dir}/summary.json", failed or "none")
         return summary
 
     parent = start_mlflow_run(plan())
     corpus = prepare_corpus()
     parent >> corpus
-    featurized = [features.override(task_id=f"features_{s}")(s) for s in st.SPLITS]
+    featurized = [features.override(task_id=f"features_{s}")(s) for s in SPLITS]
     corpus >> featurized
     shards = make_shards(featurized)
-    trained = {m: train.override(task_id=f"train_{m}", outlets=[TRAINED[m]])(m, shards) for m in st.MODELS}
+    trained = {m: train.override(task_id=f"train_{m}", outlets=[TRAINED[m]])(m, shards) for m in MODELS}
     evaluated = {
         "asr": evaluate.override(task_id="evaluate_asr")("asr", trained["asr"]),
         # Intelligibility: the acoustic model trained a moment ago transcribes the synthesized speech.
         "tts": evaluate.override(task_id="evaluate_tts")("tts", trained["tts"], trained["asr"]),
     }
-    registered = [
-        register.override(task_id=f"register_{m}", outlets=[REGISTERED[m]])(m, evaluated[m]) for m in st.MODELS
-    ]
+    registered = [register.override(task_id=f"register_{m}", outlets=[REGISTERED[m]])(m, evaluated[m]) for m in MODELS]
     registered >> finish_mlflow_run(parent)
 
 

@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Airflow image of the cluster mode (official Helm chart, KubernetesExecutor): Apache Airflow 3.3.2,
-# the providers of requirements/airflow.in, the DAGs, and the project's TensorFlow-free modules that
-# the DAGs import (pipeline.k8s renders the pods and MPIJobs the DAG submits).
+# the providers of requirements/airflow.in, the DAGs, and the two TensorFlow-free packages the DAGs
+# import: workflow (plan, command lines, pod and MPIJob rendering, the MPIJob client) and common.
 #
 #   docker build -f docker/airflow.Dockerfile --build-arg OVERLAY=gpu -t REGISTRY/speechflow/airflow:0.1.0 .
 #
@@ -17,14 +17,10 @@ COPY --chown=50000:0 requirements/airflow.in /tmp/airflow.in
 # Naming apache-airflow at its version keeps pip from moving it while adding the providers.
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/airflow.in
 
-# --no-deps: the DAGs import only the modules without TensorFlow; the training stack lives in the
-# training image. The copy in /tmp gives setuptools a source tree it may write its build files to.
-COPY --chown=50000:0 setup.cfg pyproject.toml README.md /opt/speechflow/src/
-COPY --chown=50000:0 pipeline/ /opt/speechflow/src/pipeline/
-COPY --chown=50000:0 models/ /opt/speechflow/src/models/
-RUN cp -r /opt/speechflow/src /tmp/speechflow-src \
- && pip install --no-cache-dir --no-deps /tmp/speechflow-src \
- && rm -rf /tmp/speechflow-src
+# Only the TensorFlow-free packages: the stages run in the training image, as pods and an MPIJob.
+COPY --chown=50000:0 common/ /opt/speechflow/common/
+COPY --chown=50000:0 workflow/ /opt/speechflow/workflow/
+ENV PYTHONPATH=/opt/speechflow
 
 COPY --chown=50000:0 k8s/overlays/${OVERLAY}/cluster.yaml /opt/speechflow/cluster.yaml
 COPY --chown=50000:0 dags/ /opt/airflow/dags/

@@ -50,6 +50,7 @@ RUN ldconfig /usr/local/cuda/lib64/stubs \
  && python -c 'import horovod.tensorflow as h; assert h.nccl_built() and h.mpi_built() and h.gloo_built()' \
  && ldconfig
 COPY setup.cfg pyproject.toml README.md ./
+COPY common/ common/
 COPY pipeline/ pipeline/
 COPY models/ models/
 RUN pip install --no-cache-dir --no-deps . \

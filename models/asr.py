@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline import text
 from pipeline.dataset import stack_and_subsample
 
 
@@ -143,8 +144,15 @@ def beam_decode(logits, lengths, beam_width: int = 16) -> list[list[int]]:
     return [[int(t) + 1 for t in row if t >= 0] for row in dense]
 
 
-def ids_to_text(ids: list[int], vocabulary: list[str]) -> str:
-    return "".join(vocabulary[i] for i in ids if 1 < i < len(vocabulary))
+def transcribe(model, feats, lengths, vocabulary: list[str], beam_width: int = 0) -> list[str]:
+    """Texts of a batch: feats float32 [B, T, D] normalized as in training, lengths [B] in frames;
+    greedy decoding, or CTC beam search with `beam_width` > 0."""
+    logits, out_lengths = model(feats, lengths)
+    if beam_width:
+        ids = beam_decode(logits, out_lengths, beam_width)
+    else:
+        ids = greedy_decode(logits.numpy(), out_lengths.numpy())
+    return [text.decode(h, vocabulary) for h in ids]
 
 
 def flops_per_frame(config: AsrConfig) -> float:

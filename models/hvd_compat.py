@@ -30,16 +30,20 @@ def tf_variables(variables: Iterable) -> list[tf.Variable]:
     return unwrapped
 
 
+def codec(compression: str):
+    """Horovod's compression for our name of it: "none" (the tensors' dtype) or "fp16"."""
+    return {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
+
+
 def distributed_tape(tape: tf.GradientTape, compression: str = "none", process_set=None) -> hvd.DistributedGradientTape:
     """Wraps `tape` so that `.gradient(loss, tf_variables(...))` averages across ranks.
 
     `compression`: "none" or "fp16" (gradients travel as float16, are summed, and come back in
     their own dtype).
     """
-    codec = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
     kwargs = {"process_set": process_set} if process_set is not None else {}
     # Horovod: average gradients across ranks with ring-allreduce.
-    return hvd.DistributedGradientTape(tape, compression=codec, **kwargs)
+    return hvd.DistributedGradientTape(tape, compression=codec(compression), **kwargs)
 
 
 def broadcast(variables: Sequence, root_rank: int = 0) -> None:

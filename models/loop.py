@@ -1,89 +1,50 @@
-"""The training loop behind `models.train`: one Trainer per process (one per Horovod rank)."""
+"""The training loop behind `models.train`: one Trainer per process (one per Horovod rank).
+
+Every place Horovod touches a training run, listed from here so a reader finds them all:
+- common/runtime.py `configure_tensorflow`: each rank's share of the cores and its local GPU.
+- models/strategies.py `init_horovod`: `hvd.init` (dynamic process sets when gossip needs them).
+- models/strategies.py `Allreduce`: gradients averaged by `grouped_allreduce` every step (or by
+  `DistributedGradientTape` in the fused step); rank 0's weights and optimizer state broadcast to
+  every rank after the first step.
+- models/gossip.py `GossipStrategy`: one process set per pair of a matching, pairwise averages by
+  a communication thread, one global average at the end (the consensus model).
+- models/hvd_compat.py: Keras 3 variables handed to Horovod as their `tf.Variable`s.
+- pipeline/dataset.py: each rank reads its own shards; every rank gets the same number of batches.
+- `Trainer._gather` below: `allgather_object` of each rank's throughput, memory and weight digest.
+- Only rank 0 writes checkpoints and the model, logs to MLflow and draws the progress bar.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import resource
 import sys
 import time
 from pathlib import Path
 
+from common import config as configlib
+from common import runtime
+from common.fsutil import atomic_write_json, read_json
+from common.progress import progress as progress_bar
 from models import checkpoint, tracking
-from models.train import TrainConfig, check_workdir, learning_rate, peak_memory_mb
-from pipeline import config as configlib
-from pipeline import runtime
-from pipeline.fsutil import atomic_write_json, read_json
-from pipeline.progress import progress as progress_bar
-
-
-class StepTimes:
-    """Accumulates the step-time breakdown (seconds) after the warm-up steps."""
-
-    KEYS = ("input", "compute", "communication")
-
-    def __init__(self):
-        self.total = dict.fromkeys(self.KEYS, 0.0)
-        self.window = dict.fromkeys(self.KEYS, 0.0)
-        self.frames = self.window_frames = 0
-        self.steps = self.window_steps = 0
-        self.started = self.window_started = None
-
-    def add(self, times: dict, frames: int, counted: bool) -> None:
-        if not counted:
-            return
-        now = time.perf_counter()
-        if self.started is None:
-            self.started = self.window_started = now - sum(times.values())
-        for key in self.KEYS:
-            self.total[key] += times[key]
-            self.window[key] += times[key]
-        self.frames += frames
-        self.window_frames += frames
-        self.steps += 1
-        self.window_steps += 1
-
-    def exclude(self, seconds: float) -> None:
-        """Leaves `seconds` of wall time (measurements, not training) out of frames/s."""
-        if self.started is not None:
-            self.started += seconds
-            self.window_started += seconds
-
-    def flush_window(self) -> dict:
-        """Averages since the last flush: per-step milliseconds, shares of the step, frames/s."""
-        if not self.window_steps:
-            return {}
-        now = time.perf_counter()
-        wall = now - self.window_started
-        step_total = sum(self.window.values())
-        out = {f"time_{k}_ms": 1000 * v / self.window_steps for k, v in self.window.items()}
-        out.update({f"share_{k}": v / step_total for k, v in self.window.items() if step_total})
-        out["frames_per_s"] = self.window_frames / wall if wall > 0 else 0.0
-        self.window = dict.fromkeys(self.KEYS, 0.0)
-        self.window_frames = self.window_steps = 0
-        self.window_started = now
-        return out
-
-    def summary(self) -> dict:
-        if not self.steps:
-            return {}
-        wall = time.perf_counter() - self.started
-        step_total = sum(self.total.values())
-        out = {f"time_{k}_ms": 1000 * v / self.steps for k, v in self.total.items()}
-        out.update({f"share_{k}": v / step_total for k, v in self.total.items() if step_total})
-        out.update(
-            frames_per_s=self.frames / wall,
-            steps_per_s=self.steps / wall,
-            measured_steps=self.steps,
-            measured_seconds=wall,
-        )
-        return out
+from models.hooks import TrainHooks
+from models.timing import StepTimes
+from models.train_config import TrainConfig, check_workdir, learning_rate
 
 
 class Trainer:
     def __init__(
-        self, config: TrainConfig, shards: Path, workdir: Path, parent_run_id: str | None, run_name: str | None
+        self,
+        config: TrainConfig,
+        shards: Path,
+        workdir: Path,
+        parent_run_id: str | None,
+        run_name: str | None,
+        hooks: TrainHooks | None = None,
     ):
         self.config, self.shards, self.workdir = config, shards, workdir
+        self.hooks = hooks or TrainHooks()
         self.run_id = None  # rank 0's MLflow run
         self._profile_sample = None
         self.parent_run_id, self.run_name = parent_run_id, run_name
@@ -96,7 +57,7 @@ class Trainer:
 
         from models.strategies import init_horovod, make_strategy
         from models.tasks import make_task
-        from pipeline.shards import load_manifest
+        from pipeline.records import load_manifest
 
         c = self.config
         self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads)
@@ -125,7 +86,7 @@ class Trainer:
         if latest is not None:
             # Every rank reads the file (a shared volume on a cluster); the broadcast after the first
             # step makes rank 0's copy authoritative all the same.
-            meta = checkpoint.restore(latest, self.model.weights, self.optimizer.variables)
+            meta = checkpoint.restore(latest, self.model.weights, self.optimizer.variables, self._owners())
             self.position = meta["position"]
         self.steps_per_epoch = self._steps_per_epoch(0)
         self.total_steps = self._total_steps()
@@ -296,13 +257,9 @@ class Trainer:
                 if step >= self.total_steps:
                     break
                 step += 1
-                if c.fail_at_step and step == c.fail_at_step and self.rank == c.fail_rank:
-                    raise RuntimeError(f"fail_at_step={step} on rank {self.rank} (a test's injected failure)")
+                self.hooks.before_step(step, self.rank)
                 loss, aux, frames, step_times = self._step(iterator)
-                if c.strategy.straggler_rank == self.rank and c.strategy.straggler_delay_ms > 0:
-                    # Benchmarks: a slow worker (a busy or throttled GPU) takes this much longer per step.
-                    time.sleep(c.strategy.straggler_delay_ms / 1000)
-                    step_times["compute"] += c.strategy.straggler_delay_ms / 1000
+                step_times["compute"] += self.hooks.after_step(step, self.rank, step_times["compute"])
                 step_times["communication"] += self.strategy.after_step(step)
                 self._set_learning_rate(step + 1)
                 times.add(step_times, frames, counted=step > start_step + c.warmup_exclude)
@@ -379,7 +336,7 @@ class Trainer:
         """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
         mine = {
             "frames_per_s": summary.get("frames_per_s", 0.0),
-            "peak_memory_mb": peak_memory_mb(),
+            "peak_memory_mb": self._peak_memory_mb(),
             "steps": summary["steps"],
             "weights_digest": self._weights_digest(),
         }
@@ -393,6 +350,12 @@ class Trainer:
             "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,
         }
 
+    def _peak_memory_mb(self) -> float:
+        """This process's peak memory: the GPU allocator's peak when on a GPU, else the resident set."""
+        if self.tf.config.list_logical_devices("GPU"):
+            return self.tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     def _weights_digest(self) -> str:
         """A hash of this rank's trainable weights: equal on every rank when they hold the same model."""
         import hashlib
@@ -403,13 +366,23 @@ class Trainer:
         return digest.hexdigest()[:16]
 
     def _save_checkpoint(self, step: int) -> None:
-        checkpoint.save(self.workdir / "checkpoints", step, self.model.weights, self.optimizer.variables, self.position)
+        checkpoint.save(
+            self.workdir / "checkpoints",
+            step,
+            self.model.weights,
+            self.optimizer.variables,
+            self.position,
+            owners=self._owners(),
+        )
+
+    def _owners(self) -> tuple[str, str]:
+        return (self.model.name, self.optimizer.name)
 
     def _save_model(self, summary: dict) -> None:
         """The final model for evaluation and serving: weights, config, vocabulary, normalization."""
         model_dir = self.workdir / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(model_dir, summary["steps"], self.model.weights, [], {"final": True}, keep=1)
+        checkpoint.save(model_dir, summary["steps"], self.model.weights, [], {"final": True}, 1, (self.model.name,))
         configlib.save(self.config, model_dir / "config.yaml")
         from pipeline.dataset import mel_stats
 
@@ -419,6 +392,7 @@ class Trainer:
             {
                 "model": self.config.model,
                 "vocabulary": self.manifest["vocabulary"],
+                "lowercase": self.manifest.get("lowercase", True),
                 "feature_dim": self.manifest["feature_dim"],
                 "mel_mean": mean.tolist(),
                 "mel_std": std.tolist(),
@@ -453,7 +427,6 @@ class Trainer:
 
         serving.log_model(
             self.workdir / "model",
-            self.model,
             self.config,
             json.loads((self.workdir / "model" / "data.json").read_text()),
         )

@@ -28,8 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common import cli
+from common.fsutil import atomic_write_json, read_json
 from models import tracking
-from pipeline.fsutil import atomic_write_json, read_json
 
 ALIAS = "champion"
 DAG_ID_TAG, DAG_RUN_TAG = "airflow.dag_id", "airflow.run_id"
@@ -325,16 +326,6 @@ def finish(parent_run_id: str, status: str, workdirs: dict[str, Path], summary_f
     return summary
 
 
-def _pairs(items: list[str], flag: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{flag} expects KEY=VALUE, got {item!r}")
-        out[key] = value
-    return out
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.registry", description=__doc__.split("\n\n")[0])
     p.add_argument("--json-file", type=Path, help="also write the JSON result to this file")
@@ -356,7 +347,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--alias", default=ALIAS, help=f"the alias of the best version (default {ALIAS})")
     s = sub.add_parser("finish", help="end the parent run and write a summary")
     s.add_argument("--parent-run-id", required=True, help="the DAG run's parent run")
-    s.add_argument("--status", default="FINISHED", help="FINISHED, FAILED or KILLED (default FINISHED)")
+    s.add_argument(
+        "--status", default="FINISHED", choices=["FINISHED", "FAILED", "KILLED"], help="the parent run's end state"
+    )
     s.add_argument("--workdir", action="append", default=[], metavar="MODEL=DIR", help="a trained model's workdir")
     s.add_argument("--summary", type=Path, help="write the summary JSON here (and log it to the parent run)")
     return p
@@ -368,11 +361,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start-parent":
             result = start_parent(args.experiment, args.dag_id, args.dag_run_id)
         elif args.command == "record-stage":
-            result = record_stage(args.parent_run_id, args.stage, args.path, args.name, _pairs(args.param, "--param"))
+            result = record_stage(
+                args.parent_run_id, args.stage, args.path, args.name, cli.parse_pairs(args.param, "--param")
+            )
         elif args.command == "register":
             result = register(args.workdir, args.name, args.parent_run_id, args.alias)
         else:
-            workdirs = {k: Path(v) for k, v in _pairs(args.workdir, "--workdir").items()}
+            workdirs = {k: Path(v) for k, v in cli.parse_pairs(args.workdir, "--workdir").items()}
             result = finish(args.parent_run_id, args.status, workdirs, args.summary)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

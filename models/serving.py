@@ -13,14 +13,15 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
+from common import config as configlib
 from models import checkpoint
-from pipeline import config as configlib
+from pipeline import text
 
 
 def load_model_dir(model_dir: Path):
     """Returns (model, TrainConfig, data dict) with the trained weights in place."""
     from models.tasks import make_task
-    from models.train import TrainConfig
+    from models.train_config import TrainConfig
 
     model_dir = Path(model_dir)
     weights = checkpoint.latest(model_dir)
@@ -35,7 +36,7 @@ def load_model_dir(model_dir: Path):
     }
     task = make_task(config.model, config.asr, config.tts, manifest_like)
     model = task.build()
-    checkpoint.restore(weights, model.weights)
+    checkpoint.restore(weights, model.weights, owners=(model.name,))
     return model, config, data
 
 
@@ -46,17 +47,6 @@ def utterance_cmvn(feats: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         x = feats[i, :n]
         out[i, :n] = (x - x.mean(0)) / np.maximum(x.std(0), 1e-4)
     return out
-
-
-def encode_texts(texts: list[str], vocabulary: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    from pipeline.shards import encode, normalize_transcript
-
-    ids = [encode(normalize_transcript(t, True), vocabulary) for t in texts]
-    lengths = np.asarray([len(x) for x in ids], np.int32)
-    tokens = np.zeros([len(ids), max(lengths)], np.int32)
-    for i, x in enumerate(ids):
-        tokens[i, : len(x)] = x
-    return tokens, lengths
 
 
 class SpeechModel(mlflow.pyfunc.PythonModel):
@@ -74,12 +64,12 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
             lengths = np.asarray(model_input["lengths"], np.int32)
             logits, out_lengths = self.model(utterance_cmvn(feats, lengths), lengths)
             hyps = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
-            return [asr.ids_to_text(h, self.data["vocabulary"]) for h in hyps]
+            return [text.decode(h, self.data["vocabulary"]) for h in hyps]
         # MLflow hands the text column as a DataFrame; one cell may hold a whole list of sentences.
         texts = [
             t for cell in model_input["text"] for t in (cell if isinstance(cell, (list, tuple, np.ndarray)) else [cell])
         ]
-        tokens, lengths = encode_texts(texts, self.data["vocabulary"])
+        tokens, lengths = text.encode_batch(texts, self.data["vocabulary"], self.data.get("lowercase", True))
         out = self.model.infer(tokens, lengths, max_steps=int((params or {}).get("max_steps", 400)))
         mels = out["mels"].numpy() * np.asarray(self.data["mel_std"]) + np.asarray(self.data["mel_mean"])
         return {"mels": mels.astype(np.float32), "lengths": out["lengths"].numpy()}
@@ -97,7 +87,7 @@ def signature(config, data: dict):
     return ModelSignature(inputs=Schema([ColSpec("string", "text")]), outputs=Schema([mels, lengths]))
 
 
-def log_model(model_dir: Path, model, config, data: dict, name: str = "model"):
+def log_model(model_dir: Path, config, data: dict, name: str = "model"):
     """Logs the model directory as an MLflow pyfunc model with its signature and an input example."""
     root = Path(__file__).resolve().parents[1]
     if config.model == "asr":
@@ -108,13 +98,13 @@ def log_model(model_dir: Path, model, config, data: dict, name: str = "model"):
     import tensorflow as tf
 
     with warnings.catch_warnings():
-        # MLflow suggests typed predict() signatures; ours is explicit (infer_signature above).
+        # MLflow suggests typed predict() signatures; ours is given explicitly (`signature` above).
         warnings.filterwarnings("ignore", message=".*type hint.*")
         return mlflow.pyfunc.log_model(
             name=name,
             python_model=SpeechModel(),
             artifacts={"model_dir": str(model_dir)},
-            code_paths=[str(root / "models"), str(root / "pipeline")],
+            code_paths=[str(root / "common"), str(root / "models"), str(root / "pipeline")],
             signature=signature(config, data),
             input_example=example,
             pip_requirements=[f"tensorflow-cpu=={tf.__version__}", f"keras=={keras.__version__}", "numpy<2", "pyyaml"],

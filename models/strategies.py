@@ -34,8 +34,6 @@ class StrategyConfig:
     # workers' models, each stepped by its own gradient, moves the average by lr x the mean gradient
     # per n batches: the same as one allreduce step, so both need the same rate per sample.
     gossip_scale_lr: bool = True
-    straggler_rank: int = -1  # benchmarks/tests: this rank sleeps straggler_delay_ms every step
-    straggler_delay_ms: float = 0.0  # the added delay per step of straggler_rank
 
     def __post_init__(self):
         if self.name not in ("allreduce", "adpsgd"):
@@ -59,7 +57,9 @@ class Allreduce:
         import horovod.tensorflow as hvd
         import tensorflow as tf
 
-        codec = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[config.compression]
+        from models import hvd_compat
+
+        codec = hvd_compat.codec(config.compression)
 
         @tf.function(reduce_retracing=True)
         def reduce(grads):

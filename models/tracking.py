@@ -102,7 +102,7 @@ def log_shards_input(shards_dir: Path, manifest: dict, context: str = "training"
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    from pipeline.fsutil import config_hash
+    from common.fsutil import config_hash
 
     digest = manifest.get("fingerprint", {})
     with warnings.catch_warnings():
@@ -121,7 +121,7 @@ def log_shards_input(shards_dir: Path, manifest: dict, context: str = "training"
 
 
 def save_run_file(workdir: Path, run_id: str, experiment: str) -> None:
-    from pipeline.fsutil import atomic_write_json
+    from common.fsutil import atomic_write_json
 
     atomic_write_json(
         Path(workdir) / RUN_FILE, {"run_id": run_id, "experiment": experiment, "tracking_uri": tracking_uri()}
@@ -129,6 +129,6 @@ def save_run_file(workdir: Path, run_id: str, experiment: str) -> None:
 
 
 def load_run_file(workdir: Path) -> dict | None:
-    from pipeline.fsutil import read_json
+    from common.fsutil import read_json
 
     return read_json(Path(workdir) / RUN_FILE)

@@ -90,35 +90,50 @@ class Tacotron(keras.Model):
     def __init__(self, config: TtsConfig):
         super().__init__(name="tacotron")
         c = self.config = config
-        self.embedding = layers.Embedding(c.vocab_size, c.embedding_dim)
+        # Every layer is named: checkpoints restore variables by these names (Keras would number
+        # unnamed layers per process, and a second model in one process would get other names).
+        self.embedding = layers.Embedding(c.vocab_size, c.embedding_dim, name="embedding")
         n_conv = range(c.encoder_conv_layers)
         self.enc_convs = self._stack(
-            "enc_conv", (layers.Conv1D(c.encoder_conv_filters, c.encoder_conv_kernel, padding="same") for _ in n_conv)
+            "enc_conv",
+            (
+                layers.Conv1D(c.encoder_conv_filters, c.encoder_conv_kernel, padding="same", name=f"enc_conv_{i}")
+                for i in n_conv
+            ),
         )
         # Layer norm, not batch norm: its statistics are per position, so padding cannot leak in.
-        self.enc_norms = self._stack("enc_norm", (layers.LayerNormalization() for _ in n_conv))
-        self.enc_fw = layers.LSTM(c.encoder_lstm_units, return_sequences=True)
-        self.enc_bw = layers.LSTM(c.encoder_lstm_units, return_sequences=True)
-        self.memory_keys = layers.Dense(c.attention_dim)  # its bias is the `b` of the energy tanh
-        self.prenet = self._stack("prenet", (layers.Dense(n, activation="relu") for n in c.prenet_units))
+        self.enc_norms = self._stack("enc_norm", (layers.LayerNormalization(name=f"enc_norm_{i}") for i in n_conv))
+        self.enc_fw = layers.LSTM(c.encoder_lstm_units, return_sequences=True, name="enc_fw")
+        self.enc_bw = layers.LSTM(c.encoder_lstm_units, return_sequences=True, name="enc_bw")
+        self.memory_keys = layers.Dense(c.attention_dim, name="memory_keys")  # its bias is the `b` of the energy tanh
+        self.prenet = self._stack(
+            "prenet", (layers.Dense(n, activation="relu", name=f"prenet_{i}") for i, n in enumerate(c.prenet_units))
+        )
         u, m, a = c.decoder_lstm_units, 2 * c.encoder_lstm_units, c.attention_dim
         # Each decoder LSTM splits its kernel: `lstm_in` reads the layer below (the pre-net for
         # layer 0, precomputable over all teacher frames), `lstm_rec` reads [context, own h].
         n_dec = range(c.decoder_lstm_layers)
-        self.lstm_in = self._stack("lstm_in", (layers.Dense(4 * u, bias_initializer=_forget_bias) for _ in n_dec))
-        self.lstm_rec = self._stack("lstm_rec", (layers.Dense(4 * u, use_bias=False) for _ in n_dec))
-        self.query = layers.Dense(a, use_bias=False)
-        self.location_conv = layers.Conv1D(c.location_filters, c.location_kernel, padding="same", use_bias=False)
-        self.location_dense = layers.Dense(a, use_bias=False)
-        self.energy = layers.Dense(1, use_bias=False)
-        self.frame_proj = layers.Dense(c.reduction_factor * c.n_mels)
-        self.stop_proj = layers.Dense(c.reduction_factor)
+        self.lstm_in = self._stack(
+            "lstm_in", (layers.Dense(4 * u, bias_initializer=_forget_bias, name=f"lstm_in_{i}") for i in n_dec)
+        )
+        self.lstm_rec = self._stack(
+            "lstm_rec", (layers.Dense(4 * u, use_bias=False, name=f"lstm_rec_{i}") for i in n_dec)
+        )
+        self.query = layers.Dense(a, use_bias=False, name="query")
+        self.location_conv = layers.Conv1D(
+            c.location_filters, c.location_kernel, padding="same", use_bias=False, name="location_conv"
+        )
+        self.location_dense = layers.Dense(a, use_bias=False, name="location_dense")
+        self.energy = layers.Dense(1, use_bias=False, name="energy")
+        self.frame_proj = layers.Dense(c.reduction_factor * c.n_mels, name="frame_proj")
+        self.stop_proj = layers.Dense(c.reduction_factor, name="stop_proj")
         n_post = range(c.postnet_layers)
         self.post_convs = self._stack(
-            "post_conv", (layers.Conv1D(c.postnet_filters, c.postnet_kernel, padding="same") for _ in n_post)
+            "post_conv",
+            (layers.Conv1D(c.postnet_filters, c.postnet_kernel, padding="same", name=f"post_conv_{i}") for i in n_post),
         )
-        self.post_norms = self._stack("post_norm", (layers.LayerNormalization() for _ in n_post))
-        self.post_out = layers.Conv1D(c.n_mels, c.postnet_kernel, padding="same")
+        self.post_norms = self._stack("post_norm", (layers.LayerNormalization(name=f"post_norm_{i}") for i in n_post))
+        self.post_out = layers.Conv1D(c.n_mels, c.postnet_kernel, padding="same", name="post_out")
         # Layers used only inside the loops are built here: variables cannot be made in a loop.
         builds = [
             (self.query, (None, u)),

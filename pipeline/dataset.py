@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import shards as shardlib
+from pipeline import records
 
 AUTOTUNE = -1
 
@@ -228,16 +228,16 @@ def _read(paths: list[str], manifest: dict, cfg: InputConfig, epoch: int, traini
     import tensorflow as tf
 
     files = tf.data.Dataset.from_tensor_slices(paths)
-    compression = "GZIP" if manifest["compression"] == "gzip" else ""
-    records = files.interleave(
+    compression = records.compression_type(manifest)
+    stream = files.interleave(
         lambda path: tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20),
         cycle_length=max(1, min(cfg.parallel_reads, len(paths))),
         num_parallel_calls=AUTOTUNE,
         deterministic=cfg.deterministic or not training,
     )
     if training:
-        records = records.shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch, reshuffle_each_iteration=False)
-    return records
+        stream = stream.shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch, reshuffle_each_iteration=False)
+    return stream
 
 
 def _batches(
@@ -256,7 +256,7 @@ def _batches(
     """The part both models share: this rank's files, parallel reads and parsing (`prepare(index,
     serialized) -> example`), bucketing by `length_key`, equal batch counts, prefetching."""
 
-    paths = shardlib.shard_paths(out_dir, manifest, split)
+    paths = records.shard_paths(out_dir, manifest, split)
     boundaries, sizes, counts, target = epoch_layout(manifest, split, size, epoch, cfg)
     if training:
         mine = [paths[i] for i in rank_files(manifest, split, rank, size, epoch, cfg.seed)]
@@ -304,14 +304,14 @@ def asr_dataset(
     """
     import tensorflow as tf
 
-    manifest = manifest or shardlib.load_manifest(out_dir)
+    manifest = manifest or records.load_manifest(out_dir)
     with_targets = manifest.get("num_targets", 0) > 0
     dim = manifest["feature_dim"]
     normalize = _normalizer(manifest, split, cfg.cmvn)
     augment = training and cfg.spec_augment
 
     def prepare(index, serialized):
-        ex = shardlib.parse_example(serialized, dim, with_targets)
+        ex = records.parse_example(serialized, dim, with_targets)
         feats = normalize(ex["feats"], ex["speaker"])  # [frames, dim]
         if augment:
             feats = spec_augment(
@@ -368,14 +368,14 @@ def tts_dataset(
     """
     import tensorflow as tf
 
-    manifest = manifest or shardlib.load_manifest(out_dir)
+    manifest = manifest or records.load_manifest(out_dir)
     dim = manifest["feature_dim"]
     mean, std = (
         tf.constant(v, tf.float32) for v in mel_stats(manifest, "train" if "train" in manifest["splits"] else split)
     )
 
     def prepare(index, serialized):
-        ex = shardlib.parse_example(serialized, dim)
+        ex = records.parse_example(serialized, dim)
         mels = (ex["feats"] - mean) / std  # [frames, dim]
         frames = tf.shape(mels)[0]
         return {

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import config as configlib
-from pipeline import fsutil, kaldi
-from pipeline.parallel import worker_pool
-from pipeline.progress import progress as progress_bar
+from common import cli, fsutil
+from common import config as configlib
+from common.parallel import worker_pool
+from common.progress import progress as progress_bar
+from pipeline import kaldi
 
 MARKER = ".features.done.json"
 REJECTED = "feats_rejected.tsv"
@@ -333,22 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data-dir", required=True, type=Path, help="Kaldi data directory (wav.scp, utt2spk, ...)")
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of wav.scp as shell commands")
-    parser.add_argument("--config", type=Path, help="YAML file with FeatureConfig fields")
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a FeatureConfig field"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cli.add_jobs_argument(parser)
+    cli.add_config_arguments(parser, "FeatureConfig")
+    cli.add_progress_argument(parser)
     args = parser.parse_args(argv)
-    cfg = configlib.load(FeatureConfig, args.config, args.set)
-    if args.allow_pipes:
-        cfg = dataclasses.replace(cfg, allow_pipes=True)
-    try:
-        summary = compute_features(args.data_dir, cfg, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    return cli.run(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> None:
+    flags = {"allow_pipes": args.allow_pipes or None, "jobs": args.jobs}
+    cfg = configlib.load(FeatureConfig, args.config, args.set, flags=flags)
+    summary = compute_features(args.data_dir, cfg, progress=not args.no_progress)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
-    return 0
 
 
 if __name__ == "__main__":

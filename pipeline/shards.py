@@ -26,15 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import config as configlib
+from common import cli, fsutil
+from common import config as configlib
+from common.parallel import worker_pool
+from common.progress import progress as progress_bar
 from pipeline import features as features_stage
-from pipeline import fsutil, kaldi
-from pipeline.parallel import worker_pool
-from pipeline.progress import progress as progress_bar
+from pipeline import kaldi, records, text
 
-MANIFEST = "manifest.json"
 REJECTED = "rejected.tsv"
-BLANK, UNK = "<blank>", "<unk>"  # token 0 is CTC's blank and the padding id; 1 stands for unseen characters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,25 +48,6 @@ class ShardConfig:
     vocabulary_split: str = "train"  # the split whose characters make the token vocabulary
     seed: int = 0  # order of utterances inside each shard
     jobs: int = 0  # worker processes; 0 = one per CPU
-
-
-def shard_name(split: str, index: int, count: int, compression: str) -> str:
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
-
-
-def normalize_transcript(text: str, lowercase: bool) -> str:
-    text = " ".join(text.split())
-    return text.lower() if lowercase else text
-
-
-def build_vocabulary(transcripts: list[str]) -> list[str]:
-    """`[<blank>, <unk>, ' ', "'", 'a', ...]`: every character of the transcripts, sorted."""
-    return [BLANK, UNK, *sorted({ch for text in transcripts for ch in text})]
-
-
-def encode(text: str, vocabulary: list[str]) -> list[int]:
-    index = {ch: i for i, ch in enumerate(vocabulary)}
-    return [index.get(ch, 1) for ch in text]
 
 
 def assign_shards(lengths: dict[str, int], num_shards: int, seed: int) -> list[list[str]]:
@@ -204,57 +184,24 @@ def _speaker_stats(data_dir: Path, computed: dict[str, np.ndarray], dim: int | N
 # Writing (pass 2): one process per shard at a time.
 
 
+def _examples(utts, entries, vocabulary, targets, cfg: ShardConfig) -> Iterator[dict]:
+    for utt in utts:
+        entry = entries[utt]
+        transcript = text.normalize_transcript(entry.transcript, cfg.lowercase)
+        yield {
+            "utt_id": utt,
+            "speaker": entry.speaker,
+            "matrix": kaldi.load_matrix(entry.feats),  # [frames, dim]
+            "transcript": transcript,
+            "tokens": text.encode(transcript, vocabulary),
+            "targets": None if targets is None else _load_targets(targets[utt]).tolist(),
+        }
+
+
 def _write_shard(task) -> dict:
-    """Writes one shard under a temporary name and renames it. Returns its manifest record."""
-    import tensorflow as tf
-
+    """Writes one shard from its utterances' Kaldi entries. Returns its manifest record."""
     path, utts, entries, vocabulary, targets, cfg = task
-    tmp = path.with_name(f".{path.name}.tmp")
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if cfg.compression == "gzip" else "")
-    lengths, label_lengths = [], []
-    with tf.io.TFRecordWriter(str(tmp), options) as writer:
-        for utt in utts:
-            entry = entries[utt]
-            matrix = kaldi.load_matrix(entry.feats)  # [frames, dim]
-            text = normalize_transcript(entry.transcript, cfg.lowercase)
-            tokens = encode(text, vocabulary)
-            feature = {
-                "utt_id": _bytes(utt.encode()),
-                "speaker": _bytes(entry.speaker.encode()),
-                "feats": _bytes(matrix.astype("<f4").tobytes()),
-                "num_frames": _ints([matrix.shape[0]]),
-                "dim": _ints([matrix.shape[1]]),
-                "transcript": _bytes(text.encode()),
-                "tokens": _ints(tokens),
-            }
-            if targets is not None:
-                feature["targets"] = _ints(_load_targets(targets[utt]).tolist())
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-            lengths.append(int(matrix.shape[0]))
-            label_lengths.append(len(tokens))
-    os.replace(tmp, path)
-    return {
-        "file": path.name,
-        "sha256": fsutil.file_sha256(path),
-        "bytes": path.stat().st_size,
-        "count": len(utts),
-        "frames": sum(lengths),
-        "utt_ids": list(utts),
-        "lengths": lengths,
-        "label_lengths": label_lengths,
-    }
-
-
-def _bytes(value: bytes):
-    import tensorflow as tf
-
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-
-def _ints(values: list[int]):
-    import tensorflow as tf
-
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+    return records.write_shard(path, _examples(utts, entries, vocabulary, targets, cfg), cfg.compression)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,7 +226,7 @@ def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: Shar
     return {
         "inputs": per_dir,
         "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
-        "code": fsutil.code_version(sys.modules[__name__], kaldi),
+        "code": fsutil.code_version(sys.modules[__name__], kaldi, records, text),
     }
 
 
@@ -313,7 +260,7 @@ def make_shards(
     out_dir.mkdir(parents=True, exist_ok=True)
     splits = {name: Path(d) for name, d in splits.items()}
     fingerprint = _fingerprint(splits, alignments, cfg)
-    existing = fsutil.read_json(out_dir / MANIFEST)
+    existing = fsutil.read_json(out_dir / records.MANIFEST)
     if existing and existing.get("fingerprint") == fingerprint and _shards_complete(out_dir, existing):
         return {**existing, "skipped": True}
     for stale in out_dir.glob(".*.tmp"):
@@ -335,8 +282,8 @@ def make_shards(
         if len(dims) > 1:
             raise ValueError(f"splits disagree on the feature dimension: { {n: p.dim for n, p in plans.items()} }")
         vocab_plan = plans[cfg.vocabulary_split]
-        vocabulary = build_vocabulary(
-            [normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
+        vocabulary = text.build_vocabulary(
+            [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
         )
 
         tasks, layout = [], {}
@@ -344,23 +291,24 @@ def make_shards(
             count = max(1, min(cfg.num_shards, len(plan.entries)))
             layout[name] = count
             for index, utts in enumerate(assign_shards(plan.lengths, count, cfg.seed)):
-                path = out_dir / shard_name(name, index, count, cfg.compression)
+                path = out_dir / records.shard_name(name, index, count, cfg.compression)
                 own = {u: plan.entries[u] for u in utts}
                 own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
                 tasks.append((path, utts, own, vocabulary, own_targets, cfg))
-        records: dict[str, list] = collections.defaultdict(list)
+        written: dict[str, list] = collections.defaultdict(list)
         bar = progress_bar(total=sum(len(t[1]) for t in tasks), desc="write shards", unit="utt", disable=not progress)
         for task, record in zip(tasks, pool.imap(_write_shard, tasks)):
-            records[task[0].name.split("-")[0]].append(record)
+            written[task[0].name.split("-")[0]].append(record)
             bar.update(record["count"])
         bar.close()
 
     manifest = {
-        "version": 1,
+        "version": records.FORMAT_VERSION,
         "fingerprint": fingerprint,
         "feature_dim": dims.pop() if dims else 0,
         "compression": cfg.compression,
         "vocabulary": vocabulary,
+        "lowercase": cfg.lowercase,
         "num_targets": _num_targets(plans),
         "splits": {
             name: {
@@ -370,7 +318,7 @@ def make_shards(
                 "frames": sum(plan.lengths.values()),
                 "speakers": sorted({e.speaker for e in plan.entries.values()}),
                 "cmvn": {spk: stats.tolist() for spk, stats in sorted(plan.stats.items())},
-                "shards": sorted(records[name], key=lambda r: r["file"]),
+                "shards": sorted(written[name], key=lambda r: r["file"]),
             }
             for name, plan in plans.items()
         },
@@ -380,7 +328,7 @@ def make_shards(
         for old in out_dir.glob(f"{name}-*-of-*.tfrecord*"):
             if old.name not in keep:
                 old.unlink()  # shards of an earlier layout (other --num-shards)
-    fsutil.atomic_write_json(out_dir / MANIFEST, manifest)
+    fsutil.atomic_write_json(out_dir / records.MANIFEST, manifest)
     return {**manifest, "skipped": False}
 
 
@@ -391,86 +339,6 @@ def _num_targets(plans: dict[str, SplitPlan]) -> int:
             for utt in plan.entries:
                 highest = max(highest, int(_load_targets(plan.targets[utt]).max(initial=-1)))
     return highest + 1
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading back.
-
-
-def load_manifest(out_dir: Path) -> dict:
-    path = Path(out_dir) / MANIFEST
-    manifest = fsutil.read_json(path)
-    if manifest is None:
-        raise FileNotFoundError(f"{path} does not exist: run `python -m pipeline.shards ... --out {out_dir}` first")
-    return manifest
-
-
-def shard_paths(out_dir: Path, manifest: dict, split: str) -> list[str]:
-    if split not in manifest["splits"]:
-        raise ValueError(f"split {split!r} is not in {Path(out_dir) / MANIFEST} (it has {sorted(manifest['splits'])})")
-    return [str(Path(out_dir) / shard["file"]) for shard in manifest["splits"][split]["shards"]]
-
-
-def example_spec(with_targets: bool) -> dict:
-    import tensorflow as tf
-
-    spec = {
-        "utt_id": tf.io.FixedLenFeature([], tf.string),
-        "speaker": tf.io.FixedLenFeature([], tf.string),
-        "feats": tf.io.FixedLenFeature([], tf.string),
-        "num_frames": tf.io.FixedLenFeature([], tf.int64),
-        "dim": tf.io.FixedLenFeature([], tf.int64),
-        "transcript": tf.io.FixedLenFeature([], tf.string),
-        "tokens": tf.io.VarLenFeature(tf.int64),
-    }
-    if with_targets:
-        spec["targets"] = tf.io.VarLenFeature(tf.int64)
-    return spec
-
-
-def parse_example(serialized, dim: int, with_targets: bool = False) -> dict:
-    """One serialized example -> dict of tensors; `feats` float32 [frames, dim]."""
-    import tensorflow as tf
-
-    parsed = tf.io.parse_single_example(serialized, example_spec(with_targets))
-    feats = tf.reshape(tf.io.decode_raw(parsed["feats"], tf.float32), [-1, dim])  # [frames, dim]
-    out = {
-        "utt_id": parsed["utt_id"],
-        "speaker": parsed["speaker"],
-        "feats": feats,
-        "transcript": parsed["transcript"],
-        "tokens": tf.cast(tf.sparse.to_dense(parsed["tokens"]), tf.int32),  # [label_len]
-    }
-    if with_targets:
-        out["targets"] = tf.cast(tf.sparse.to_dense(parsed["targets"]), tf.int32)  # [frames]
-    return out
-
-
-def read_utterances(out_dir: Path, split: str) -> Iterator[tuple[str, np.ndarray, str]]:
-    """Yields `(utt_id, features float32 [frames, dim], transcript)` exactly as the shards hold them."""
-    import tensorflow as tf
-
-    manifest = load_manifest(out_dir)
-    paths = shard_paths(out_dir, manifest, split)
-    compression = "GZIP" if manifest["compression"] == "gzip" else ""
-    dataset = tf.data.TFRecordDataset(paths, compression_type=compression)
-    dataset = dataset.map(lambda s: parse_example(s, manifest["feature_dim"]))
-    for item in dataset.as_numpy_iterator():
-        yield item["utt_id"].decode(), item["feats"], item["transcript"].decode()
-
-
-def _parse_pairs(items: list[str], flag: str) -> dict[str, Path]:
-    pairs = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"{flag} expects NAME=PATH, got {item!r}")
-        name, path = item.split("=", 1)
-        if not name.isidentifier():
-            raise ValueError(f"{flag} {item!r}: split names are letters, digits and underscores")
-        if name in pairs:
-            raise ValueError(f"{flag} names split {name!r} twice")
-        pairs[name] = Path(path)
-    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,37 +360,36 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--compression", choices=["none", "gzip"], help="TFRecord compression")
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of feats.scp as shell commands")
-    parser.add_argument("--config", type=Path, help="YAML file with ShardConfig fields")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a ShardConfig field")
-    parser.add_argument("--no-progress", action="store_true")
+    cli.add_jobs_argument(parser)
+    cli.add_config_arguments(parser, "ShardConfig")
+    cli.add_progress_argument(parser)
     args = parser.parse_args(argv)
-    try:
-        cfg = configlib.load(ShardConfig, args.config, args.set)
-        flags = {
-            "num_shards": args.num_shards,
-            "max_rejected_fraction": args.max_rejected_fraction,
-            "compression": args.compression,
-            "allow_pipes": args.allow_pipes or None,
-        }
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
-        manifest = make_shards(
-            _parse_pairs(args.split, "--split"),
-            args.out,
-            cfg,
-            _parse_pairs(args.alignments, "--alignments"),
-            progress=not args.no_progress,
-        )
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    return cli.run(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> None:
+    flags = {
+        "num_shards": args.num_shards,
+        "max_rejected_fraction": args.max_rejected_fraction,
+        "compression": args.compression,
+        "allow_pipes": args.allow_pipes or None,
+        "jobs": args.jobs,
+    }
+    cfg = configlib.load(ShardConfig, args.config, args.set, flags=flags)
+    manifest = make_shards(
+        {k: Path(v) for k, v in cli.parse_pairs(args.split, "--split", identifiers=True).items()},
+        args.out,
+        cfg,
+        {k: Path(v) for k, v in cli.parse_pairs(args.alignments, "--alignments", identifiers=True).items()},
+        progress=not args.no_progress,
+    )
     state = "unchanged" if manifest["skipped"] else "written"
     for name, split in manifest["splits"].items():
         print(
             f"{name}: {split['utterances']} utterances, {split['frames']} frames, {len(split['shards'])} shards, "
             f"{split['rejected']} rejected ({state})"
         )
-    print(f"manifest: {Path(args.out) / MANIFEST}")
-    return 0
+    print(f"manifest: {Path(args.out) / records.MANIFEST}")
 
 
 if __name__ == "__main__":

@@ -37,12 +37,12 @@ since=$(mktemp)
 trap 'rm -f "$since"' EXIT
 say "running speech_pipeline with params $CONF (MLflow: $MLFLOW_TRACKING_URI)"
 # Airflow's log lines carry a timestamp, a level, the message and its logger. Shown here: which task
-# starts, the stages' own output (logger speechflow_tasks), errors and tracebacks.
+# starts, the stages' own output (loggers workflow.* and speechflow.dag), errors and tracebacks.
 set +e
 airflow dags test speech_pipeline -c "$CONF" 2>&1 | tee "$LOG" | sed -un -E \
   -e '/graphviz/d' \
   -e 's/^[0-9-]+T[0-9:.]+Z \[info +\] \[DAG TEST\] starting task_id=([a-z_]+).*/\n== \1/p' -e t \
-  -e 's/^[0-9-]+T[0-9:.]+Z \[info +\] (.*) \[speechflow_tasks\] loc=.*/  \1/p' -e t \
+  -e 's/^[0-9-]+T[0-9:.]+Z \[info +\] (.*) \[(workflow\.[a-z]+|speechflow\.dag)\] loc=.*/  \1/p' -e t \
   -e '/^[0-9-]+T[0-9:.]+Z \[(error|critical)/p' -e '/^[0-9-]+T[0-9:.]+Z /d' -e p
 status=${PIPESTATUS[0]}
 set -e

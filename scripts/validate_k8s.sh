@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes side without a cluster, with the tools of .venv-k8s (requirements/k8s.in):
 #   1. renders k8s/base and every overlay with `kubectl kustomize`, and the pods and MPIJobs that
-#      pipeline/k8s.py renders for each overlay's cluster.yaml;
+#      workflow/manifests.py renders for each overlay's cluster.yaml;
 #   2. kubernetes-validate (strict: unknown fields are errors) on every manifest of a built-in kind;
 #   3. the MPIJobs (k8s/mpijob/ and the rendered ones) against the MPIJob CRD schema of the MPI
 #      Operator (made strict), its controller's own rules, and their pod templates against Kubernetes;
-#   4. checkov on k8s/, on each rendering together with the pods pipeline/k8s.py would start, and on
+#   4. checkov on k8s/, on each rendering together with the pods workflow/manifests.py would start, and on
 #      docker/: every failed check fails, unless the manifest skips it with a reason;
 #   5. hadolint on docker/*.Dockerfile, shellcheck on the shell scripts embedded in the manifests,
-#      yamllint on k8s/.
+#      yamllint on k8s/ (the third-party schemas in k8s/schemas/ excepted).
 # Runs every step, then exits 1 if any failed.
 #   K8S_VERSION=1.32.0 scripts/validate_k8s.sh
 set -uo pipefail
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.." || exit 2
 
 K8S_VERSION=${K8S_VERSION:-1.32.0}
 VENV=${VENV_K8S:-.venv-k8s}
-CRD=${MPIJOB_CRD:-../shared/k8s-schemas/mpijobs.kubeflow.org-v0.8.2.yaml}
+CRD=${MPIJOB_CRD:-k8s/schemas/mpijobs.kubeflow.org-v0.8.2.yaml}
 OVERLAYS=(gpu single-node)
 
 say() { printf '\033[1m[validate-k8s]\033[0m %s\n' "$*"; }
@@ -26,7 +26,7 @@ die() { printf '\033[1;31m[validate-k8s] %s\033[0m\n' "$*" >&2; exit 2; }
 # kubectl renders the kustomizations: the one pinned in .venv-k8s, else the machine's.
 KUBECTL="$VENV/bin/kubectl"
 [ -x "$KUBECTL" ] || KUBECTL=$(command -v kubectl) || die "kubectl not found (requirements/k8s.in installs one into $VENV)"
-[ -f "$CRD" ] || die "MPIJob CRD $CRD not found (CI has it in ../shared/k8s-schemas/; set MPIJOB_CRD=...)"
+[ -f "$CRD" ] || die "MPIJob CRD $CRD not found (it ships in k8s/schemas/; set MPIJOB_CRD=...)"
 PY="$VENV/bin/python"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -50,7 +50,7 @@ render() {
   for overlay in "${OVERLAYS[@]}"; do
     "$KUBECTL" kustomize "k8s/overlays/$overlay" > "$OUT/kustomize-$overlay.yaml" || return 1
     local settings="k8s/overlays/$overlay/cluster.yaml"
-    local k8s=("$PY" -m pipeline.k8s --settings "$settings")
+    local k8s=("$PY" -m workflow.manifests --settings "$settings")
     # The DAG's training job and each kind of stage pod, as the DAG would submit them.
     "${k8s[@]}" mpijob --name "train-$overlay" --num-workers 2 -- \
       --model asr --strategy allreduce --shards /data/shards --workdir /data/runs/train \
@@ -95,7 +95,7 @@ checkov_sources() {
   "${CHECKOV[@]}" --framework kubernetes -d k8s
 }
 checkov_rendered() {
-  # Each overlay's rendering together with the pods pipeline/k8s.py renders for it, so that checks
+  # Each overlay's rendering together with the pods workflow/manifests.py renders for it, so that checks
   # relating pods to NetworkPolicies see both. MPIJob pod templates are checked as Pods.
   local overlay status=0
   for overlay in "${OVERLAYS[@]}"; do

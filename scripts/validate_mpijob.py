@@ -8,7 +8,7 @@ Three checks per MPIJob document:
   3. with kubernetes-validate installed (the .venv-k8s environment), each pod template against the
      Kubernetes schema of `--k8s-version`, wrapped as a core/v1 PodTemplate.
 
-    python scripts/validate_mpijob.py --crd ../shared/k8s-schemas/mpijobs.kubeflow.org-v0.8.2.yaml FILE...
+    python scripts/validate_mpijob.py --crd k8s/schemas/mpijobs.kubeflow.org-v0.8.2.yaml FILE...
 
 Exits 1 and names file, document and field of every error; documents of other kinds are skipped.
 `--pods-out FILE` also writes each replica's pod template as a Pod, so that scanners which know
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if not args.crd.is_file():
-        print(f"CRD file {args.crd} does not exist (CI has it in ../shared/k8s-schemas/)", file=sys.stderr)
+        print(f"CRD file {args.crd} does not exist (it ships in k8s/schemas/)", file=sys.stderr)
         return 2
     schema = strict(crd_schema(args.crd, args.version))
     failed = checked = 0

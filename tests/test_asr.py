@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from models import asr
+from pipeline import text
 
 CFG = asr.AsrConfig(feature_dim=13, vocab_size=7, num_layers=2, units=8, projection=6, stack_frames=3, subsample=3)
 
@@ -72,7 +73,7 @@ def test_ctc_loss_skips_infeasible_utterances():
 
 def test_ids_to_text_skips_blank_and_unknown():
     vocabulary = ["<blank>", "<unk>", " ", "a", "b"]
-    assert asr.ids_to_text([3, 1, 2, 4, 0], vocabulary) == "a b"
+    assert text.decode([3, 1, 2, 4, 0], vocabulary) == "a b"
 
 
 def test_overfits_a_handful_of_utterances():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline import corpus
+from pipeline import corpus, grammar
 from pipeline.corpus import CorpusConfig, VoiceInventory, plan_corpus, select_voices
 
 ALL_SPLITS = corpus.ALL_SPLITS
@@ -34,7 +34,7 @@ def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
     }
     words = {w for u in plan for w in u.text.split()}
     assert 300 <= len(words) <= 500
-    assert words <= corpus.grammar_vocabulary()
+    assert words <= grammar.grammar_vocabulary()
     assert len({u.utt_id for u in plan}) == len(plan)
     for u in plan:
         assert re.fullmatch(r"[a-z']+( [a-z']+)*", u.text), u.text
@@ -85,12 +85,12 @@ def test_config_rejects_overlapping_voices_and_empty_splits():
 
 
 def test_numbers_are_spelled_as_spoken():
-    assert corpus.number_to_words(0) == "zero"
-    assert corpus.number_to_words(23) == "twenty three"
-    assert corpus.number_to_words(105) == "one hundred and five"
-    assert corpus.number_to_words(2040) == "two thousand and forty"
-    assert corpus.number_to_words(9999) == "nine thousand nine hundred and ninety nine"
-    assert [corpus.ordinal_to_words(n) for n in (1, 12, 20, 22, 31)] == [
+    assert grammar.number_to_words(0) == "zero"
+    assert grammar.number_to_words(23) == "twenty three"
+    assert grammar.number_to_words(105) == "one hundred and five"
+    assert grammar.number_to_words(2040) == "two thousand and forty"
+    assert grammar.number_to_words(9999) == "nine thousand nine hundred and ninety nine"
+    assert [grammar.ordinal_to_words(n) for n in (1, 12, 20, 22, 31)] == [
         "first", "twelfth", "twentieth", "twenty second", "thirty first",
     ]  # fmt: skip
 

@@ -3,12 +3,11 @@ tasks build, the cluster mode (every task with pods and an MPIJob, against a fak
 whole DAG under `airflow dags test` on a tiny corpus.
 
 Airflow lives in .venv-airflow, so the tests that need it run scripts with that environment's python
-or its `airflow` command; `speechflow_tasks` imports no Airflow at module level and is tested here.
+or its `airflow` command; the `workflow` package imports no Airflow at module level and is tested here.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -22,23 +21,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.fsutil import slug
 from tests.conftest import AIRFLOW_BIN, ROOT
+from workflow import commands, local, mpijob
+from workflow.plan import Plan, make_plan
 
 DAGS = ROOT / "dags"
 needs_airflow = pytest.mark.skipif(
     not (AIRFLOW_BIN / "airflow").exists(), reason=".venv-airflow is missing (make setup builds it)"
 )
 
-
-def _load_tasks_module():
-    sys.path.insert(0, str(DAGS))  # as Airflow does for the DAG bundle
-    try:
-        return importlib.import_module("speechflow_tasks")
-    finally:
-        sys.path.remove(str(DAGS))
-
-
-st = _load_tasks_module()
 
 # What the DAG's params hold when the trigger form is left as it is.
 DEFAULTS = {
@@ -83,7 +75,7 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
         PYTHONUNBUFFERED="1",
         TF_CPP_MIN_LOG_LEVEL="2",
-        # pipeline.k8s for the cluster mode, also where the project is not installed in .venv-airflow
+        # the workflow package, also where the project is not installed in .venv-airflow
         PYTHONPATH=str(ROOT),
     )
     env.pop("VIRTUAL_ENV", None)
@@ -241,7 +233,7 @@ def test_params_describe_themselves_and_validate(dag_info):
     assert dag_info["rejected"] == {k: True for k in dag_info["rejected"]}
     assert dag_info["accepted"]["epochs"] == 3 and dag_info["accepted"]["models"] == ["tts"]
     # The defaults make a valid local plan in this repository.
-    plan = st.make_plan(DEFAULTS, "speech_pipeline", "manual__x")
+    plan = make_plan(DEFAULTS, "speech_pipeline", "manual__x")
     assert plan.models == ("asr", "tts") and plan.make_corpus
 
 
@@ -257,16 +249,16 @@ def kaldi_root(root: Path, splits=("train", "test")) -> Path:
 
 def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEECHFLOW_WORK_ROOT", str(tmp_path / "work"))
-    plan = st.make_plan(DEFAULTS, "speech_pipeline", "manual__2026-01-01T00:00:00+00:00")
+    plan = make_plan(DEFAULTS, "speech_pipeline", "manual__2026-01-01T00:00:00+00:00")
     run_dir = Path(plan.run_dir)
     assert run_dir.parent == tmp_path / "work" and ":" not in run_dir.name and len(run_dir.name) < 40
     assert plan.data_root == f"{run_dir}/corpus" and plan.splits == ("train", "dev", "test", "test_noisy")
     assert plan.workdirs == {"asr": f"{run_dir}/asr", "tts": f"{run_dir}/tts"}
     assert plan.configs["asr"] == str(ROOT / "configs" / "demo_asr.yaml")
-    assert st.Plan.from_xcom(json.loads(json.dumps(plan.to_xcom()))) == plan
+    assert Plan.from_xcom(json.loads(json.dumps(plan.to_xcom()))) == plan
     # Run ids that differ only in characters a directory name cannot hold stay apart.
-    assert st.path_slug("manual__a:b") != st.path_slug("manual__a+b")
-    given = st.make_plan(
+    assert slug("manual__a:b", 37) != slug("manual__a+b", 37)
+    given = make_plan(
         {**DEFAULTS, "data_dir": str(kaldi_root(tmp_path / "data", ("train", "test", "dev")))},
         "speech_pipeline",
         "r",
@@ -291,21 +283,21 @@ def test_plan_rejects_params_that_do_not_fit(change, message, tmp_path):
     if params["data_dir"] == "MISSING":
         params["data_dir"] = str(kaldi_root(tmp_path / "data", ("train",)))
     with pytest.raises(ValueError, match=message):
-        st.make_plan(params, "speech_pipeline", "r")
+        make_plan(params, "speech_pipeline", "r")
 
 
 def test_command_lines_of_the_stages():
-    plan = st.make_plan(
+    plan = make_plan(
         {**DEFAULTS, **TINY, "strategy": "adpsgd", "gossip": "random-ring", "epochs": 3},
         "speech_pipeline",
         "r",
     )
-    args = st.train_args(plan, "asr", "parent123")
+    args = commands.plan_train_args(plan, "asr", "parent123")
     assert args[:6] == ["--model", "asr", "--strategy", "adpsgd", "--gossip", "random-ring"]
     assert args[args.index("--config") + 1] == str(ROOT / "tests" / "configs" / "tiny_asr.yaml")
     assert args[args.index("--epochs") + 1] == "3" and args[args.index("--max-steps") + 1] == "4"
     assert args[args.index("--mlflow-parent-run-id") + 1] == "parent123" and "--experiment" in args
-    cmd = st.local_train_command(plan, args)
+    cmd = commands.horovodrun_local(plan.python, plan.num_workers, commands.TRAIN, args)
     assert cmd[:6] == [
         str(Path(plan.python).with_name("horovodrun")),
         "-np",
@@ -315,17 +307,17 @@ def test_command_lines_of_the_stages():
         "--gloo",
     ]
     assert cmd[6:9] == [plan.python, "-m", "models.train"]
-    allreduce = st.make_plan({**DEFAULTS, **TINY}, "speech_pipeline", "r")
-    assert "--gossip" not in st.train_args(allreduce, "tts", "p") and "--epochs" not in st.train_args(
+    allreduce = make_plan({**DEFAULTS, **TINY}, "speech_pipeline", "r")
+    assert "--gossip" not in commands.plan_train_args(
         allreduce, "tts", "p"
-    )
-    shards = st.shards_args(allreduce)
+    ) and "--epochs" not in commands.plan_train_args(allreduce, "tts", "p")
+    shards = commands.shards_args(allreduce)
     assert shards.count("--split") == 4 and f"test_noisy={allreduce.data_root}/test_noisy" in shards
     assert shards[shards.index("--num-shards") + 1] == "2"
-    tts_eval = st.evaluate_args(allreduce, "tts", "p", with_asr=True)
+    tts_eval = commands.evaluate_args(allreduce, "tts", "p", with_asr=True)
     assert tts_eval[tts_eval.index("--asr-model-dir") + 1] == allreduce.workdirs["asr"]
-    assert "--asr-model-dir" not in st.evaluate_args(allreduce, "tts", "p", with_asr=False)
-    assert st.corpus_args(allreduce) == ["--out", allreduce.data_root, "--num-utterances", "40"]
+    assert "--asr-model-dir" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
+    assert commands.corpus_args(allreduce) == ["--out", allreduce.data_root, "--num-utterances", "40"]
 
 
 # ---- running a command with its output in the log -------------------------------------------------
@@ -338,10 +330,10 @@ def test_run_command_streams_lines_thins_progress_bars_and_reports_failures():
         "for i in range(5): sys.stderr.write(f'\\rbar {i}'); sys.stderr.flush()\n"
         "print('\\nhello'); print('world', flush=True)\n"
     )
-    st.run_command([sys.executable, "-c", script], emit=lines.append, progress_every_s=3600)
+    local.run_command([sys.executable, "-c", script], emit=lines.append, progress_every_s=3600)
     assert lines[0].startswith("$ ") and lines[1:] == ["bar 0", "bar 4", "hello", "world"]
-    with pytest.raises(st.StageError, match=r"exited with 3(.|\n)*last words"):
-        st.run_command([sys.executable, "-c", "print('last words'); raise SystemExit(3)"], emit=lines.append)
+    with pytest.raises(local.StageError, match=r"exited with 3(.|\n)*last words"):
+        local.run_command([sys.executable, "-c", "print('last words'); raise SystemExit(3)"], emit=lines.append)
 
 
 def test_run_command_ends_the_whole_process_group_when_interrupted(tmp_path):
@@ -359,7 +351,7 @@ def test_run_command_ends_the_whole_process_group_when_interrupted(tmp_path):
             raise KeyboardInterrupt  # what a task timeout or a kill from the UI does to the task
 
     with pytest.raises(KeyboardInterrupt):
-        st.run_command([sys.executable, "-c", script], emit=interrupt)
+        local.run_command([sys.executable, "-c", script], emit=interrupt)
     grandchild = int(pid_file.read_text())
     for _ in range(50):
         if not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]:
@@ -421,15 +413,15 @@ class FakeCluster:
         return NS(stream=lambda: iter([self.log]))
 
 
-def mpijob():
-    from pipeline import k8s
+def job_manifest():
+    from workflow import manifests
 
-    return k8s.render_mpijob("job", ["--model", "asr"], 2, 1)
+    return manifests.render_mpijob("job", ["--model", "asr"], 2, 1)
 
 
 def test_mpijob_is_followed_with_the_launcher_log_until_it_succeeds():
     cluster, lines = FakeCluster(["Pending", "Running", "Running", "Succeeded"]), []
-    status = st.run_mpijob(mpijob(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
+    status = mpijob.run_mpijob(job_manifest(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
     assert status["conditions"][0]["type"] == "Succeeded"
     assert cluster.calls == [("delete", "job"), ("create", "job"), ("log", "job-launcher")]
     assert "step 2" in lines and "job" in cluster.jobs  # a finished job stays (its TTL removes it)
@@ -442,14 +434,14 @@ def test_a_broken_log_stream_does_not_fail_a_running_job():
         raise ConnectionResetError("connection reset by peer")
 
     cluster.read_namespaced_pod_log = broken
-    st.run_mpijob(mpijob(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
+    mpijob.run_mpijob(job_manifest(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
     assert any("broke off" in line for line in lines) and "job" in cluster.jobs
 
 
 def test_failed_mpijob_is_deleted_and_its_reason_raised():
     cluster, lines = FakeCluster(["Running", "Failed"], existing=True), []
-    with pytest.raises(st.StageError, match="MPIJobFailed: rank 1 died"):
-        st.run_mpijob(mpijob(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
+    with pytest.raises(local.StageError, match="MPIJobFailed: rank 1 died"):
+        mpijob.run_mpijob(job_manifest(), cluster, cluster, emit=lines.append, sleep=lambda s: None)
     # The earlier attempt's job went first (a retry), and the failed one after.
     assert cluster.calls[0] == ("delete", "job") and cluster.calls[-1] == ("delete", "job")
     assert "job" not in cluster.jobs and any("earlier attempt" in line for line in lines)
@@ -494,8 +486,7 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
     airflow(env, "db", "migrate")
     script = f"""
         import json, sys
-        sys.path.insert(0, {str(DAGS)!r})
-        import speechflow_tasks as st
+        import workflow.mpijob
         from airflow.dag_processing.dagbag import BundleDagBag
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
         from kubernetes.client import ApiClient
@@ -527,7 +518,7 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
                 return type("L", (), {{"items": []}})()
 
         KubernetesPodOperator.execute = fake_execute
-        st._kubernetes_apis = lambda: (Cluster(), Cluster())
+        workflow.mpijob.kubernetes_apis = lambda: (Cluster(), Cluster())
         bag = BundleDagBag(dag_folder={str(DAGS)!r}, bundle_path={str(DAGS)!r}, bundle_name="dags-folder")
         dag = bag.dags["speech_pipeline"]
         for task in dag.tasks:
@@ -583,10 +574,8 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         assert train[train.index("--max-steps") + 1] == "500"
         assert train[train.index("--mlflow-parent-run-id") + 1] == "p" * 32
     # What the DAG would submit meets the MPIJob CRD's schema and the operator's own rules.
-    from tests.test_k8s import CRD, crd_schema, validate_mpijob
+    from tests.test_k8s import crd_schema, validate_mpijob
 
-    if not CRD.is_file():
-        pytest.skip(f"MPIJob CRD not found at {CRD} (CI provides ../shared/k8s-schemas/)")
     for job in jobs.values():
         assert validate_mpijob.validate_mpijob(job, crd_schema()) == [], job["metadata"]["name"]
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from pipeline import dataset, shards
+from pipeline import dataset, records, shards
 from tests.conftest import horovodrun
 from tests.kaldi_fixtures import make_feats_dir
 
@@ -51,13 +51,13 @@ def test_every_rank_gets_the_same_number_of_batches_and_all_utterances_once(shar
 
 def test_natural_counts_differ_so_equalization_is_exercised(sharded):
     out, _, _ = sharded
-    manifest = shards.load_manifest(out)
+    manifest = records.load_manifest(out)
     _, _, counts, target = dataset.epoch_layout(manifest, "train", 2, 0, CFG)
     assert counts[0] != counts[1] and target == max(counts)
 
 
 def test_ranks_read_disjoint_shards_that_change_each_epoch(sharded):
-    manifest = shards.load_manifest(sharded[0])
+    manifest = records.load_manifest(sharded[0])
     e0 = [dataset.rank_files(manifest, "train", r, 2, 0, 0) for r in range(2)]
     e1 = [dataset.rank_files(manifest, "train", r, 2, 1, 0) for r in range(2)]
     assert sorted(e0[0] + e0[1]) == list(range(5)) and not set(e0[0]) & set(e0[1])
@@ -119,7 +119,7 @@ def test_synthesis_batches(sharded):
             assert stops[: n - 1].sum() == 0 and stops[n - 1 :].min() == 1
             assert batch["token_lengths"][i] == len(texts[utt.decode()])
     assert count == steps
-    mean, std = dataset.mel_stats(shards.load_manifest(out))
+    mean, std = dataset.mel_stats(records.load_manifest(out))
     everything = np.concatenate(list(feats.values()))
     np.testing.assert_allclose(mean, everything.mean(0), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(std, everything.std(0), rtol=1e-3)

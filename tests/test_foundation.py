@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from pipeline import runtime
+from common import runtime
 from tests.conftest import AIRFLOW_BIN, ROOT, horovodrun
 
 

@@ -3,6 +3,12 @@
 import numpy as np
 import pytest
 
+from benchmarks.speedup_theory import (
+    allreduce_speedup_limit,
+    plot_speedup,
+    speedup_allreduce,
+    speedup_gossip,
+)
 from models.gossip_schedule import (
     SCHEMES,
     expected_contraction,
@@ -14,13 +20,7 @@ from models.gossip_schedule import (
     pairs_needed,
     partner,
 )
-from models.gossip_sim import consensus_distance, fit_contraction, simulate_consensus
-from models.speedup_model import (
-    allreduce_speedup_limit,
-    plot_speedup,
-    speedup_allreduce,
-    speedup_gossip,
-)
+from tests.gossip_sim import consensus_distance, fit_contraction, simulate_consensus
 
 # ---- matchings -------------------------------------------------------------------------------
 

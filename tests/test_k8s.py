@@ -1,7 +1,7 @@
-"""Cluster mode without a cluster: what pipeline/k8s.py renders, the kustomize tree, and the validators.
+"""Cluster mode without a cluster: what workflow/manifests.py renders, the kustomize tree, and the validators.
 
-The MPIJob checks use the CRD of the MPI Operator in ../shared/k8s-schemas/ (CI has it; a clone may
-not, and those tests skip). The end-to-end run of scripts/validate_k8s.sh needs .venv-k8s.
+The MPIJob checks use the MPI Operator's CRD shipped in k8s/schemas/. The end-to-end run of
+scripts/validate_k8s.sh needs .venv-k8s.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import textwrap
 import pytest
 import yaml
 
-from pipeline import k8s
 from tests.conftest import AIRFLOW_BIN, ROOT
+from workflow import cluster, manifests, mpijob
 
-CRD = ROOT.parent / "shared" / "k8s-schemas" / "mpijobs.kubeflow.org-v0.8.2.yaml"
+CRD = ROOT / "k8s" / "schemas" / "mpijobs.kubeflow.org-v0.8.2.yaml"
 VENV_K8S = ROOT / ".venv-k8s"
 # The kubectl pinned in .venv-k8s (requirements/k8s.in), else the machine's.
 KUBECTL = str(VENV_K8S / "bin" / "kubectl") if (VENV_K8S / "bin" / "kubectl").exists() else shutil.which("kubectl")
@@ -38,9 +38,6 @@ TRAIN_ARGS = [
     "/data/runs/r1",
 ]
 
-needs_crd = pytest.mark.skipif(
-    not CRD.is_file(), reason=f"MPIJob CRD not found at {CRD} (CI provides ../shared/k8s-schemas/)"
-)
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (it renders the kustomizations)")
 
 
@@ -60,8 +57,8 @@ def crd_schema() -> dict:
     return validate_mpijob.strict(validate_mpijob.crd_schema(CRD))
 
 
-def settings_of(overlay: str) -> k8s.ClusterSettings:
-    return k8s.load_settings(ROOT / "k8s" / "overlays" / overlay / "cluster.yaml")
+def settings_of(overlay: str) -> cluster.ClusterSettings:
+    return cluster.load_settings(ROOT / "k8s" / "overlays" / overlay / "cluster.yaml")
 
 
 def replica(job: dict, role: str) -> dict:
@@ -94,8 +91,8 @@ def find(docs: list[dict], kind: str, name: str) -> dict:
 
 
 def test_mpijob_launcher_runs_horovodrun_over_all_gpus_with_the_train_args():
-    settings = dataclasses.replace(k8s.ClusterSettings(), image="registry.example/speechflow/train:1.2.3")
-    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=4, settings=settings)
+    settings = dataclasses.replace(cluster.ClusterSettings(), image="registry.example/speechflow/train:1.2.3")
+    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=4, settings=settings)
 
     assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
     assert job["metadata"] == {
@@ -119,7 +116,7 @@ def test_mpijob_launcher_runs_horovodrun_over_all_gpus_with_the_train_args():
 
 def test_mpijob_workers_get_gpus_slots_gpu_nodes_shm_and_nccl_settings():
     settings = settings_of("gpu")
-    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=3, settings=settings)
+    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=3, settings=settings)
     spec = job["spec"]
     assert spec["slotsPerWorker"] == settings.gpus_per_worker == 4
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
@@ -154,7 +151,7 @@ def test_mpijob_workers_get_gpus_slots_gpu_nodes_shm_and_nccl_settings():
 
 
 def test_mpijob_pods_are_unprivileged():
-    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
+    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
     for role in ("Launcher", "Worker"):
         pod = replica(job, role)["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -169,7 +166,7 @@ def test_mpijob_pods_are_unprivileged():
 
 
 def test_mpijob_without_gpus_runs_one_slot_per_worker_anywhere():
-    job = k8s.render_mpijob("cpu-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=0)
+    job = manifests.render_mpijob("cpu-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=0)
     assert job["spec"]["slotsPerWorker"] == 1
     assert container(job, "Launcher")["command"][:3] == ["horovodrun", "-np", "2"]
     assert "nvidia.com/gpu" not in container(job, "Worker")["resources"]["limits"]
@@ -187,38 +184,36 @@ def test_mpijob_without_gpus_runs_one_slot_per_worker_anywhere():
 )
 def test_mpijob_rejects_bad_input(name, workers, gpus, message):
     with pytest.raises(ValueError, match=message):
-        k8s.render_mpijob(name, TRAIN_ARGS, num_workers=workers, gpus_per_worker=gpus)
+        manifests.render_mpijob(name, TRAIN_ARGS, num_workers=workers, gpus_per_worker=gpus)
 
 
 def test_safe_name_makes_distinct_valid_job_names_from_run_ids():
-    a = k8s.safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")
-    b = k8s.safe_name("train-asr", "manual__2026-01-01T00:00:01+00:00")
-    long = k8s.safe_name("train-asr", "scheduled__" + "x" * 80)
+    a = cluster.safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")
+    b = cluster.safe_name("train-asr", "manual__2026-01-01T00:00:01+00:00")
+    long = cluster.safe_name("train-asr", "scheduled__" + "x" * 80)
     for name in (a, b, long):
-        assert len(name) <= k8s.MAX_JOB_NAME and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
-        k8s.render_mpijob(name, TRAIN_ARGS, num_workers=1)  # accepted
-    assert a != b and a == k8s.safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")
-    assert k8s.safe_name("train-asr") == "train-asr"
+        assert len(name) <= cluster.MAX_JOB_NAME and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+        manifests.render_mpijob(name, TRAIN_ARGS, num_workers=1)  # accepted
+    assert a != b and a == cluster.safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")
+    assert cluster.safe_name("train-asr") == "train-asr"
 
 
 # ---- CRD schema ------------------------------------------------------------------------------
 
 
-@needs_crd
 @pytest.mark.parametrize("overlay", [None, *OVERLAYS])
 @pytest.mark.parametrize("gpus", [None, 0])
 def test_rendered_mpijob_meets_the_crd_schema_and_operator_rules(overlay, gpus):
-    settings = settings_of(overlay) if overlay else k8s.ClusterSettings()
-    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=gpus, settings=settings)
+    settings = settings_of(overlay) if overlay else cluster.ClusterSettings()
+    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=gpus, settings=settings)
     schema = crd_schema()
     # Through YAML, as kubectl would receive it.
-    assert validate_mpijob.validate_mpijob(yaml.safe_load(k8s.to_yaml(job)), schema) == []
+    assert validate_mpijob.validate_mpijob(yaml.safe_load(manifests.to_yaml(job)), schema) == []
 
 
-@needs_crd
 def test_crd_validation_catches_unknown_fields_and_bad_values():
     schema = crd_schema()
-    job = k8s.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
+    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
     job["spec"]["slotPerWorker"] = 4  # typo: the API server would reject it as an unknown field
     container(job, "Worker")["resources"]["limits"]["nvidia.com/gpu"] = "one"
     replica(job, "Launcher")["replicas"] = 2
@@ -228,11 +223,10 @@ def test_crd_validation_catches_unknown_fields_and_bad_values():
     assert any("Launcher.replicas: must be 1" in e for e in errors), errors
 
 
-@needs_crd
 def test_committed_mpijob_template_is_the_renderer_output():
     path = ROOT / "k8s" / "mpijob" / "train-asr.yaml"
     committed = yaml.safe_load(path.read_text())
-    rendered = k8s.render_mpijob(
+    rendered = manifests.render_mpijob(
         "speechflow-train-asr",
         ["--model", "asr", "--strategy", "allreduce", "--shards", "/data/shards"]
         + ["--workdir", "/data/runs/speechflow-train-asr"],
@@ -249,7 +243,7 @@ def test_committed_mpijob_template_is_the_renderer_output():
 
 
 def test_stage_pod_runs_the_module_with_data_claim_and_s3_secret():
-    pod = k8s.render_stage_pod("features", "pipeline.features", ["--data-dir", "/data/corpus/train"])
+    pod = manifests.render_stage_pod("features", "pipeline.features", ["--data-dir", "/data/corpus/train"])
     assert pod["kind"] == "Pod" and pod["metadata"]["namespace"] == "speechflow"
     spec = pod["spec"]
     c = spec["containers"][0]
@@ -263,21 +257,23 @@ def test_stage_pod_runs_the_module_with_data_claim_and_s3_secret():
     assert env["S3_ENDPOINT"] == "minio:9000" and env["S3_USE_HTTPS"] == "0"
     assert "nvidia.com/gpu" not in c["resources"]["limits"] and "nodeSelector" not in spec
 
-    gpu_pod = k8s.render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
+    gpu_pod = manifests.render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
     assert gpu_pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert gpu_pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
-    no_s3 = k8s.render_stage_pod(
-        "corpus", "pipeline.corpus", [], dataclasses.replace(k8s.ClusterSettings(), s3_endpoint="")
+    no_s3 = manifests.render_stage_pod(
+        "corpus", "pipeline.corpus", [], dataclasses.replace(cluster.ClusterSettings(), s3_endpoint="")
     )
     assert not any(e["name"].startswith(("AWS_", "S3_")) for e in no_s3["spec"]["containers"][0]["env"])
     with pytest.raises(ValueError, match="not a Python module"):
-        k8s.render_stage_pod("x", "pipeline/features.py", [])
+        manifests.render_stage_pod("x", "pipeline/features.py", [])
 
 
 def test_stage_pod_operator_kwargs_carry_image_command_and_template():
-    pod = k8s.render_stage_pod("shards", "pipeline.shards", ["--split", "train=/data/c/train", "--out", "/data/s"])
-    kwargs = k8s.stage_pod_operator_kwargs(pod)
+    pod = manifests.render_stage_pod(
+        "shards", "pipeline.shards", ["--split", "train=/data/c/train", "--out", "/data/s"]
+    )
+    kwargs = manifests.stage_pod_operator_kwargs(pod)
     assert kwargs["image"] == "speechflow/train:0.1.0"
     assert kwargs["cmds"] == ["python", "-m", "pipeline.shards"]
     assert kwargs["arguments"] == ["--split", "train=/data/c/train", "--out", "/data/s"]
@@ -310,7 +306,7 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
         import json
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
         from kubernetes.client import ApiClient
-        from pipeline.k8s import render_stage_pod, stage_pod_operator_kwargs
+        from workflow.manifests import render_stage_pod, stage_pod_operator_kwargs
 
         pod = render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
         op = KubernetesPodOperator(task_id="evaluate", **stage_pod_operator_kwargs(pod))
@@ -369,7 +365,7 @@ def cond(kind: str, status: str = "True", **extra) -> dict:
     ],
 )
 def test_mpijob_phase_collapses_conditions(status, phase):
-    assert k8s.mpijob_phase(status) == phase
+    assert mpijob.mpijob_phase(status) == phase
 
 
 def test_mpijob_failure_message_and_launcher_selector():
@@ -379,9 +375,9 @@ def test_mpijob_failure_message_and_launcher_selector():
             cond("Failed", reason="MPIJobFailed", message="launcher exit 1"),
         ]
     }
-    assert k8s.mpijob_failure_message(failed) == "MPIJobFailed: launcher exit 1"
-    assert k8s.mpijob_failure_message({"conditions": [cond("Running")]}) == ""
-    assert k8s.launcher_pod_selector("asr-run") == (
+    assert mpijob.mpijob_failure_message(failed) == "MPIJobFailed: launcher exit 1"
+    assert mpijob.mpijob_failure_message({"conditions": [cond("Running")]}) == ""
+    assert mpijob.launcher_pod_selector("asr-run") == (
         "training.kubeflow.org/job-name=asr-run,training.kubeflow.org/job-role=launcher"
     )
 
@@ -393,9 +389,9 @@ def test_overlay_settings_load_and_unknown_keys_fail():
     assert settings_of("gpu").gpus_per_worker == 4
     assert settings_of("single-node").image_pull_policy == "IfNotPresent"
     with pytest.raises(ValueError, match="unknown config key 'gpus'"):
-        k8s.load_settings(None, ["gpus=4"])
+        cluster.load_settings(None, ["gpus=4"])
     with pytest.raises(ValueError, match="name, value"):
-        k8s.load_settings(None, ["nccl_env=[[NCCL_DEBUG]]"])
+        cluster.load_settings(None, ["nccl_env=[[NCCL_DEBUG]]"])
 
 
 def test_cli_prints_the_rendered_mpijob(capsys):
@@ -411,19 +407,27 @@ def test_cli_prints_the_rendered_mpijob(capsys):
         "--",
         *TRAIN_ARGS,
     ]
-    assert k8s.main(argv) == 0
+    assert manifests.main(argv) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed == k8s.render_mpijob("asr-run", TRAIN_ARGS, 2, settings=settings_of("gpu"))
+    assert printed == manifests.render_mpijob("asr-run", TRAIN_ARGS, 2, settings=settings_of("gpu"))
 
 
-def test_renderer_imports_without_tensorflow():
-    probe = "import sys, pipeline.k8s; sys.exit('tensorflow' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, timeout=120).returncode == 0
+def test_workflow_package_imports_without_tensorflow_or_mlflow():
+    """What the Airflow image ships (workflow/, common/) must not need the training stack."""
+    modules = sorted(f"workflow.{p.stem}" for p in (ROOT / "workflow").glob("*.py") if p.stem != "__init__")
+    assert {"workflow.plan", "workflow.commands", "workflow.runner", "workflow.manifests"} <= set(modules)
+    probe = (
+        f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
+        "heavy = [m for m in ('tensorflow', 'mlflow', 'keras', 'horovod') if m in sys.modules]; "
+        "print(heavy); sys.exit(bool(heavy))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_renderer_defaults_match_the_kustomize_base():
     docs = base_docs()
-    settings = k8s.ClusterSettings()
+    settings = cluster.ClusterSettings()
     assert find(docs, "Namespace", settings.namespace)
     claim = find(docs, "PersistentVolumeClaim", settings.data_claim)
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -434,7 +438,7 @@ def test_renderer_defaults_match_the_kustomize_base():
     assert settings.s3_endpoint == "minio:9000" and find(docs, "Service", "minio")["spec"]["ports"][0]["port"] == 9000
 
     # The NetworkPolicies select the labels the renderer puts on pipeline pods.
-    pod_labels = k8s.render_stage_pod("x", "pipeline.corpus", [])["metadata"]["labels"]
+    pod_labels = manifests.render_stage_pod("x", "pipeline.corpus", [])["metadata"]["labels"]
     pipeline_policy = find(docs, "NetworkPolicy", "pipeline")["spec"]
     assert pipeline_policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
     minio_from = find(docs, "NetworkPolicy", "minio")["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
@@ -457,12 +461,12 @@ def test_renderer_defaults_match_the_kustomize_base():
 
 def test_renderer_defaults_match_the_training_image():
     dockerfile = (ROOT / "docker" / "train.Dockerfile").read_text()
-    settings = k8s.ClusterSettings()
+    settings = cluster.ClusterSettings()
     assert f"--uid {settings.run_as_user} " in dockerfile
     assert f"USER {settings.run_as_user}:{settings.run_as_user}" in dockerfile
     assert f"'Port {settings.ssh_port}'" in dockerfile
     assert f"'HostKey {settings.home}/.ssh/id_rsa'" in dockerfile
-    worker = container(k8s.render_mpijob("j", TRAIN_ARGS, 1), "Worker")
+    worker = container(manifests.render_mpijob("j", TRAIN_ARGS, 1), "Worker")
     assert f"> {worker['command'][-1]}" in dockerfile  # the sshd config the worker starts with
 
 
@@ -533,7 +537,6 @@ def test_overlays_choose_the_data_claim_access_mode():
 
 
 @pytest.mark.slow
-@needs_crd
 @needs_kubectl
 @pytest.mark.skipif(
     not (VENV_K8S / "bin" / "python").exists(),

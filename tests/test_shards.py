@@ -13,7 +13,7 @@ import kaldiio
 import numpy as np
 import pytest
 
-from pipeline import features, kaldi, shards
+from pipeline import features, kaldi, records, shards
 from tests.conftest import ROOT, quiet_env
 from tests.kaldi_fixtures import make_feats_dir, make_wav_dir
 
@@ -32,7 +32,7 @@ def test_round_trip_of_every_ark_format(tmp_path, kind, method, atol):
         # Compressed matrices are lossy: the shards must hold exactly what kaldiio decodes.
         feats = {utt: kaldiio.load_mat(spec) for utt, spec in kaldi.read_table(data_dir / "feats.scp").values.items()}
     shards.make_shards({"train": data_dir}, tmp_path / "out", CFG, progress=False)
-    got = {utt: (matrix, text) for utt, matrix, text in shards.read_utterances(tmp_path / "out", "train")}
+    got = {utt: (matrix, text) for utt, matrix, text in records.read_utterances(tmp_path / "out", "train")}
     assert sorted(got) == sorted(feats)
     for utt, (matrix, text) in got.items():
         assert matrix.dtype == np.float32 and matrix.shape == feats[utt].shape
@@ -51,7 +51,7 @@ def test_any_feature_dimension_and_gzip(tmp_path, dim):
     )
     assert manifest["feature_dim"] == dim
     assert all(s["file"].endswith(".tfrecord.gz") for s in manifest["splits"]["train"]["shards"])
-    got = dict((u, m) for u, m, _ in shards.read_utterances(tmp_path / "out", "train"))
+    got = dict((u, m) for u, m, _ in records.read_utterances(tmp_path / "out", "train"))
     np.testing.assert_array_equal(got[sorted(feats)[0]], feats[sorted(feats)[0]])
 
 
@@ -64,7 +64,7 @@ def test_manifest_contents(tmp_path):
     assert split["utterances"] == 12 and sum(s["count"] for s in split["shards"]) == 12
     assert split["frames"] == sum(len(m) for m in train_feats.values())
     for shard in split["shards"]:
-        assert shard["sha256"] == __import__("pipeline.fsutil").fsutil.file_sha256(tmp_path / "out" / shard["file"])
+        assert shard["sha256"] == __import__("common.fsutil").fsutil.file_sha256(tmp_path / "out" / shard["file"])
         assert shard["lengths"] == [len(train_feats[u]) for u in shard["utt_ids"]]
     chars = {ch for t in train_texts.values() for ch in t}
     assert manifest["vocabulary"][:2] == ["<blank>", "<unk>"] and set(manifest["vocabulary"][2:]) == chars
@@ -144,7 +144,7 @@ def test_killed_writer_leaves_no_partial_shard_and_rerun_gives_same_manifest(tmp
     subprocess.run([*cmd, "--out", str(clean)], cwd=ROOT, env=quiet_env(), check=True, timeout=300, capture_output=True)
     expected = json.loads((clean / "manifest.json").read_text())
     digests = {s["file"]: s["sha256"] for s in expected["splits"]["train"]["shards"]}
-    from pipeline.fsutil import file_sha256
+    from common.fsutil import file_sha256
 
     for path in finished:  # what exists under a final name is complete: byte-identical to a clean run
         assert file_sha256(path) == digests[path.name]

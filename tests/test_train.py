@@ -13,8 +13,8 @@ import mlflow
 import numpy as np
 import pytest
 
-from models import train
-from pipeline import config as configlib
+from common import config as configlib
+from models import train, train_config
 from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
 
 
@@ -26,18 +26,18 @@ def mlflow_uri(tmp_path, monkeypatch):
     return uri
 
 
-def tiny(name: str, *overrides: str) -> train.TrainConfig:
-    return configlib.load(train.TrainConfig, CONFIGS / f"tiny_{name}.yaml", list(overrides))
+def tiny(name: str, *overrides: str) -> train_config.TrainConfig:
+    return configlib.load(train_config.TrainConfig, CONFIGS / f"tiny_{name}.yaml", list(overrides))
 
 
 def test_learning_rate_warms_up_to_the_scaled_peak_then_decays():
-    cfg = train.OptimConfig(learning_rate=1e-3, warmup_steps=10, decay="cosine", final_fraction=0.1)
-    assert train.learning_rate(0, cfg, 4, 100) == pytest.approx(1e-3)
-    assert train.learning_rate(10, cfg, 4, 100) == pytest.approx(4e-3)
-    assert train.learning_rate(100, cfg, 4, 100) == pytest.approx(4e-4)
-    assert train.learning_rate(55, cfg, 4, 100) == pytest.approx(4e-3 * (0.1 + 0.9 * 0.5))
+    cfg = train_config.OptimConfig(learning_rate=1e-3, warmup_steps=10, decay="cosine", final_fraction=0.1)
+    assert train_config.learning_rate(0, cfg, 4, 100) == pytest.approx(1e-3)
+    assert train_config.learning_rate(10, cfg, 4, 100) == pytest.approx(4e-3)
+    assert train_config.learning_rate(100, cfg, 4, 100) == pytest.approx(4e-4)
+    assert train_config.learning_rate(55, cfg, 4, 100) == pytest.approx(4e-3 * (0.1 + 0.9 * 0.5))
     flat = dataclasses.replace(cfg, scale_with_workers=False, decay="none")
-    assert train.learning_rate(50, flat, 4, 100) == pytest.approx(1e-3)
+    assert train_config.learning_rate(50, flat, 4, 100) == pytest.approx(1e-3)
 
 
 def test_tiny_acoustic_model_learns_and_records_everything(tiny_shards, tmp_path, mlflow_uri):

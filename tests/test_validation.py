@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from pipeline import features, kaldi, shards
+from pipeline import features, kaldi, records, shards
 from tests.conftest import ROOT, quiet_env
 from tests.kaldi_fixtures import make_feats_dir, make_wav_dir, tone, write_table
 
@@ -152,7 +152,7 @@ def test_alignment_problems(data_dir, tmp_path):
     rejected = shard_rejections(data_dir, tmp_path, alignments={"train": tmp_path / "ali.scp"})
     assert rejected[utts[0]].reason == "missing_alignment"
     assert rejected[utts[2]].reason == "alignment_length_mismatch"
-    manifest = shards.load_manifest(tmp_path / "out")
+    manifest = records.load_manifest(tmp_path / "out")
     assert manifest["num_targets"] == 5
 
 

@@ -3,7 +3,7 @@
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from pipeline.runtime import configure_tensorflow
+from common.runtime import configure_tensorflow
 
 applied = configure_tensorflow()
 hvd.init()

@@ -5,8 +5,8 @@ import sys
 
 import horovod.tensorflow as hvd
 
+from common.runtime import configure_tensorflow
 from pipeline import dataset
-from pipeline.runtime import configure_tensorflow
 
 configure_tensorflow()
 hvd.init()

@@ -60,11 +60,18 @@ def configure_tensorflow(intra_op_threads: int = 0, inter_op_threads: int = 0) -
         inter = tf.config.threading.get_inter_op_parallelism_threads()
     # Horovod: pin this process to the GPU of its local rank, with memory growth on.
     gpus = tf.config.list_physical_devices("GPU")
-    try:
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        if gpus:
-            tf.config.set_visible_devices(gpus[facts["local_rank"] % len(gpus)], "GPU")
-    except RuntimeError:
-        pass  # already initialized in this process, as above
+    if gpus:
+        mine = gpus[facts["local_rank"] % len(gpus)]
+        try:
+            tf.config.set_visible_devices(mine, "GPU")
+            tf.config.experimental.set_memory_growth(mine, True)
+        except RuntimeError as err:
+            # TensorFlow already initialized its GPUs in this process. That is harmless when this
+            # rank already sees only its own GPU (a second call); anything else would put several
+            # ranks on one GPU, so it is an error.
+            if tf.config.get_visible_devices("GPU") != [mine]:
+                raise RuntimeError(
+                    f"rank {facts['rank']}: TensorFlow initialized its GPUs before configure_tensorflow could pin "
+                    f"{mine.name}; call configure_tensorflow before any TensorFlow op runs"
+                ) from err
     return {"intra_op_threads": intra, "inter_op_threads": inter, "gpus": len(gpus), **facts}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -66,3 +67,25 @@ def code_version(*modules: Any) -> str:
 
 def config_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def slug(text: str, max_len: int, dns: bool = False) -> str:
+    """A short, safe name made from free text (an Airflow run id), with a hash of the text when changed.
+
+    `dns=False`: a file name (letters, digits, `._-`; other runs become `_`), e.g.
+    `manual__2026-01-01T00:00:00.123456+00:00` -> `manual__2026-01-01T00_00_00-1a2b3c4d`.
+    `dns=True`: a Kubernetes name (a DNS label: lower case, digits and `-`, starting with a letter).
+    The hash keeps texts that differ only in dropped characters apart.
+    """
+    if dns:
+        name = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", text.lower())).strip("-")
+        if not name or not name[0].isalpha():
+            name = f"x-{name}"
+        fill = "-"
+    else:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
+        fill = "._"
+    if name == text and len(name) <= max_len:
+        return name
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{name[: max_len - 9].rstrip(fill)}-{digest}"

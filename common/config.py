@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from common.cli import split_assignment
+
 T = TypeVar("T")
 
 
@@ -111,9 +113,7 @@ def parse_set(assignments: Sequence[str]) -> dict[str, Any]:
     """Turns `["model.num_layers=2", "lr=1e-3"]` into a nested mapping of YAML-parsed values."""
     nested: dict[str, Any] = {}
     for item in assignments:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
+        key, raw = split_assignment(item, "--set")
         value = yaml.safe_load(raw) if raw.strip() else ""
         node = nested
         parts = key.strip().split(".")
@@ -125,10 +125,28 @@ def parse_set(assignments: Sequence[str]) -> dict[str, Any]:
     return nested
 
 
+def _given(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """`flags` without the ones left out (None), nested mappings included."""
+    out = {}
+    for key, value in flags.items():
+        if isinstance(value, Mapping):
+            value = _given(value)
+            if not value:
+                continue
+        if value is not None:
+            out[key] = value
+    return out
+
+
 def load(
-    cls: type[T], yaml_path: str | Path | None = None, assignments: Sequence[str] = (), base: T | None = None
+    cls: type[T],
+    yaml_path: str | Path | None = None,
+    assignments: Sequence[str] = (),
+    base: T | None = None,
+    flags: Mapping[str, Any] | None = None,
 ) -> T:
-    """Resolves a config: `base` (or the dataclass defaults), then the YAML file, then `--set` items."""
+    """Resolves a config: `base` (or the dataclass defaults), then the YAML file, then `--set` items,
+    then a stage's own flags (`flags`, nested like the config; None means the flag was not given)."""
     config = base if base is not None else cls()
     if yaml_path:
         path = Path(yaml_path)
@@ -140,6 +158,8 @@ def load(
         config = apply_overrides(config, loaded)
     if assignments:
         config = apply_overrides(config, parse_set(assignments))
+    if flags:
+        config = apply_overrides(config, _given(flags))
     return config
 
 

@@ -1,0 +1,131 @@
+"""Evaluating the synthesis model, in three steps that `models.evaluate` runs in order:
+
+1. `synthesize`: inference only. Each test sentence is spoken twice, teacher-forced (for the mel L1
+   and the attention's diagonality) and free-running (what a listener hears), and kept as a `Spoken`.
+2. `tts_metrics`: numbers from the `Spoken`s (mel L1, mel-cepstral distortion after DTW, attention
+   monotonicity and diagonality), and `intelligibility`: our acoustic model transcribes the
+   synthesized mels, and its CER says how understandable they are.
+3. `write_samples`: attention and mel plots and Griffin-Lim WAVs of the first few sentences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from models import asr, audio, tts
+
+
+@dataclasses.dataclass
+class Spoken:
+    """One test sentence spoken by the model; mels are raw log-mel fbank [frames, dim]."""
+
+    utt_id: str
+    tokens: np.ndarray  # [N] token ids of the sentence
+    reference: np.ndarray  # [T, D] the recording's features
+    teacher_forced: np.ndarray  # [T, D] post-net output with the reference frames fed back
+    synthesized: np.ndarray  # [T', D] free-running output
+    forced_alignment: np.ndarray  # [ceil(T / r), N] attention weights, teacher-forced
+    free_alignment: np.ndarray  # [ceil(T' / r), N] attention weights, free-running
+
+
+def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Iterator[Spoken]:
+    """Speaks the sentences of `dataset` (the synthesis input pipeline, in evaluation mode)."""
+    import tensorflow as tf
+
+    mean, std = np.asarray(data["mel_mean"], np.float32), np.asarray(data["mel_std"], np.float32)
+    r = config.tts.reduction_factor
+    infer = tf.function(model.infer, reduce_retracing=True)
+    count = 0
+    for batch in dataset:
+        forced = model.teacher_forced(batch, training=False)
+        reference = batch["mels"].numpy() * std + mean  # [B, T, D] log-mel
+        lengths = batch["mel_lengths"].numpy()
+        predicted = forced["mel_after"].numpy() * std + mean
+        token_lengths = batch["token_lengths"].numpy()
+        # Free-running synthesis may run up to 1.5 times the reference's length before it is cut.
+        free = infer(batch["tokens"], batch["token_lengths"], int(1.5 * reference.shape[1] / r) + 10)
+        free_mels = free["mels"].numpy() * std + mean
+        free_lengths = np.maximum(free["lengths"].numpy(), 1)
+        for i, utt in enumerate(batch["utt_id"].numpy()):
+            if count >= max_utterances:
+                return
+            n, t, f = int(token_lengths[i]), int(lengths[i]), int(free_lengths[i])
+            yield Spoken(
+                utt_id=utt.decode(),
+                tokens=batch["tokens"][i, :n].numpy(),
+                reference=reference[i, :t],
+                teacher_forced=predicted[i, :t],
+                synthesized=free_mels[i, :f],
+                forced_alignment=forced["alignments"][i, : -(-t // r), :n].numpy(),
+                free_alignment=free["alignments"][i, : -(-f // r), :n].numpy(),
+            )
+            count += 1
+
+
+def tts_metrics(spoken: list[Spoken], split: str) -> dict:
+    """Mel L1 (teacher-forced), mel-cepstral distortion (free-running, DTW-aligned), attention shape."""
+
+    def attention(measure, key: str) -> float:
+        values = [
+            measure(s.__dict__[key][None], [s.__dict__[key].shape[1]], [s.__dict__[key].shape[0]]) for s in spoken
+        ]
+        return float(np.nanmean(values)) if values else float("nan")
+
+    l1 = sum(float(np.abs(s.teacher_forced - s.reference).sum()) for s in spoken)
+    count = sum(s.reference.size for s in spoken)
+    return {
+        f"{split}_mel_l1": l1 / max(count, 1),
+        f"{split}_mcd_db": float(np.mean([audio.mel_cepstral_distortion(s.synthesized, s.reference) for s in spoken])),
+        f"{split}_attention_monotonicity": attention(tts.attention_monotonicity, "free_alignment"),
+        f"{split}_attention_monotonicity_teacher_forced": attention(tts.attention_monotonicity, "forced_alignment"),
+        f"{split}_attention_diagonality_teacher_forced": attention(tts.attention_diagonality, "forced_alignment"),
+        f"{split}_utterances": len(spoken),
+    }
+
+
+def intelligibility(
+    spoken: list[Spoken], vocabulary: list[str], asr_model_dir: Path, split: str, out_dir: Path
+) -> dict:
+    """CER of an acoustic model on the synthesized log-mels.
+
+    The synthesizer is treated as one more speaker: its utterances are normalized with the mean and
+    variance of all of them (speaker CMVN, as the acoustic model was trained with)."""
+    from models.evaluate_asr import error_rates
+    from models.serving import load_model_dir
+
+    asr_model, _, asr_data = load_model_dir(Path(asr_model_dir) / "model")
+    mels = [s.synthesized for s in spoken]
+    frames = np.concatenate(mels)
+    mean, std = frames.mean(0), np.maximum(frames.std(0), 1e-4)
+    refs = ["".join(vocabulary[t] for t in s.tokens) for s in spoken]
+    hyps = []
+    for start in range(0, len(mels), 16):
+        chunk = mels[start : start + 16]
+        lengths = np.asarray([len(m) for m in chunk], np.int32)
+        feats = np.zeros([len(chunk), lengths.max(), frames.shape[1]], np.float32)
+        for i, m in enumerate(chunk):
+            feats[i, : len(m)] = (m - mean) / std
+        hyps += asr.transcribe(asr_model, feats, lengths, asr_data["vocabulary"])
+    rates = error_rates(refs, hyps)
+    rows = ["utt_id\treference\tasr_on_synthesis"] + [f"{s.utt_id}\t{r}\t{h}" for s, r, h in zip(spoken, refs, hyps)]
+    (out_dir / f"{split}_intelligibility.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return {f"{split}_intelligibility_cer": rates["cer"], f"{split}_intelligibility_wer": rates["wer"]}
+
+
+def write_samples(spoken: list[Spoken], out_dir: Path, num_plots: int, num_audio: int) -> None:
+    """Attention and mel plots of the first `num_plots` sentences, Griffin-Lim WAVs of the first `num_audio`."""
+    for s in spoken[:num_plots]:
+        audio.plot_alignment(
+            s.forced_alignment, out_dir / f"{s.utt_id}_attention_teacher_forced.png", f"{s.utt_id}: teacher-forced"
+        )
+        audio.plot_alignment(
+            s.free_alignment, out_dir / f"{s.utt_id}_attention_synthesis.png", f"{s.utt_id}: while synthesizing"
+        )
+        audio.plot_mels(s.synthesized, s.reference, out_dir / f"{s.utt_id}_mels.png", s.utt_id)
+    for s in spoken[:num_audio]:
+        audio.write_wav(out_dir / f"{s.utt_id}_synthesized.wav", audio.griffin_lim(s.synthesized))
+        audio.write_wav(out_dir / f"{s.utt_id}_reference_griffin_lim.wav", audio.griffin_lim(s.reference))

@@ -1,0 +1,44 @@
+"""The tokenizer: transcripts <-> character ids, the same for shards, training, evaluation and serving.
+
+Ids: 0 is CTC's blank (and the padding id), 1 stands for a character the training split never had,
+then every character of the training transcripts, sorted. The vocabulary is stored in the shards'
+manifest and in every model directory, so a served model encodes and decodes exactly as it trained.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BLANK, UNK = "<blank>", "<unk>"
+
+
+def normalize_transcript(text: str, lowercase: bool = True) -> str:
+    """Collapses whitespace; lower-cases when the shards were written with `lowercase` (the default)."""
+    text = " ".join(text.split())
+    return text.lower() if lowercase else text
+
+
+def build_vocabulary(transcripts: list[str]) -> list[str]:
+    """`[<blank>, <unk>, ' ', "'", 'a', ...]`: every character of the transcripts, sorted."""
+    return [BLANK, UNK, *sorted({ch for text in transcripts for ch in text})]
+
+
+def encode(text: str, vocabulary: list[str]) -> list[int]:
+    """Character ids of `text` (already normalized); characters outside the vocabulary become 1."""
+    index = {ch: i for i, ch in enumerate(vocabulary)}
+    return [index.get(ch, 1) for ch in text]
+
+
+def decode(ids: list[int], vocabulary: list[str]) -> str:
+    """The text of `ids`, leaving out the blank and the unknown-character id."""
+    return "".join(vocabulary[i] for i in ids if 1 < i < len(vocabulary))
+
+
+def encode_batch(texts: list[str], vocabulary: list[str], lowercase: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Normalizes and encodes `texts`: (tokens int32 [B, L] 0-padded, lengths int32 [B])."""
+    ids = [encode(normalize_transcript(t, lowercase), vocabulary) for t in texts]
+    lengths = np.asarray([len(x) for x in ids], np.int32)
+    tokens = np.zeros([len(ids), max(1, int(lengths.max(initial=0)))], np.int32)
+    for i, x in enumerate(ids):
+        tokens[i, : len(x)] = x
+    return tokens, lengths

@@ -1,0 +1,273 @@
+"""Cluster settings and the pieces every pod of the pipeline shares (names, labels, security, volumes).
+
+`ClusterSettings` says where and how pods run; workflow/manifests.py builds whole objects (the
+training MPIJob, stage pods) from it, workflow/mpijob.py submits and follows an MPIJob. Pure
+functions over plain data: no Kubernetes client and no TensorFlow, so the Airflow image runs them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from common import config as configlib
+from common.fsutil import slug
+
+# The MPIJob resource, as the Kubernetes API names it (e.g. for CustomObjectsApi calls).
+MPIJOB_GROUP = "kubeflow.org"
+MPIJOB_VERSION = "v2beta1"
+MPIJOB_PLURAL = "mpijobs"
+MPIJOB_API_VERSION = f"{MPIJOB_GROUP}/{MPIJOB_VERSION}"
+MPIJOB_KIND = "MPIJob"
+# Where the MPI Operator mounts the hostfile it writes for the launcher.
+MPI_HOSTFILE = "/etc/mpi/hostfile"
+# KubernetesPodOperator follows the logs of the container with this name.
+STAGE_CONTAINER = "base"
+# Labels the kustomize base relies on (k8s/base/network-policies.yaml): pods named
+# PIPELINE_POD_LABEL accept connections only from each other (ssh, MPI, NCCL between the ranks), and
+# pods carrying OBJECT_STORE_CLIENT_LABEL may reach MinIO.
+PART_OF_LABEL = ("app.kubernetes.io/part-of", "speechflow")
+PIPELINE_POD_LABEL = ("app.kubernetes.io/name", "speechflow-pipeline")
+COMPONENT_LABEL = "app.kubernetes.io/component"
+OBJECT_STORE_CLIENT_LABEL = ("speechflow.io/object-store-client", "true")
+# Labels the MPI Operator puts on the pods it creates (training.kubeflow.org/...).
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+# Longest MPIJob name: the operator derives `<name>-launcher` and `<name>-worker-<i>` hostnames,
+# which must stay DNS labels of at most 63 characters.
+MAX_JOB_NAME = 48
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """One pod toleration (the taint GPU nodes carry so that only GPU work lands on them)."""
+
+    key: str = "nvidia.com/gpu"  # taint key; the NVIDIA GPU Operator's convention by default
+    operator: Literal["Exists", "Equal"] = "Exists"  # Equal also compares `value`
+    value: str = ""  # the taint's value, for operator Equal
+    effect: str = "NoSchedule"  # NoSchedule, PreferNoSchedule, NoExecute; "" matches every effect
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Where and how the pipeline's pods run. Defaults match k8s/base; overlays ship a YAML of overrides."""
+
+    namespace: str = "speechflow"  # namespace of the kustomize base (k8s/base/namespace.yaml)
+    image: str = "speechflow/train:0.1.0"  # training image (docker/train.Dockerfile), as the cluster pulls it
+    # Always: every start re-checks the registry (and the pull secret); IfNotPresent for side-loaded images.
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "Always"
+    image_pull_secrets: tuple[str, ...] = ()  # Secrets for a private registry
+    service_account: str = "speechflow-pipeline"  # pipeline pods' ServiceAccount (no API token is mounted)
+    priority_class: str = ""  # PriorityClass of training and stage pods; "" for the cluster default
+    data_claim: str = "speechflow-data"  # ReadWriteMany claim holding corpora, features, shards, runs
+    data_mount: str = "/data"  # where that claim is mounted in every pipeline pod
+    run_as_user: int = 10001  # uid (and gid) of the image's `mpiuser`; files on the claim belong to it
+    home: str = "/home/mpiuser"  # its home: scratch, with the MPI Operator's SSH keys in .ssh
+    gpus_per_worker: int = 1  # GPUs per worker pod = slotsPerWorker; 0: CPU-only workers, one slot each
+    # Node labels a GPU pod requires (this one is set by the GPU Operator's GPU Feature Discovery).
+    gpu_node_selector: tuple[tuple[str, ...], ...] = (("nvidia.com/gpu.present", "true"),)
+    # Taints of GPU nodes that GPU pods and the launcher tolerate.
+    gpu_tolerations: tuple[Toleration, ...] = (Toleration(key="nvidia.com/gpu"),)
+    worker_cpu_per_gpu: int = 6  # CPU cores per GPU (input pipeline, Horovod background thread)
+    worker_memory_gib_per_gpu: int = 40  # GiB of memory per GPU, shared memory included
+    shm_gib_per_gpu: int = 2  # /dev/shm per GPU for NCCL and OpenMPI (counted against the memory limit)
+    launcher_cpu: str = "1"  # the launcher only runs horovodrun/mpirun
+    launcher_memory: str = "2Gi"
+    stage_cpu: str = "2"  # each non-training stage pod (corpus, features, shards, evaluation)
+    stage_memory: str = "8Gi"
+    scratch_gib: int = 10  # size limit of /tmp and of the home directory in every pod
+    network_interface: str = "eth0"  # pod network interface for MPI's TCP transport and NCCL sockets
+    ssh_port: int = 2222  # port of the workers' unprivileged sshd (docker/train.Dockerfile)
+    mpi_controller: Literal["mpi", "gloo"] = "mpi"  # horovodrun --mpi (OpenMPI, as the operator) or --gloo
+    start_timeout_s: int = 600  # horovodrun --start-timeout: ssh checks and rendezvous on all workers
+    nccl_env: tuple[tuple[str, ...], ...] = (("NCCL_DEBUG", "WARN"),)  # more NCCL_*, e.g. NCCL_IB_DISABLE
+    mlflow_tracking_uri: str = "http://mlflow:5000"  # the MLflow Service of k8s/base
+    s3_endpoint: str = "minio:9000"  # host:port of the S3 API (MinIO of k8s/base); "" when no S3 is used
+    s3_use_https: bool = False  # in-cluster MinIO speaks plain HTTP
+    s3_region: str = "us-east-1"  # MinIO ignores it; the AWS SDK wants one
+    s3_secret: str = "s3-credentials"  # Secret with the pipeline's S3 access key (see k8s/README.md)
+    s3_access_key_field: str = "access-key"  # key of the access key id in that Secret
+    s3_secret_key_field: str = "secret-key"  # key of the secret access key in that Secret
+    backoff_limit: int = 0  # launcher retries inside one MPIJob; 0 leaves retries to Airflow
+    active_deadline_s: int = 0  # wall-clock limit of the launcher; 0 for none
+    ttl_after_finished_s: int = 86400  # the finished MPIJob (and its launcher log) is deleted after this
+
+    def __post_init__(self) -> None:
+        # (name, value) pairs are tuples of strings rather than a mapping so that the settings stay
+        # hashable and load from YAML as lists of two-item lists.
+        for field in ("gpu_node_selector", "nccl_env"):
+            for pair in getattr(self, field):
+                if len(pair) != 2:
+                    raise ValueError(f"ClusterSettings.{field}: expected [name, value] pairs, got {list(pair)!r}")
+
+
+def load_settings(path: str | Path | None = None, assignments: Sequence[str] = ()) -> ClusterSettings:
+    """ClusterSettings: the defaults, then a YAML file (e.g. k8s/overlays/gpu/cluster.yaml), then `key=value`s."""
+    return configlib.load(ClusterSettings, path, assignments)
+
+
+def safe_name(prefix: str, *parts: str, max_len: int = MAX_JOB_NAME) -> str:
+    """A DNS-label name from `prefix` and free text (a run id): lower case, dashes, a hash when shortened.
+
+    `safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")` ->
+    `train-asr-manual-2026-01-01t00-00-00-00-28b5562b`; the hash keeps run ids that differ only in
+    dropped characters apart.
+    """
+    return slug("-".join((prefix, *parts)), max_len, dns=True)
+
+
+def check_name(name: str, max_len: int) -> None:
+    if len(name) > max_len or not _DNS_LABEL.match(name):
+        raise ValueError(
+            f"invalid Kubernetes name {name!r}: use at most {max_len} lower-case letters, digits and '-', "
+            f"starting with a letter (workflow.cluster.safe_name builds one from free text)"
+        )
+
+
+def labels(component: str) -> dict[str, str]:
+    return {
+        PIPELINE_POD_LABEL[0]: PIPELINE_POD_LABEL[1],
+        PART_OF_LABEL[0]: PART_OF_LABEL[1],
+        COMPONENT_LABEL: component,
+        OBJECT_STORE_CLIENT_LABEL[0]: OBJECT_STORE_CLIENT_LABEL[1],
+    }
+
+
+# Checks of checkov (the manifest scanner CI runs) that do not fit a pipeline pod, with the reason;
+# they travel as `checkov.io/skipN` annotations on the pod templates (checkov's suppression syntax).
+SKIP_ENV_SECRETS = (
+    "CKV_K8S_35",
+    "tensorflow-io's S3 filesystem (AWS C++ SDK) is given its keys as environment variables from the "
+    "s3-credentials Secret; they never appear in a manifest",
+)
+SKIP_DIGEST = (
+    "CKV_K8S_43",
+    "the image is pinned by its version tag; set ClusterSettings.image to name@sha256:... to pin a digest",
+)
+SKIP_PULL_POLICY = (
+    "CKV_K8S_15",
+    "these settings pull IfNotPresent: images loaded straight into a single node's runtime are in no registry",
+)
+SKIP_LIVENESS = ("CKV_K8S_8", "a run-to-completion process: a hang is bounded by the DAG's task timeout")
+SKIP_READINESS = ("CKV_K8S_9", "a run-to-completion process serves no traffic")
+
+
+def skip_annotations(settings: ClusterSettings, *skips: tuple[str, str]) -> dict[str, str]:
+    skips = tuple(skips)
+    if settings.s3_endpoint:
+        skips += (SKIP_ENV_SECRETS,)
+    if "@sha256:" not in settings.image:
+        skips += (SKIP_DIGEST,)
+    if settings.image_pull_policy != "Always":
+        skips += (SKIP_PULL_POLICY,)
+    return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(skips, start=1)}
+
+
+def pod_env(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """Environment of every pipeline process: MLflow, S3 for tensorflow-io, caches off the read-only root."""
+    env: list[dict[str, Any]] = [
+        {"name": "MLFLOW_TRACKING_URI", "value": settings.mlflow_tracking_uri},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},  # log lines reach `kubectl logs` (and Airflow) at once
+        {"name": "HOME", "value": settings.home},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+        {"name": "MPLCONFIGDIR", "value": "/tmp/.matplotlib"},
+        {"name": "KERAS_HOME", "value": "/tmp/.keras"},
+        {"name": "CUDA_CACHE_PATH", "value": "/tmp/.nv"},
+    ]
+    if settings.s3_endpoint:
+        # tensorflow-io's s3:// filesystem reads these. Its AWS SDK takes the keys from the environment
+        # (or an INI credentials file, which the Secret's two keys are not): from the Secret.
+        env += [
+            {"name": "S3_ENDPOINT", "value": settings.s3_endpoint},
+            {"name": "S3_USE_HTTPS", "value": "1" if settings.s3_use_https else "0"},
+            {"name": "S3_VERIFY_SSL", "value": "1" if settings.s3_use_https else "0"},
+            {"name": "AWS_REGION", "value": settings.s3_region},
+            {
+                "name": "AWS_ACCESS_KEY_ID",
+                "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_access_key_field}},
+            },
+            {
+                "name": "AWS_SECRET_ACCESS_KEY",
+                "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_secret_key_field}},
+            },
+        ]
+    return env
+
+
+def train_env(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """`pod_env` plus what the Horovod ranks need: NCCL's interface and settings, OpenMPI's shared memory."""
+    env = pod_env(settings)
+    env.append({"name": "NCCL_SOCKET_IFNAME", "value": settings.network_interface})
+    env += [{"name": k, "value": v} for k, v in settings.nccl_env if k != "NCCL_SOCKET_IFNAME"]
+    # Ranks sharing a pod talk through /dev/shm; the cross-memory-attach fast path needs ptrace,
+    # which an unprivileged container does not have.
+    env.append({"name": "OMPI_MCA_btl_vader_single_copy_mechanism", "value": "none"})
+    return env
+
+
+def pod_security(settings: ClusterSettings) -> dict[str, Any]:
+    uid = settings.run_as_user
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        # A data volume of millions of files would otherwise be chown-ed on every pod start.
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def scratch_volumes(settings: ClusterSettings) -> tuple[list[dict], list[dict]]:
+    """/tmp and the home directory as pod-local scratch (the root filesystem is read-only)."""
+    size = f"{settings.scratch_gib}Gi"
+    volumes = [
+        {"name": "tmp", "emptyDir": {"sizeLimit": size}},
+        {"name": "home", "emptyDir": {"sizeLimit": size}},
+    ]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "home", "mountPath": settings.home}]
+    return volumes, mounts
+
+
+def data_volume(settings: ClusterSettings) -> tuple[dict, dict]:
+    volume = {"name": "data", "persistentVolumeClaim": {"claimName": settings.data_claim}}
+    return volume, {"name": "data", "mountPath": settings.data_mount}
+
+
+def common_pod_spec(settings: ClusterSettings) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "serviceAccountName": settings.service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security(settings),
+    }
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    if settings.priority_class:
+        spec["priorityClassName"] = settings.priority_class
+    return spec
+
+
+def tolerations(settings: ClusterSettings) -> list[dict[str, str]]:
+    out = []
+    for t in settings.gpu_tolerations:
+        item = {"key": t.key, "operator": t.operator}
+        if t.operator == "Equal":
+            item["value"] = t.value
+        if t.effect:
+            item["effect"] = t.effect
+        out.append(item)
+    return out

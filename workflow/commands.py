@@ -1,0 +1,158 @@
+"""Every stage's command line, built in this one place.
+
+The DAG's tasks (through workflow/runner.py), the cluster manifests and the benchmarks all take
+their argv from here, so a flag renamed in a stage is renamed once. Functions return the
+arguments after `python -m MODULE`; `module_command` and `horovodrun_local` put a launcher in front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from workflow.plan import POD_XCOM_FILE, Plan
+
+CORPUS, FEATURES, SHARDS = "pipeline.corpus", "pipeline.features", "pipeline.shards"
+TRAIN, EVALUATE, REGISTRY = "models.train", "models.evaluate", "models.registry"
+
+
+def module_command(python: str, module: str, args: Sequence[str]) -> list[str]:
+    return [python, "-m", module, *args]
+
+
+def horovodrun_local(python: str, np: int, module: str, args: Sequence[str]) -> list[str]:
+    """`horovodrun -np N -H localhost:N --gloo PYTHON -m MODULE ARGS` of `python`'s environment."""
+    horovodrun = str(Path(python).with_name("horovodrun"))
+    return [horovodrun, "-np", str(np), "-H", f"localhost:{np}", "--gloo", python, "-m", module, *args]
+
+
+# ---- data stages ---------------------------------------------------------------------------------
+
+
+def corpus_args(plan: Plan) -> list[str]:
+    return ["--out", plan.data_root, "--num-utterances", str(plan.demo_utterances)]
+
+
+def features_args(plan: Plan, split: str) -> list[str]:
+    return ["--data-dir", f"{plan.data_root}/{split}", "--no-progress"]
+
+
+def shards_args(plan: Plan) -> list[str]:
+    args = [a for s in plan.splits for a in ("--split", f"{s}={plan.data_root}/{s}")]
+    return [*args, "--out", plan.shards_dir, "--num-shards", str(plan.num_shards), "--no-progress"]
+
+
+# ---- training and evaluation ---------------------------------------------------------------------
+
+
+def train_args(
+    shards: str | Path,
+    workdir: str | Path,
+    *,
+    model: str | None = None,
+    strategy: str | None = None,
+    gossip: str | None = None,
+    config: str | Path | None = None,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    sets: Sequence[str] = (),
+    experiment: str | None = None,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Arguments of `python -m models.train`; None leaves a flag out (the config's value holds)."""
+    args: list[str] = []
+    for flag, value in (("--model", model), ("--strategy", strategy), ("--gossip", gossip)):
+        if value is not None:
+            args += [flag, value]
+    args += ["--shards", str(shards), "--workdir", str(workdir)]
+    for flag, value in (
+        ("--config", config),
+        ("--epochs", epochs),
+        ("--max-steps", max_steps),
+        ("--experiment", experiment),
+        ("--mlflow-parent-run-id", parent_run_id),
+        ("--run-name", run_name),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    for item in sets:
+        args += ["--set", item]
+    return [*args, *extra]
+
+
+def plan_train_args(plan: Plan, model: str, parent_run_id: str) -> list[str]:
+    """`models.train` for one model of a DAG run (local horovodrun or the MPIJob's launcher)."""
+    return train_args(
+        plan.shards_dir,
+        plan.workdirs[model],
+        model=model,
+        strategy=plan.strategy,
+        gossip=plan.gossip if plan.strategy == "adpsgd" else None,
+        config=plan.configs[model],
+        epochs=plan.epochs,
+        max_steps=plan.max_steps,
+        experiment=plan.experiment,
+        parent_run_id=parent_run_id,
+        run_name=f"train-{model}",
+    )
+
+
+def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) -> list[str]:
+    args = ["--model-dir", plan.workdirs[model], "--shards", plan.shards_dir, "--mlflow-parent-run-id", parent_run_id]
+    if model == "tts":
+        args += ["--max-utterances", str(plan.eval_utterances)]
+        if with_asr:
+            args += ["--asr-model-dir", plan.workdirs["asr"]]
+    return args
+
+
+# ---- MLflow bookkeeping (models.registry) --------------------------------------------------------
+
+
+def registry_args(command: str, **options) -> list[str]:
+    """`models.registry COMMAND --option value ...`; list values repeat the flag, None leaves it out."""
+    args = [command]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None:
+                args += [flag, str(item)]
+    return args
+
+
+def start_parent_args(plan: Plan) -> list[str]:
+    return registry_args("start-parent", experiment=plan.experiment, dag_id=plan.dag_id, dag_run_id=plan.dag_run_id)
+
+
+def record_stage_args(parent_run_id: str, stage: str, path: str, name: str, params: Mapping[str, str]) -> list[str]:
+    return registry_args(
+        "record-stage",
+        parent_run_id=parent_run_id,
+        stage=stage,
+        path=path,
+        name=name,
+        param=[f"{k}={v}" for k, v in params.items()],
+    )
+
+
+def register_args(plan: Plan, model: str, parent_run_id: str) -> list[str]:
+    return registry_args(
+        "register", workdir=plan.workdirs[model], name=plan.model_name(model), parent_run_id=parent_run_id
+    )
+
+
+def finish_args(plan: Plan, parent_run_id: str, failed: bool) -> list[str]:
+    return registry_args(
+        "finish",
+        parent_run_id=parent_run_id,
+        status="FAILED" if failed else "FINISHED",
+        summary=f"{plan.run_dir}/summary.json",
+        workdir=[f"{m}={plan.workdirs[m]}" for m in plan.models],
+    )
+
+
+def with_json_file(args: Sequence[str], json_file: str = POD_XCOM_FILE) -> list[str]:
+    """`models.registry` arguments that also write the JSON result to `json_file` (a pod's XCom file)."""
+    return ["--json-file", json_file, *args]

@@ -1,0 +1,160 @@
+"""A DAG run's plan: every path and choice of the run, resolved once from the DAG's params.
+
+`make_plan` checks the params (naming the one that does not fit) and fixes the run directory, the
+splits, the shards, each model's workdir and config; the tasks pass the plan along as XCom and
+workflow/commands.py turns it into each stage's command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from common.fsutil import slug
+from workflow.local import REPO, training_python
+
+SPLITS = ("train", "dev", "test", "test_noisy")  # of the demo corpus; train and test are required
+REQUIRED_SPLITS = ("train", "test")
+MODELS = ("asr", "tts")
+# Cluster mode: where the training image keeps the project's files (configs/ of relative paths)
+# and the file the KubernetesPodOperator reads a pod's XCom from.
+IMAGE_PROJECT_DIR = "/opt/speechflow"
+POD_XCOM_FILE = "/airflow/xcom/return.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything a DAG run does, resolved from its params: paths, models and how to run them."""
+
+    dag_id: str  # Airflow DAG id (MLflow tag of the parent run)
+    dag_run_id: str  # Airflow run id (MLflow tag; the run directory is named after it)
+    mode: str  # "local" (child processes) or "kubernetes" (pods and an MPIJob)
+    run_dir: str  # run-scoped work directory: shards/, asr/, tts/, summary.json (corpus/ for the demo)
+    make_corpus: bool  # no data_dir given: build the demo corpus into data_root first
+    data_root: str  # the Kaldi data root: one directory per split
+    demo_utterances: int  # size of the demo corpus
+    splits: tuple[str, ...]  # the splits to featurize and shard
+    shards_dir: str  # TFRecord shards and manifest.json
+    num_shards: int  # shards per split (>= num_workers)
+    models: tuple[str, ...]  # which models to train, of MODELS
+    workdirs: dict[str, str]  # model -> its training workdir
+    configs: dict[str, str]  # model -> its training config file
+    strategy: str  # allreduce or adpsgd
+    gossip: str  # adpsgd's gossip variant
+    num_workers: int  # Horovod processes (local) or worker pods (cluster)
+    gpus_per_worker: int | None  # cluster: GPUs per worker pod; None: the cluster settings' value
+    epochs: int | None  # None: the config file's value
+    max_steps: int | None  # None: the config file's value
+    eval_utterances: int  # tts: utterances to synthesize in the evaluation
+    experiment: str  # MLflow experiment; registered models are named EXPERIMENT-MODEL
+    python: str  # local: the training environment's python
+
+    def to_xcom(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_xcom(cls, value: Mapping[str, Any]) -> Plan:
+        value = dict(value)
+        value["splits"], value["models"] = tuple(value["splits"]), tuple(value["models"])
+        return cls(**value)
+
+    def model_name(self, model: str) -> str:
+        return f"{self.experiment}-{model}"
+
+
+def default_work_root(mode: str) -> str:
+    """SPEECHFLOW_WORK_ROOT, else `.runs/pipeline` in the repository (local) or `/data/runs` (cluster)."""
+    if os.environ.get("SPEECHFLOW_WORK_ROOT"):
+        return os.environ["SPEECHFLOW_WORK_ROOT"]
+    if mode == "local":
+        return str(REPO / ".runs" / "pipeline")
+    return f"{cluster_settings().data_mount}/runs"
+
+
+def cluster_settings():
+    """ClusterSettings from the file named by SPEECHFLOW_CLUSTER_SETTINGS (the Airflow image sets it)."""
+    from workflow import cluster
+
+    return cluster.load_settings(os.environ.get("SPEECHFLOW_CLUSTER_SETTINGS") or None)
+
+
+def _resolve(path: str, mode: str) -> str:
+    """Relative paths are the repository's (local) or the training image's project files (cluster)."""
+    if not path or Path(path).is_absolute() or "://" in path:
+        return path
+    return str(REPO / path) if mode == "local" else f"{IMAGE_PROJECT_DIR}/{path}"
+
+
+def _has_data(split_dir: Path) -> bool:
+    return (split_dir / "wav.scp").is_file() or (split_dir / "feats.scp").is_file()
+
+
+def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
+    """The run's Plan from the DAG params; ValueError naming the param when they do not fit together."""
+    mode = params["execution_mode"]
+    if mode not in ("local", "kubernetes"):
+        raise ValueError(f"execution_mode must be 'local' or 'kubernetes', got {mode!r}")
+    models = tuple(m for m in MODELS if m in params["models"])
+    unknown = sorted(set(params["models"]) - set(MODELS))
+    if unknown or not models:
+        raise ValueError(f"models must be a non-empty selection of {list(MODELS)}, got {params['models']!r}")
+    num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    if num_shards < num_workers:
+        raise ValueError(
+            f"num_shards ({num_shards}) must be at least num_workers ({num_workers}): "
+            f"every training worker reads its own shards"
+        )
+    # Short on purpose: the paths of the Kaldi directories under it end up in MLflow fields of limited length.
+    run_dir = str(Path(params.get("work_root") or default_work_root(mode)) / slug(dag_run_id, 37))
+    if mode == "local":
+        run_dir = str(Path(_resolve(run_dir, mode)).resolve())
+    data_dir = (params.get("data_dir") or "").strip()
+    if data_dir:
+        data_root = _resolve(data_dir, mode)
+        if mode == "local":
+            root = Path(data_root)
+            missing = [s for s in REQUIRED_SPLITS if not _has_data(root / s)]
+            if missing:
+                raise ValueError(
+                    f"data_dir {root}: no Kaldi data directory (wav.scp or feats.scp) for split(s) "
+                    f"{missing}; it needs {list(REQUIRED_SPLITS)} and may have dev and test_noisy"
+                )
+            splits = tuple(s for s in SPLITS if _has_data(root / s))
+        else:
+            splits = ("train", "dev", "test")  # the Airflow pods do not mount the data: the standard three
+    else:
+        data_root, splits = f"{run_dir}/corpus", SPLITS
+    configs = {m: _resolve(params[f"{m}_config"], mode) for m in MODELS}
+    if mode == "local":
+        for model in models:
+            if not Path(configs[model]).is_file():
+                raise ValueError(f"{model}_config: {configs[model]} does not exist")
+    return Plan(
+        dag_id=dag_id,
+        dag_run_id=dag_run_id,
+        mode=mode,
+        run_dir=run_dir,
+        make_corpus=not data_dir,
+        data_root=data_root,
+        demo_utterances=int(params["demo_utterances"]),
+        splits=splits,
+        shards_dir=f"{run_dir}/shards",
+        num_shards=num_shards,
+        models=models,
+        workdirs={m: f"{run_dir}/{m}" for m in MODELS},
+        configs=configs,
+        strategy=params["strategy"],
+        gossip=params["gossip"],
+        num_workers=num_workers,
+        gpus_per_worker=params.get("gpus_per_worker"),
+        epochs=params.get("epochs"),
+        max_steps=params.get("max_steps"),
+        eval_utterances=int(params["eval_utterances"]),
+        experiment=params["experiment"],
+        python=training_python(),
+    )
