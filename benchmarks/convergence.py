@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import PYTHON, ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks.harness import PYTHON, ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
 
 VARIANTS = {
     "allreduce": ["--strategy", "allreduce"],

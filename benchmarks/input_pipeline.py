@@ -4,17 +4,20 @@
 
 The research behind this project found its GPUs idle because the data loader, at the start of
 every epoch, read every utterance with kaldiio and sorted the corpus by length, then padded each
-batch with numpy inside the training loop. Raw reading speed does not separate the two loaders
-(kaldiio reads page-cached float32 arks at about 10M frames/s); blocking and the global sort do.
-For each loader this measures:
-- steady-state throughput alone (frames/s over two epochs after a warm-up epoch);
-- time to the first batch, on a demo-sized corpus and on a large one written here (compressed
-  matrices, as Kaldi's make_fbank.sh stores them, so that reading it all takes the seed-style
-  loader tens of seconds);
-- the utilization of a consumer that needs a fixed time per batch (an accelerator-like step,
-  SIMULATED BY SLEEPING): busy time over wall time across two steady-state epochs, where busy
-  is every moment the consumer is not blocked waiting for the loader's next batch.
-Both loaders get the same frame budget per batch. One process, this machine's cores.
+batch with numpy inside the training loop. For each loader, one process on this machine's cores,
+from the page cache, this measures:
+- steady-state throughput alone (frames/s over two epochs after a warm-up epoch) at the batch
+  shape of one GPU (256 utterances of up to 375 frames);
+- time to the first batch, on a demo-sized corpus and on a large one (100,000 utterances of
+  compressed matrices, as Kaldi's make_fbank.sh stores them);
+- the utilization of consumers that need a fixed time per batch, SIMULATED BY SLEEPING: busy time
+  over wall time, where busy is every moment the consumer is not blocked waiting for the loader:
+  `cpu` (a CPU training step: 6,000 frames every 20 ms), and two calibrated on an H100 running the
+  demo acoustic model in bf16 (../shared/gpu-calibration.md): `gpu_b256` (96,000 frames every 26 ms)
+  and `gpu_b1024` (384,000 frames every 37 ms).
+Both loaders get the same frame budget and batch cap. Our loader hands over what the training step
+reads (8-bit codes padded per length class, with each utterance's affine to normalized log-mel);
+the seed-style loader hands over unnormalized float32 padded with numpy.
 """
 
 from __future__ import annotations
@@ -90,14 +93,16 @@ class SeedLoader:
 
 
 def tfdata_epochs(out_dir: Path, cfg: dataset.InputConfig, epochs: int):
+    """(an iterator over `epochs` epochs of rank 0 of 1, [batches per epoch]): what the trainer iterates."""
     manifest = records.load_manifest(out_dir)
-    chained, counts = dataset.chain_epochs(
-        lambda e: dataset.asr_dataset(out_dir, "train", cfg, 0, 1, e, True, manifest),
+    chained = dataset.chain_epochs(
+        lambda e: dataset.asr_dataset(out_dir, "train", cfg, 0, 1, e, True, manifest)[0],
         0,
         epochs,
         prefetch=cfg.prefetch_batches,
     )
-    return iter(chained), counts
+    batches = dataset.batch_plan(manifest, "train", 1, cfg, training=True).batches
+    return iter(chained), [batches] * epochs
 
 
 def first_batch(make_iterator) -> float:
@@ -133,30 +138,37 @@ def run_epochs(batches, step_s: float) -> tuple[int, int, float, float]:
     return count, frames, wall, waiting
 
 
-def measure_seed(data_dir: Path, budget: int, max_batch: int, step_s: float) -> dict:
+# consumer -> (frame budget of a batch, most utterances in a batch, seconds per batch)
+CONSUMERS = {"cpu": (6000, 64, 0.020), "gpu_b256": (96000, 256, 0.026), "gpu_b1024": (384000, 1024, 0.037)}
+GPU_B1024_FRAMES_PER_S = 10.35e6  # the calibration's demand of one GPU at batch 1024
+
+
+def measure_seed(data_dir: Path, budget: int, max_batch: int, step_s: float, throughput: bool, epochs: int = 2) -> dict:
+    """First batch, steady-state frames/s (when `throughput`) and utilization of a `step_s` consumer."""
     loader = SeedLoader(data_dir / "feats.scp", budget, max_batch)
-    for _ in loader.epoch():  # warm-up epoch (page cache)
-        pass
     result = {"first_batch_s": first_batch(loader.epoch)}
 
-    def two_epochs():
-        yield from loader.epoch()
-        yield from loader.epoch()
+    def several():
+        for _ in range(epochs):
+            yield from loader.epoch()
 
-    batches, frames, wall, _ = run_epochs(two_epochs(), 0.0)
-    result["frames_per_s"] = frames / wall
-    batches, frames, wall, waiting = run_epochs(two_epochs(), step_s)
+    if throughput:
+        batches, frames, wall, _ = run_epochs(several(), 0.0)
+        result["frames_per_s"] = frames / wall
+    batches, frames, wall, waiting = run_epochs(several(), step_s)
     result["utilization"] = (wall - waiting) / wall
-    result["batches_per_epoch"] = batches // 2
+    result["batches_per_epoch"] = batches // epochs
     return result
 
 
-def measure_tfdata(out_dir: Path, cfg: dataset.InputConfig, step_s: float) -> dict:
+def measure_tfdata(out_dir: Path, cfg: dataset.InputConfig, step_s: float, throughput: bool) -> dict:
     iterator, _ = tfdata_epochs(out_dir, cfg, 1)
     for _ in iterator:  # warm-up: builds the graph functions once, fills the page cache
         pass
     result = {"first_batch_s": first_batch(lambda: tfdata_epochs(out_dir, cfg, 1)[0])}
     for key, sleep in (("frames_per_s", 0.0), ("utilization", step_s)):
+        if key == "frames_per_s" and not throughput:
+            continue
         iterator, counts = tfdata_epochs(out_dir, cfg, 3)
         for _ in range(counts[0]):  # epoch 0 is the warm-up, at the consumer's pace; epochs 1-2 are measured
             next(iterator)
@@ -172,20 +184,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--tiny", action="store_true", help="tiny corpora (for tests)")
     parser.add_argument("--workdir", type=Path, help="where corpora and shards go (default: a temporary directory)")
-    parser.add_argument("--step-ms", type=float, default=20.0, help="the simulated accelerator's time per batch")
-    parser.add_argument("--frames-per-batch", type=int, default=6000, help="the frame budget of a batch, both loaders")
+    parser.add_argument("--medium-utterances", type=int, default=12_000, help="utterances of the GPU-batch corpus")
     parser.add_argument("--large-utterances", type=int, default=100_000, help="utterances of the large corpus")
     args = parser.parse_args(argv)
     from common.runtime import configure_tensorflow
 
-    configure_tensorflow()
+    threads = configure_tensorflow()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="input-bench-"))
-    demo_n, large_n = (60, 400) if args.tiny else (1200, args.large_utterances)
-    cfg = dataset.InputConfig(frames_per_batch=args.frames_per_batch, max_batch_size=64, shuffle_buffer=256)
-    step_s = args.step_ms / 1000
-    results: dict = {"step_ms": args.step_ms, "frames_per_batch": args.frames_per_batch, "tiny": args.tiny}
+    sizes = (
+        {"demo": 60, "medium": 300, "large": 400}
+        if args.tiny
+        else {"demo": 1200, "medium": args.medium_utterances, "large": args.large_utterances}
+    )
+    consumers = dict(CONSUMERS)
+    if args.tiny:  # the same consumers, scaled to corpora of a few hundred utterances
+        consumers = {name: (budget // 16, cap // 8, step) for name, (budget, cap, step) in CONSUMERS.items()}
+    results: dict = {"tiny": args.tiny, "cores": threads["intra_op_threads"], "consumers": consumers}
+    # Which corpus each consumer reads: GPU batches need tens of them per epoch to reach a steady state.
+    plan = {"demo": ["cpu"], "medium": ["gpu_b256"], "large": ["gpu_b1024"]}
     try:
-        for name, count, compress in (("demo", demo_n, False), ("large", large_n, True)):
+        for name, count in sizes.items():
+            compress = name == "large"
             print(f"[{name}] writing {count} utterances and sharding them ...", file=sys.stderr, flush=True)
             data = write_corpus(work / name / "data", count, 300, compress)
             manifest = shards.make_shards(
@@ -193,24 +212,30 @@ def main(argv: list[str] | None = None) -> int:
             )
             results[f"{name}_utterances"] = count
             results[f"{name}_frames"] = manifest["splits"]["train"]["frames"]
-            if name == "demo":
-                seed = measure_seed(data, args.frames_per_batch, 64, step_s)
-                ours = measure_tfdata(work / name / "shards", cfg, step_s)
-                for key in ("frames_per_s", "utilization", "batches_per_epoch"):
-                    results[f"baseline_{key}"], results[f"tfdata_{key}"] = seed[key], ours[key]
-                results["demo_baseline_first_batch_s"] = seed["first_batch_s"]
-                results["demo_tfdata_first_batch_s"] = ours["first_batch_s"]
-            else:
-                loader = SeedLoader(data / "feats.scp", args.frames_per_batch, 64)
-                results["baseline_first_batch_s"] = first_batch(loader.epoch)
-                results["tfdata_first_batch_s"] = first_batch(
-                    lambda shards_dir=work / name / "shards": tfdata_epochs(shards_dir, cfg, 1)[0]
-                )
-            if name == "large" and not args.workdir:
-                shutil.rmtree(work / name, ignore_errors=True)
+            for consumer in plan[name]:
+                budget, cap, step_s = consumers[consumer]
+                cfg = dataset.InputConfig(frames_per_batch=budget, max_batch_size=cap, shuffle_buffer=64)
+                steady = consumer == "gpu_b256"  # the steady-state throughput is measured at one GPU's batch
+                print(f"[{name}] {consumer}: seed-style loader ...", file=sys.stderr, flush=True)
+                seed = measure_seed(data, budget, cap, step_s, steady, epochs=1 if compress else 2)
+                print(f"[{name}] {consumer}: tf.data ...", file=sys.stderr, flush=True)
+                ours = measure_tfdata(work / name / "shards", cfg, step_s, steady)
+                for side, measured in (("baseline", seed), ("tfdata", ours)):
+                    results[f"{side}_{consumer}_utilization"] = measured["utilization"]
+                    results[f"{side}_{consumer}_batches_per_epoch"] = measured["batches_per_epoch"]
+                    results[f"{name}_{side}_first_batch_s"] = measured["first_batch_s"]
+                    if steady:
+                        results[f"{side}_frames_per_s"] = measured["frames_per_s"]
+            if name == "large":
+                results["baseline_first_batch_s"] = results["large_baseline_first_batch_s"]
+                results["tfdata_first_batch_s"] = results["large_tfdata_first_batch_s"]
+                if not args.workdir:
+                    shutil.rmtree(work / name, ignore_errors=True)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
+    results["frames_per_s_per_core"] = results["tfdata_frames_per_s"] / max(1, results["cores"])
+    results["gpu_b1024_cores_needed"] = GPU_B1024_FRAMES_PER_S / results["frames_per_s_per_core"]
     print_table(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -220,32 +245,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(r: dict) -> None:
     rows = [
+        ("steady-state throughput, one GPU's batches (frames/s)", r["baseline_frames_per_s"], r["tfdata_frames_per_s"]),
         (
-            "steady-state throughput (frames/s)",
-            f"{r['baseline_frames_per_s']:,.0f}",
-            f"{r['tfdata_frames_per_s']:,.0f}",
+            f"first batch, {r['demo_frames']:,} frames (s)",
+            r["demo_baseline_first_batch_s"],
+            r["demo_tfdata_first_batch_s"],
         ),
-        (
-            f"first batch, demo corpus ({r['demo_frames']:,} frames) (s)",
-            f"{r['demo_baseline_first_batch_s']:.3f}",
-            f"{r['demo_tfdata_first_batch_s']:.3f}",
-        ),
-        (
-            f"first batch, large corpus ({r['large_frames']:,} frames) (s)",
-            f"{r['baseline_first_batch_s']:.3f}",
-            f"{r['tfdata_first_batch_s']:.3f}",
-        ),
-        (
-            f"utilization of a {r['step_ms']:g} ms/batch consumer (sleep)",
-            f"{r['baseline_utilization']:.3f}",
-            f"{r['tfdata_utilization']:.3f}",
-        ),
-        ("batches per epoch", str(r["baseline_batches_per_epoch"]), str(r["tfdata_batches_per_epoch"])),
+        (f"first batch, {r['large_frames']:,} frames (s)", r["baseline_first_batch_s"], r["tfdata_first_batch_s"]),
     ]
+    for name, (budget, _, step) in r["consumers"].items():
+        rows.append(
+            (
+                f"utilization: {name} ({budget:,} frames / {step * 1000:g} ms)",
+                r[f"baseline_{name}_utilization"],
+                r[f"tfdata_{name}_utilization"],
+            )
+        )
     width = max(len(row[0]) for row in rows)
     print(f"{'':{width}}  {'seed-style':>12}  {'tf.data':>12}")
     for label, base, ours in rows:
-        print(f"{label:{width}}  {base:>12}  {ours:>12}")
+        fmt = (lambda v: f"{v:,.0f}") if "frames/s" in label else (lambda v: f"{v:.3f}")
+        print(f"{label:{width}}  {fmt(base):>12}  {fmt(ours):>12}")
+    print(
+        f"tf.data per core: {r['frames_per_s_per_core']:,.0f} frames/s; one GPU at batch 1024 (bf16) eats "
+        f"{GPU_B1024_FRAMES_PER_S:,.0f}: about {r['gpu_b1024_cores_needed']:.1f} such cores (or data-service workers)"
+    )
 
 
 if __name__ == "__main__":

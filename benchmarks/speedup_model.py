@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import HOROVODRUN, PYTHON, ROOT, asr_setup, print_table, run_training, write_json  # noqa: E402
+from benchmarks.harness import HOROVODRUN, PYTHON, ROOT, asr_setup, print_table, run_training, write_json  # noqa: E402
 
 PROBE = """
 import sys, time, numpy as np, tensorflow as tf, horovod.tensorflow as hvd

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import asr_setup, print_table, run_training, write_json  # noqa: E402
+from benchmarks.harness import asr_setup, print_table, run_training, write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks.harness import ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
 
 
 def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:

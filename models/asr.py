@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import text
-from pipeline.dataset import stack_and_subsample
+from pipeline.frontend import stack_and_subsample
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,10 +39,8 @@ class EvalConfig:
 
 
 def _input(config, frames_per_batch: int):
-    """The training input config, made deterministic and unshuffled for evaluation."""
-    return dataclasses.replace(
-        config.input, frames_per_batch=frames_per_batch, max_batch_size=64, deterministic=True, shuffle_buffer=1
-    )
+    """The training input config with evaluation's batch size (evaluation reads in order, unshuffled)."""
+    return dataclasses.replace(config.input, frames_per_batch=frames_per_batch, max_batch_size=64, shuffle_buffer=1)
 
 
 def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path | None = None) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from models import asr
+from models.tasks import AsrTask
 
 
 def error_rates(references: list[str], hypotheses: list[str]) -> dict:
@@ -32,7 +33,7 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
     writes `OUT/{split}_hypotheses.tsv` and returns the split's CER and WER, greedy and beam."""
     rows = []
     for batch in dataset:
-        feats, lengths = batch["feats"], batch["feat_lengths"]
+        feats, lengths = AsrTask.features(batch), batch["feat_lengths"]
         greedy = asr.transcribe(model, feats, lengths, vocabulary)
         beam = asr.transcribe(model, feats, lengths, vocabulary, beam_width)
         tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()

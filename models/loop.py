@@ -69,7 +69,7 @@ class Trainer:
         if c.precision == "mixed_bfloat16":
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
         self.manifest = load_manifest(self.shards)
-        self.task = make_task(c.model, c.asr, c.tts, self.manifest)
+        self.task = make_task(c.model, c.asr, c.tts, self.manifest, c.input)
         resolved = {
             "asr": dataclasses.replace(c, asr=self.task.config),
             "tts": dataclasses.replace(c, tts=self.task.config),
@@ -88,46 +88,49 @@ class Trainer:
             # step makes rank 0's copy authoritative all the same.
             meta = checkpoint.restore(latest, self.model.weights, self.optimizer.variables, self._owners())
             self.position = meta["position"]
-        self.steps_per_epoch = self._steps_per_epoch(0)
+        self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = self._total_steps()
         remaining = self.total_steps - self.position["step"]
         self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer, remaining)
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
-    def _steps_per_epoch(self, epoch: int) -> int:
-        from pipeline.dataset import epoch_layout
+    def _steps_per_epoch(self) -> int:
+        from pipeline import data_service
+        from pipeline.dataset import batch_plan
 
-        return epoch_layout(self.manifest, "train", self.size, epoch, self.config.input)[3]
+        if self.config.data_service:
+            if self.config.model != "asr":
+                raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
+            return max(1, round(data_service.steps_per_epoch(self.manifest, "train", self.config.input, self.size)))
+        return batch_plan(self.manifest, "train", self.size, self.config.input, training=True).batches
 
     def _total_steps(self) -> int:
         """Steps of the whole run; also sets `last_epoch`, the epochs needed to reach them."""
-        total, self.last_epoch = 0, self.config.epochs
-        for epoch in range(self.config.epochs):
-            total += self._steps_per_epoch(epoch)
-            if self.config.max_steps and total >= self.config.max_steps:
-                self.last_epoch = epoch + 1
-                return self.config.max_steps
+        total = self.config.epochs * self.steps_per_epoch
+        if self.config.max_steps:
+            total = min(total, self.config.max_steps) if self.config.epochs else self.config.max_steps
+        self.last_epoch = -(-total // max(1, self.steps_per_epoch))
         return total
 
     def _compile_steps(self):
         tf, task, model, optimizer = self.tf, self.task, self.model, self.optimizer
         variables = model.trainable_variables
 
-        def compute(batch):
+        def compute(batch, seed):
             with tf.GradientTape() as tape:
-                loss, aux = task.loss(model, batch, training=True)
+                loss, aux = task.loss(model, batch, training=True, seed=seed)
             grads = tape.gradient(loss, variables)
             return loss, aux, task.frames(batch), grads
 
         def apply(grads):
             optimizer.apply(grads, variables)
 
-        def fused(batch):
+        def fused(batch, seed):
             from models import hvd_compat
 
             with tf.GradientTape() as tape:
-                loss, aux = task.loss(model, batch, training=True)
+                loss, aux = task.loss(model, batch, training=True, seed=seed)
             # Horovod: DistributedGradientTape averages each gradient as the backward pass makes it.
             grads = self.strategy.distributed_tape(tape).gradient(loss, hvd_compat.tf_variables(variables))
             optimizer.apply(grads, variables)
@@ -139,20 +142,22 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def _step(self, iterator) -> tuple[float, dict, int, dict]:
+    def _step(self, iterator, step: int) -> tuple[float, dict, int, dict]:
         tf = self.tf
         times = {}
         start = time.perf_counter()
         batch = next(iterator)
         times["input"] = time.perf_counter() - start
+        # The stateless seed of this step's random input augmentation: another on every rank and step.
+        seed = tf.constant([self.config.seed * 7919 + self.rank, step], tf.int64)
         with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
             start = time.perf_counter()
             if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
-                loss, aux, frames = self._fused(batch)
+                loss, aux, frames = self._fused(batch, seed)
                 loss = float(loss)  # waits for the step
                 times["compute"], times["communication"] = time.perf_counter() - start, 0.0
             else:
-                loss, aux, frames, grads = self._compute(batch)
+                loss, aux, frames, grads = self._compute(batch, seed)
                 tf.test.experimental.sync_devices()
                 times["compute"] = time.perf_counter() - start
                 start = time.perf_counter()
@@ -237,28 +242,30 @@ class Trainer:
         step = start_step = self.position["step"]
         loss = float("nan")
         first_epoch, skip = self.position["epoch"], self.position["batch"]
-        if step >= self.total_steps or first_epoch >= self.last_epoch:
-            batches_per_epoch, iterator = [], None
-        else:
+        epochs = range(first_epoch, self.last_epoch) if step < self.total_steps else range(0)
+        if epochs and c.data_service:
+            iterator = iter(self._service_batches(first_epoch))
+        elif epochs:
             from pipeline.dataset import chain_epochs
 
-            dataset, batches_per_epoch = chain_epochs(
+            dataset = chain_epochs(
                 lambda e: self.task.dataset(
                     self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest
-                ),
+                )[0],
                 first_epoch,
                 self.last_epoch,
                 skip,
                 c.input.prefetch_batches,
             )
             iterator = iter(dataset)
+        batches_per_epoch = [self.steps_per_epoch] * len(epochs)
         for epoch, batches in enumerate(batches_per_epoch, start=first_epoch):
             for batch_index in range(skip, batches):
                 if step >= self.total_steps:
                     break
                 step += 1
                 self.hooks.before_step(step, self.rank)
-                loss, aux, frames, step_times = self._step(iterator)
+                loss, aux, frames, step_times = self._step(iterator, step)
                 step_times["compute"] += self.hooks.after_step(step, self.rank, step_times["compute"])
                 step_times["communication"] += self.strategy.after_step(step)
                 self._set_learning_rate(step + 1)
@@ -317,6 +324,20 @@ class Trainer:
             self._save_model(summary)
         return summary
 
+    def _service_batches(self, first_epoch: int):
+        """This rank's batches from the tf.data service (coordinated reads: one per rank per round)."""
+        import uuid
+
+        from pipeline import data_service
+
+        # Horovod: every rank must read under the same job name; rank 0 makes a new one per run, so a
+        # resumed run starts a new job instead of rejoining the rounds of a dead one.
+        job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
+        served = data_service.service_dataset(
+            self.shards, "train", self.config.input, self.size, first_epoch, self.last_epoch, self.manifest
+        )
+        return data_service.distribute(served, self.config.data_service, job, self.rank, self.size)
+
     def _set_learning_rate(self, step: int) -> None:
         """Sets the rate that step `step` (1-based) will use."""
         strategy = self.config.strategy
@@ -345,6 +366,7 @@ class Trainer:
         return {
             "frames_per_s_total": sum(r["frames_per_s"] for r in everyone),
             "per_rank_frames_per_s": [r["frames_per_s"] for r in everyone],
+            "per_rank_steps": [r["steps"] for r in everyone],
             "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
             "per_rank_weights_digest": [r["weights_digest"] for r in everyone],
             "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,

@@ -14,7 +14,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from models import asr, tts
-from pipeline import dataset
+from pipeline import dataset, frontend
 
 
 def resolve_asr(config: asr.AsrConfig, manifest: dict) -> asr.AsrConfig:
@@ -37,8 +37,9 @@ def resolve_tts(config: tts.TtsConfig, manifest: dict) -> tts.TtsConfig:
 class AsrTask:
     name = "asr"
 
-    def __init__(self, config: asr.AsrConfig):
+    def __init__(self, config: asr.AsrConfig, augment: dataset.InputConfig | None = None):
         self.config = config
+        self.augment = augment if augment is not None and augment.spec_augment else None  # SpecAugment settings
 
     def build(self):
         return asr.build_asr(self.config)
@@ -61,8 +62,17 @@ class AsrTask:
         """Input frames (before subsampling) in a batch: what frames/s counts."""
         return tf.reduce_sum(batch["feat_lengths"])
 
-    def loss(self, model, batch, training: bool) -> tuple[tf.Tensor, dict]:
-        logits, lengths = model(batch["feats"], batch["feat_lengths"], training=training)
+    @staticmethod
+    def features(batch) -> tf.Tensor:
+        """What the model reads: the batch's stored features with speaker CMVN, float32 [B, T, D]."""
+        return frontend.normalize(batch["feats"], batch["feat_scale"], batch["feat_offset"], batch["feat_lengths"])
+
+    def loss(self, model, batch, training: bool, seed=None) -> tuple[tf.Tensor, dict]:
+        """`seed`: int64 [2], the stateless seed of this step's SpecAugment masks (training only)."""
+        feats = self.features(batch)
+        if training and self.augment is not None and seed is not None:
+            feats = frontend.spec_augment(feats, batch["feat_lengths"], self.augment, seed)
+        logits, lengths = model(feats, batch["feat_lengths"], training=training)
         if self.config.loss == "frame_ce":
             loss = asr.frame_ce_loss(logits, lengths, batch["targets"], self.config.subsample)
             return loss, {}
@@ -102,7 +112,7 @@ class TtsTask:
     def frames(batch) -> tf.Tensor:
         return tf.reduce_sum(batch["mel_lengths"])
 
-    def loss(self, model, batch, training: bool) -> tuple[tf.Tensor, dict]:
+    def loss(self, model, batch, training: bool, seed=None) -> tuple[tf.Tensor, dict]:
         outputs = model.teacher_forced(batch, training=training)
         losses = model.compute_losses(batch, outputs)
         return losses["total"], {k: v for k, v in losses.items() if k != "total"}
@@ -172,9 +182,17 @@ def _sync(tensor) -> None:
     tf.reduce_sum(tf.cast(tensor, tf.float32)).numpy()
 
 
-def make_task(model_name: str, asr_config: asr.AsrConfig, tts_config: tts.TtsConfig, manifest: dict):
+def make_task(
+    model_name: str,
+    asr_config: asr.AsrConfig,
+    tts_config: tts.TtsConfig,
+    manifest: dict,
+    augment: dataset.InputConfig | None = None,
+):
+    """The task of `model_name`, sized from the manifest; `augment`: the input config whose
+    SpecAugment settings the acoustic model trains with."""
     if model_name == "asr":
-        return AsrTask(resolve_asr(asr_config, manifest))
+        return AsrTask(resolve_asr(asr_config, manifest), augment)
     if model_name == "tts":
         return TtsTask(resolve_tts(tts_config, manifest))
     raise ValueError(f"--model must be 'asr' or 'tts', got {model_name!r}")

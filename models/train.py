@@ -41,6 +41,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
         "epochs": args.epochs,
         "max_steps": args.max_steps,
         "experiment": args.experiment,
+        "data_service": args.data_service,
         "strategy": {
             "name": args.strategy,
             "gossip": args.gossip,
@@ -84,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
         "spell it --hierarchical-gossip under horovodrun",
     )
     p.add_argument("--gossip-compression", choices=["none", "fp16"], help="adpsgd: exchange weights as fp16")
+    p.add_argument(
+        "--data-service", metavar="grpc://HOST:PORT", help="read batches from this tf.data service dispatcher"
+    )
     p.add_argument("--experiment", help="MLflow experiment name (default speechflow)")
     p.add_argument("--mlflow-parent-run-id", help="nest the training run under this MLflow run (the DAG's)")
     p.add_argument("--run-name", help="MLflow run name")

@@ -38,6 +38,10 @@ class TrainConfig:
     optim: OptimConfig = OptimConfig()  # optimizer and learning-rate schedule
     strategy: StrategyConfig = StrategyConfig()  # how the workers combine
     epochs: int = 20  # passes over the training split (training stops at epochs or max_steps)
+    # grpc://HOST:PORT of a tf.data service dispatcher (pipeline/data_service.py) whose workers make
+    # the batches; empty: each rank runs its own input pipeline. A deployment setting: not saved as
+    # part of the architecture and free to change between runs.
+    data_service: str = ""
     max_steps: int = 0  # 0: no step limit
     checkpoint_every: int = 200  # steps between checkpoints (and one at the end)
     log_every: int = 10  # steps between metric logs

@@ -1,164 +1,105 @@
 """The tf.data input pipeline: shards -> normalized, length-bucketed, prefetched batches.
 
-Built so the accelerator never waits for data: each Horovod rank reads only its share of the
-shards, several files at once (interleave), parses and normalizes in parallel, groups utterances
-of similar length (less padding) into batches sized by a frame budget, and prefetches. Nothing is
+Built so the accelerator never waits for data. The shards hold *chunks* of a few utterances of one
+length class (pipeline/records.py), and every shard the same sequence of classes. Each Horovod rank
+reads its own, equally many shards, interleaved record by record, so every rank sees the same
+sequence of classes; the chunks are shuffled with a seed every rank shares (a shuffle's order
+depends only on its seed and the number of elements), grouped by class into batches of a frame
+budget, and only then parsed, a whole batch of chunks at once: one `parse_example`, one decode of
+the concatenated float16 frames, normalization and padding as whole-batch operations. Nothing is
 sorted globally, so the first batch arrives after one shuffle buffer, however large the corpus.
 
-Every rank must run the same number of steps per epoch (a rank that runs dry stalls Horovod's
-collectives). Batch counts per length bucket are known in advance from the manifest, so each rank
-computes every rank's count without communicating, and a rank that would fall short splits some
-of its batches in two. No utterance is dropped or repeated: together the ranks see each training
-utterance exactly once per epoch.
+What this gives a synchronous (allreduce) job: every rank takes the same number of steps per
+epoch, and in every step all ranks' batches come from the same length class, so their steps cost
+the same and no rank waits for a longer batch. Every utterance is seen exactly once per epoch. The
+epochs of a run form one dataset with one prefetch buffer around them all, so the next epoch's
+first batches are ready while the current one ends.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from pipeline import records
+from pipeline import frontend, records
 
 AUTOTUNE = -1
 
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
-    frames_per_batch: int = 24000  # padded input frames per batch: bucket bound x batch size
-    max_batch_size: int = 64  # cap for buckets of short utterances
-    num_buckets: int = 6  # length buckets, boundaries at the training split's length quantiles
-    shuffle_buffer: int = 256  # utterances; also bounds the time to the first batch
-    parallel_reads: int = 4  # shard files read at once
+    frames_per_batch: int = 24000  # padded input frames per batch: a class's longest utterance x batch size
+    max_batch_size: int = 64  # cap for classes of short utterances (a batch holds at least one chunk)
+    shuffle_buffer: int = 64  # chunks (of about 8 utterances); also bounds the time to the first batch
     cmvn: str = "speaker"  # "speaker" (Kaldi per-speaker CMVN), "global" (split-wide), "none"
-    spec_augment: bool = False  # training only: mask random bands of mel bins and of frames (Park et al. 2019)
-    freq_masks: int = 2  # spec_augment: bands of mel bins set to the mean, each up to freq_mask_width wide
+    # SpecAugment (Park et al. 2019), applied in the training step (pipeline/frontend.py):
+    spec_augment: bool = False  # mask random bands of mel bins and runs of frames of each utterance
+    freq_masks: int = 2  # bands of mel bins set to the mean, each up to freq_mask_width wide
     freq_mask_width: int = 15
-    time_masks: int = 2  # spec_augment: runs of frames set to the mean, each up to time_mask_fraction long
+    time_masks: int = 2  # runs of frames set to the mean, each up to time_mask_fraction long
     time_mask_fraction: float = 0.05
-    stack_frames: int = 1  # stack this many neighbouring frames (the acoustic model usually does it)
-    subsample: int = 1  # keep every n-th stacked frame
-    prefetch_batches: int = 8  # batches kept ready; covers the start of the next epoch's reads
-    deterministic: bool = False  # reproducible order (tests); slower parallel reads
+    prefetch_batches: int = 8  # batches kept ready, across epoch boundaries too
     seed: int = 0  # shuffling; every rank must use the same seed
 
 
-def stack_and_subsample(feats, lengths, stack: int, subsample: int):
-    """[B, T, D] -> [B, ceil(T/subsample), D*stack]: frame i holds frames i..i+stack-1 (zero-padded
-    at the end), then every `subsample`-th frame is kept. Lengths follow. Used by the input pipeline
-    and by the acoustic model's first layer, so they agree exactly."""
-    import tensorflow as tf
-
-    if stack > 1:
-        padded = tf.pad(feats, [[0, 0], [0, stack - 1], [0, 0]])  # [B, T+stack-1, D]
-        time = tf.shape(feats)[1]
-        feats = tf.concat([padded[:, i : i + time] for i in range(stack)], axis=-1)  # [B, T, D*stack]
-    if subsample > 1:
-        feats = feats[:, ::subsample]  # [B, ceil(T/subsample), D*stack]
-        lengths = (lengths + subsample - 1) // subsample
-    return feats, lengths
+# ----------------------------------------------------------------------------------------------
+# The batch plan: known in advance from the manifest, identical on every rank.
 
 
-def spec_augment(feats, cfg: InputConfig, seed):
-    """Masks `freq_masks` bands of bins and `time_masks` runs of frames of one normalized utterance
-    [frames, dim] with zeros (the mean after CMVN). `seed`: a stateless seed [2], so a deterministic
-    pipeline stays deterministic."""
-    import tensorflow as tf
-
-    frames, dim = tf.shape(feats)[0], tf.shape(feats)[1]
-    keep = tf.ones_like(feats, dtype=tf.bool)
-    for i in range(cfg.freq_masks):
-        s = tf.random.experimental.stateless_split(seed, 2 + 2 * i)[-2:]
-        width = tf.random.stateless_uniform([], s[0], 0, cfg.freq_mask_width + 1, tf.int32)
-        start = tf.random.stateless_uniform([], s[1], 0, tf.maximum(dim - width, 1), tf.int32)
-        band = (tf.range(dim) >= start) & (tf.range(dim) < start + width)  # [dim]
-        keep &= ~band[None, :]
-    longest = tf.maximum(1, tf.cast(cfg.time_mask_fraction * tf.cast(frames, tf.float32), tf.int32))
-    for i in range(cfg.time_masks):
-        s = tf.random.experimental.stateless_split(seed, 3 + 2 * (cfg.freq_masks + i))[-2:]
-        width = tf.random.stateless_uniform([], s[0], 0, longest + 1, tf.int32)
-        start = tf.random.stateless_uniform([], s[1], 0, tf.maximum(frames - width, 1), tf.int32)
-        run = (tf.range(frames) >= start) & (tf.range(frames) < start + width)  # [frames]
-        keep &= ~run[:, None]
-    return tf.where(keep, feats, tf.zeros_like(feats))
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    chunks_per_batch: tuple[int, ...]  # per length class: chunks grouped into one batch
+    batches: int  # batches of one epoch for one rank
+    files_per_rank: int  # shards each rank reads per epoch
 
 
-def bucket_plan(lengths: list[int], cfg: InputConfig) -> tuple[list[int], list[int]]:
-    """(boundaries, batch sizes) for `bucket_by_sequence_length`, from the training split's lengths.
-
-    Boundaries are length quantiles, so buckets hold similar numbers of utterances; each bucket's
-    batch size fills `frames_per_batch` at the bucket's longest utterance.
-    """
-    if not lengths:
-        raise ValueError("no utterances to plan batches for")
-    qs = np.quantile(np.asarray(lengths), np.linspace(0, 1, cfg.num_buckets + 1)[1:-1])
-    boundaries = sorted({int(q) + 1 for q in qs})
-    uppers = [*boundaries, max(lengths) + 1]
-    sizes = [
-        max(1, min(cfg.max_batch_size, cfg.frames_per_batch // (upper - 1 if upper > 1 else 1))) for upper in uppers
-    ]
-    return boundaries, sizes
-
-
-def count_batches(lengths: list[int], boundaries: list[int], sizes: list[int]) -> tuple[int, int]:
-    """(batches, batches of two or more utterances) that `bucket_by_sequence_length` emits for
-    these lengths: each bucket gives full batches, then flushes its remainder at the end."""
-    counts = np.bincount(np.searchsorted(boundaries, lengths, side="right"), minlength=len(sizes))
-    batches = splittable = 0
-    for n, size in zip(counts, sizes):
-        full, rest = divmod(int(n), size)
-        batches += full + (rest > 0)
-        splittable += (full if size >= 2 else 0) + (rest >= 2)
-    return batches, splittable
-
-
-def rank_files(manifest: dict, split: str, rank: int, size: int, epoch: int, seed: int) -> list[int]:
-    """Indices of the shards `rank` reads in `epoch`: a permutation all ranks agree on, dealt out.
-
-    The permutation changes each epoch, so a rank does not see the same partition forever (that
-    matters for gossip training, where a worker's data shapes its model between averagings).
-    """
+def batch_plan(manifest: dict, split: str, size: int, cfg: InputConfig, training: bool, files: int = 0) -> BatchPlan:
+    """How chunks become batches for `size` ranks. Training needs the same number of shards on
+    every rank (that keeps the ranks' class sequences equal): ValueError with the fix otherwise.
+    `files`: evaluation only, the number of shards this rank reads (the classes are counted over
+    the split's first `files` shards: evaluation batch counts are for progress bars only)."""
+    layout = records.split_layout(manifest, split)
     count = len(manifest["splits"][split]["shards"])
-    if count < size:
+    if training and count < size:
         raise ValueError(
             f"split {split!r} has {count} shards for {size} ranks: every rank needs at least one; "
             f"re-run `python -m pipeline.shards ... --num-shards {size}` (or more)"
         )
-    order = list(range(count))
-    random.Random(seed * 100003 + epoch).shuffle(order)
-    return order[rank::size]
+    if training and count % size:
+        multiple = size * math.ceil(count / size)
+        raise ValueError(
+            f"split {split!r} has {count} shards for {size} ranks: every rank must read the same number of "
+            f"shards so that their batches line up; re-shard with `python -m pipeline.shards ... "
+            f"--num-shards {multiple}` (a multiple of the number of ranks)"
+        )
+    per_rank = count // size if training else files
+    k = tuple(
+        max(1, min(cfg.max_batch_size // slots, cfg.frames_per_batch // (slots * max(1, longest))))
+        for longest, slots in zip(layout["max_lengths"], layout["slots"])
+    )
+    chunks_per_class = np.bincount(layout["class_sequence"], minlength=len(k)) * per_rank
+    batches = sum(math.ceil(n / kc) for n, kc in zip(chunks_per_class, k))
+    return BatchPlan(k, int(batches), per_rank)
 
 
-def epoch_layout(manifest: dict, split: str, size: int, epoch: int, cfg: InputConfig):
-    """The batch plan of one epoch, identical on every rank without communication.
+def rank_files(paths: list[str], rank: int, size: int, epoch: int, seed: int) -> list[str]:
+    """The shards `rank` reads in `epoch`: a permutation all ranks agree on, dealt out.
 
-    Returns (boundaries, batch sizes, per-rank natural batch counts, the common count). A rank
-    below the common count splits that many of its batches in two; it fails here, before any
-    training, if it has too few batches of two or more utterances to do so.
+    The permutation changes each epoch, so a rank does not see the same partition forever (that
+    matters for gossip training, where a worker's data shapes its model between averagings).
     """
-    boundaries, sizes = bucket_plan(_split_lengths(manifest, "train" if "train" in manifest["splits"] else split), cfg)
-    shards = manifest["splits"][split]["shards"]
-    counts, splittable = [], []
-    for rank in range(size):
-        lengths = [n for i in rank_files(manifest, split, rank, size, epoch, cfg.seed) for n in shards[i]["lengths"]]
-        have, can_split = count_batches(lengths, boundaries, sizes)
-        counts.append(have)
-        splittable.append(can_split)
-    target = max(counts)
-    for rank, (have, can_split) in enumerate(zip(counts, splittable)):
-        if target - have > can_split:
-            raise ValueError(
-                f"in epoch {epoch} rank {rank} has {have} batches and can split only {can_split}, but every rank "
-                f"needs {target}: use more shards (a multiple of the number of ranks balances best) or a larger "
-                "frames_per_batch"
-            )
-    return boundaries, sizes, counts, target
+    order = list(range(len(paths)))
+    random.Random(seed * 100003 + epoch).shuffle(order)
+    return [paths[i] for i in order[rank::size]]
 
 
-def _split_lengths(manifest: dict, split: str) -> list[int]:
-    return [n for shard in manifest["splits"][split]["shards"] for n in shard["lengths"]]
+# ----------------------------------------------------------------------------------------------
+# Normalization
 
 
 def cmvn_tables(manifest: dict, split: str, mode: str):
@@ -181,7 +122,14 @@ def cmvn_tables(manifest: dict, split: str, mode: str):
     return names, np.asarray(means, np.float32), np.asarray(inv_stds, np.float32)
 
 
-def _normalizer(manifest: dict, split: str, mode: str):
+def mel_stats(manifest: dict, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """Global (mean, std) [D] of a split's features: the synthesis model's target normalization."""
+    _, means, inv_stds = cmvn_tables(manifest, split, "global")
+    return means[-1], 1.0 / inv_stds[-1]
+
+
+def _speaker_stats(manifest: dict, split: str, mode: str):
+    """`stats(speakers [N]) -> (mean [N, D], inverse std [N, D])`: each utterance's CMVN statistics."""
     import tensorflow as tf
 
     if mode not in ("speaker", "global", "none"):
@@ -195,94 +143,111 @@ def _normalizer(manifest: dict, split: str, mode: str):
     )
     means, inv_stds = tf.constant(means), tf.constant(inv_stds)
 
-    def normalize(feats, speaker):
-        row = table.lookup(speaker)
-        return (feats - means[row]) * inv_stds[row]  # [frames, dim]
+    def stats(speakers):
+        rows = table.lookup(speakers)  # [N]; unknown speakers get the split-wide row
+        return tf.gather(means, rows), tf.gather(inv_stds, rows)
 
-    return normalize
+    return stats
 
 
-def _split_batches(dataset, count: int):
-    """Splits the first `count` batches of two or more utterances in two (halves of the batch axis)."""
+# ----------------------------------------------------------------------------------------------
+# Reading
+
+
+def _chunk_stream(files, keys, manifest: dict, cfg: InputConfig, training: bool, epoch: int, plan: BatchPlan):
+    """Chunks of `files` (a string tensor), grouped into batches by class: (serialized [k], keys [k]).
+
+    The files are read interleaved record by record; `keys` are the chunks' classes in that order
+    (the manifest knows them). Training shuffles with the seed every rank shares: a shuffle's
+    permutation depends on the seed and the element count only, so the ranks' class sequences stay
+    equal."""
     import tensorflow as tf
 
-    def batch_size(batch):
-        return tf.shape(batch["utt_id"])[0]
-
-    def decide(done, batch):
-        split = tf.logical_and(done < count, batch_size(batch) >= 2)
-        return done + tf.cast(split, tf.int64), (split, batch)
-
-    def halves(split, batch):
-        half = tf.where(split, (batch_size(batch) + 1) // 2, batch_size(batch))
-        head = tf.data.Dataset.from_tensors({k: v[:half] for k, v in batch.items()})
-        tail = tf.data.Dataset.from_tensors({k: v[half:] for k, v in batch.items()})
-        return head.concatenate(tail.filter(lambda b: batch_size(b) > 0))
-
-    if count <= 0:
-        return dataset
-    return dataset.scan(tf.constant(0, tf.int64), decide).flat_map(halves)
-
-
-def _read(paths: list[str], manifest: dict, cfg: InputConfig, epoch: int, training: bool):
-    import tensorflow as tf
-
-    files = tf.data.Dataset.from_tensor_slices(paths)
-    compression = records.compression_type(manifest)
-    stream = files.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20),
-        cycle_length=max(1, min(cfg.parallel_reads, len(paths))),
+    stream = tf.data.Dataset.from_tensor_slices(files).interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
+        cycle_length=plan.files_per_rank if training else 1,
+        block_length=1,
         num_parallel_calls=AUTOTUNE,
-        deterministic=cfg.deterministic or not training,
+        deterministic=True,  # the order `keys` describe
     )
+    stream = tf.data.Dataset.zip(stream, tf.data.Dataset.from_tensor_slices(keys))
     if training:
         stream = stream.shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch, reshuffle_each_iteration=False)
-    return stream
-
-
-def _batches(
-    out_dir: Path,
-    split: str,
-    cfg: InputConfig,
-    rank: int,
-    size: int,
-    epoch: int,
-    training: bool,
-    manifest: dict,
-    prepare,
-    length_key: str,
-    padding: dict,
-):
-    """The part both models share: this rank's files, parallel reads and parsing (`prepare(index,
-    serialized) -> example`), bucketing by `length_key`, equal batch counts, prefetching."""
-
-    paths = records.shard_paths(out_dir, manifest, split)
-    boundaries, sizes, counts, target = epoch_layout(manifest, split, size, epoch, cfg)
-    if training:
-        mine = [paths[i] for i in rank_files(manifest, split, rank, size, epoch, cfg.seed)]
-    else:
-        mine = paths[rank::size]
-        target, _ = count_batches(
-            [n for s in manifest["splits"][split]["shards"][rank::size] for n in s["lengths"]], boundaries, sizes
-        )
-    ordered = cfg.deterministic or not training
-    dataset = (
-        _read(mine, manifest, cfg, epoch, training)
-        .enumerate()
-        .map(prepare, num_parallel_calls=AUTOTUNE, deterministic=ordered)
+    k = tf.constant(plan.chunks_per_batch, tf.int64)
+    largest = int(max(plan.chunks_per_batch))
+    return stream.group_by_window(
+        key_func=lambda serialized, key: key,
+        reduce_func=lambda key, window: window.batch(largest),
+        window_size_func=lambda key: k[key],
     )
-    dataset = dataset.bucket_by_sequence_length(lambda ex: ex[length_key], boundaries, sizes, padding_values=padding)
+
+
+def _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble) -> tuple:
+    """The part both models share: this rank's chunks, grouped into batches by class, parsed and
+    assembled by `assemble(batch_index, serialized [k], keys [k]) -> batch`."""
+    paths = records.shard_paths(out_dir, manifest, split)
+    shards = manifest["splits"][split]["shards"]
     if training:
-        dataset = _split_batches(dataset, target - counts[rank])
-    return dataset, target
+        plan = batch_plan(manifest, split, size, cfg, training=True)
+        files = rank_files(paths, rank, size, epoch, cfg.seed)
+        # Record j of every file (round robin over the rank's files) has class sequence[j].
+        sequence = records.split_layout(manifest, split)["class_sequence"]
+        keys = np.repeat(np.asarray(sequence, np.int64), plan.files_per_rank)
+    else:
+        mine = list(range(len(paths)))[rank::size]
+        plan = batch_plan(manifest, split, size, cfg, training=False, files=len(mine))
+        files = [paths[i] for i in mine]
+        keys = np.asarray([c for i in mine for c in shards[i]["chunk_classes"]], np.int64)
+    grouped = _chunk_stream(files, keys, manifest, cfg, training, epoch, plan)
+    # deterministic: the batches keep the order of the class sequence (the ranks' lockstep).
+    dataset = grouped.enumerate().map(
+        lambda i, batch: assemble(i, *batch), num_parallel_calls=AUTOTUNE, deterministic=True
+    )
+    return dataset, plan.batches
 
 
-def _finish(dataset, cfg: InputConfig, training: bool):
+def _without_empty_slots(batch: dict, lengths) -> dict:
+    """The batch without the rows of empty record slots (only the last length class has them)."""
     import tensorflow as tf
 
-    options = tf.data.Options()
-    options.deterministic = cfg.deterministic or not training
-    return dataset.prefetch(AUTOTUNE).with_options(options)
+    real = tf.where(lengths > 0)[:, 0]
+    return tf.cond(
+        tf.size(real) == tf.size(lengths),
+        lambda: batch,
+        lambda: {key: tf.gather(value, real) for key, value in batch.items()},
+    )
+
+
+def asr_assembler(manifest: dict, split: str, cfg: InputConfig):
+    """`assemble(batch index, serialized chunks [k], their classes [k]) -> batch` of the acoustic
+    model (see `asr_dataset`), for the local pipeline and the tf.data service alike."""
+    import tensorflow as tf
+
+    with_targets = manifest.get("num_targets", 0) > 0
+    dim, dtype = manifest["feature_dim"], manifest["feature_dtype"]
+    stats = _speaker_stats(manifest, split, cfg.cmvn)
+    padded = tf.constant(records.split_layout(manifest, split)["max_lengths"], tf.int32)
+
+    def assemble(index, serialized, keys):
+        chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype, with_targets)
+        tf.debugging.assert_equal(chunk["class"], keys, message="a chunk is not of the class the manifest says")
+        mean, inv_std = stats(chunk["speaker"])  # [N, D]
+        scale, offset = chunk["dequant"]  # stored -> log-mel
+        out = {
+            "feats": chunk["feats"],  # [N, T, D] as stored
+            "feat_lengths": chunk["lengths"],
+            # log-mel -> CMVN, merged with the dequantization: normalized = stored * scale + offset
+            "feat_scale": scale * inv_std,
+            "feat_offset": (offset - mean) * inv_std,
+            "tokens": chunk["tokens"].to_tensor(),  # [N, L] 0-padded
+            "token_lengths": tf.cast(chunk["tokens"].row_lengths(), tf.int32),
+            "utt_id": chunk["utt_id"],
+        }
+        if with_targets:
+            out["targets"] = chunk["targets"].to_tensor(default_value=-1, shape=[None, padded[keys[0]]])
+        return _without_empty_slots(out, chunk["lengths"])
+
+    return assemble
 
 
 def asr_dataset(
@@ -297,57 +262,17 @@ def asr_dataset(
 ):
     """Batches for the acoustic model, for one epoch of one rank. Returns (dataset, batches).
 
-    Each element: `feats` float32 [B, T, D*stack], `feat_lengths` int32 [B], `tokens` int32 [B, L]
-    (0-padded), `token_lengths` int32 [B], `utt_id` string [B], and `targets` int32 [B, T]
-    (-1-padded) when the shards carry frame targets. `training=False`: this rank's share in file
-    order, no shuffling, no augmentation and no batch equalization (evaluation).
+    Each element: `feats` [B, T, D] the stored features as they are (uint8 codes or float log-mel,
+    padded to the class's longest utterance), `feat_lengths` int32 [B], `feat_scale` and
+    `feat_offset` float32 [B, D] (feats * scale + offset = the speaker-normalized log-mel: the
+    training step applies it with pipeline/frontend.py), `tokens` int32 [B, L] (0-padded),
+    `token_lengths` int32 [B], `utt_id` string [B], and `targets` int32 [B, T] (-1-padded) when the
+    shards carry frame targets. `training=False`: this rank's share of the shards in order,
+    unshuffled (evaluation).
     """
-    import tensorflow as tf
-
     manifest = manifest or records.load_manifest(out_dir)
-    with_targets = manifest.get("num_targets", 0) > 0
-    dim = manifest["feature_dim"]
-    normalize = _normalizer(manifest, split, cfg.cmvn)
-    augment = training and cfg.spec_augment
-
-    def prepare(index, serialized):
-        ex = records.parse_example(serialized, dim, with_targets)
-        feats = normalize(ex["feats"], ex["speaker"])  # [frames, dim]
-        if augment:
-            feats = spec_augment(
-                feats, cfg, tf.stack([tf.cast(cfg.seed * 7919 + epoch * 104729 + rank, tf.int64), index])
-            )
-        out = {
-            "feats": feats,
-            "feat_lengths": tf.shape(feats)[0],
-            "tokens": ex["tokens"],
-            "token_lengths": tf.shape(ex["tokens"])[0],
-            "utt_id": ex["utt_id"],
-        }
-        if with_targets:
-            out["targets"] = ex["targets"]
-        return out
-
-    padding = {"feats": 0.0, "feat_lengths": 0, "tokens": 0, "token_lengths": 0, "utt_id": b""}
-    if with_targets:
-        padding["targets"] = -1
-    dataset, batches = _batches(
-        out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "feat_lengths", padding
-    )
-    if cfg.stack_frames > 1 or cfg.subsample > 1:
-
-        def stack(batch):
-            feats, lengths = stack_and_subsample(batch["feats"], batch["feat_lengths"], cfg.stack_frames, cfg.subsample)
-            return {**batch, "feats": feats, "feat_lengths": lengths}
-
-        dataset = dataset.map(stack, num_parallel_calls=AUTOTUNE)
-    return _finish(dataset, cfg, training), batches
-
-
-def mel_stats(manifest: dict, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
-    """Global (mean, std) [D] of a split's features: the synthesis model's target normalization."""
-    _, means, inv_stds = cmvn_tables(manifest, split, "global")
-    return means[-1], 1.0 / inv_stds[-1]
+    assemble = asr_assembler(manifest, split, cfg)
+    return _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble)
 
 
 def tts_dataset(
@@ -364,84 +289,59 @@ def tts_dataset(
 
     Each element: `tokens` int32 [B, N], `token_lengths` int32 [B], `mels` float32 [B, T, D]
     (log-mel normalized with the training split's global mean and std), `mel_lengths` int32 [B],
-    `stop_targets` float32 [B, T] (1 from the last real frame on), `utt_id` string [B].
+    `stop_targets` float32 [B, T] (1 from the last real frame on), `utt_id` and `speaker` string [B].
     """
     import tensorflow as tf
 
     manifest = manifest or records.load_manifest(out_dir)
-    dim = manifest["feature_dim"]
+    dim, dtype = manifest["feature_dim"], manifest["feature_dtype"]
     mean, std = (
         tf.constant(v, tf.float32) for v in mel_stats(manifest, "train" if "train" in manifest["splits"] else split)
     )
 
-    def prepare(index, serialized):
-        ex = records.parse_example(serialized, dim)
-        mels = (ex["feats"] - mean) / std  # [frames, dim]
-        frames = tf.shape(mels)[0]
-        return {
-            "tokens": ex["tokens"],
-            "token_lengths": tf.shape(ex["tokens"])[0],
-            "mels": mels,
-            "mel_lengths": frames,
-            "stop_targets": tf.cast(tf.range(frames) >= frames - 1, tf.float32),  # [frames]
-            "utt_id": ex["utt_id"],
-        }
+    padded = tf.constant(records.split_layout(manifest, split)["max_lengths"], tf.int32)
 
-    padding = {"tokens": 0, "token_lengths": 0, "mels": 0.0, "mel_lengths": 0, "stop_targets": 1.0, "utt_id": b""}
-    dataset, batches = _batches(
-        out_dir, split, cfg, rank, size, epoch, training, manifest, prepare, "mel_lengths", padding
-    )
-    return _finish(dataset, cfg, training), batches
+    def assemble(index, serialized, keys):
+        chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype)
+        tf.debugging.assert_equal(chunk["class"], keys, message="a chunk is not of the class the manifest says")
+        lengths = chunk["lengths"]
+        scale, offset = chunk["dequant"]  # stored -> log-mel
+        mels = frontend.normalize(chunk["feats"], scale / std, (offset - mean) / std, lengths)  # [N, T, D]
+        frames = tf.range(tf.shape(mels)[1])[None, :]  # [1, T]
+        return _without_empty_slots(
+            {
+                "tokens": chunk["tokens"].to_tensor(),
+                "token_lengths": tf.cast(chunk["tokens"].row_lengths(), tf.int32),
+                "mels": mels,
+                "mel_lengths": lengths,
+                "stop_targets": tf.cast(frames >= lengths[:, None] - 1, tf.float32),  # [N, T]
+                "utt_id": chunk["utt_id"],
+                "speaker": chunk["speaker"],
+            },
+            lengths,
+        )
+
+    return _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble)
 
 
-def chain_epochs(make_epoch, first_epoch: int, epochs: int, skip: int = 0, prefetch: int = 8):
-    """The batches of epochs first_epoch..epochs-1, in order, with no bubble at epoch boundaries.
+def chain_epochs(make_epoch: Callable, first_epoch: int, epochs: int, skip: int = 0, prefetch: int = 8):
+    """The batches of epochs first_epoch..epochs-1 as ONE dataset, with no bubble at epoch boundaries.
 
-    `make_epoch(epoch) -> (dataset, batches)`; `skip` batches of the first epoch are skipped (resuming).
-    Returns (an iterable over every epoch's batches, [batches per epoch]).
+    `make_epoch(epoch) -> dataset` builds one epoch. `skip` batches of the first epoch are skipped
+    (resuming). The prefetch buffer sits around all epochs together: while the last batches of an
+    epoch wait in it to be taken, the next epoch's pipeline is already filling it (a prefetch inside
+    each epoch would start that epoch's reads only when the previous one was exhausted).
+
+    Why a chain of per-epoch datasets rather than `flat_map` over epoch numbers: each epoch's
+    shuffle needs its own seed, and `Dataset.shuffle` takes only a Python integer as its seed.
+    The epochs are chained as a balanced tree, so a long run does not nest thousands deep.
     """
-    parts, counts = [], []
-    for epoch in range(first_epoch, epochs):
-        dataset, batches = make_epoch(epoch)
-        if epoch == first_epoch and skip:
-            dataset = dataset.skip(skip)
-        # A fixed, generous buffer: AUTOTUNE sizes it for the steady state and lets it run dry at
-        # the end of an epoch.
-        parts.append(dataset.prefetch(prefetch))
-        counts.append(batches)
-    if not parts:
+    if epochs <= first_epoch:
         raise ValueError(f"no epochs to run: first_epoch={first_epoch}, epochs={epochs}")
-    return EpochStream(parts), counts
-
-
-class EpochStream:
-    """Iterates over one dataset per epoch, starting each epoch's pipeline one epoch early.
-
-    `Dataset.concatenate` (and `flat_map`) create the next epoch's iterator only when the current
-    one is exhausted, so every epoch would begin with its start-up latency (opening files, filling
-    the shuffle buffer, the first full bucket: about 0.15 s measured on the demo corpus) while the
-    model waits. tf.data has no operator that starts a sequential successor early, hence this:
-    while epoch e is consumed, a background thread creates epoch e+1's iterator and pulls its
-    first batch, which also starts its prefetch thread; the order of the batches is unchanged.
-    """
-
-    def __init__(self, datasets: list):
-        self.datasets = datasets
-
-    def __iter__(self):
-        from concurrent.futures import ThreadPoolExecutor
-
-        def start(dataset):
-            iterator = iter(dataset)
-            return next(iterator, None), iterator
-
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-epoch") as pool:
-            upcoming = pool.submit(start, self.datasets[0])
-            for index in range(len(self.datasets)):
-                first, iterator = upcoming.result()
-                if index + 1 < len(self.datasets):
-                    upcoming = pool.submit(start, self.datasets[index + 1])
-                if first is None:
-                    continue
-                yield first
-                yield from iterator
+    parts = [make_epoch(epoch) for epoch in range(first_epoch, epochs)]
+    if skip:
+        parts[0] = parts[0].skip(skip)
+    while len(parts) > 1:
+        pairs = [parts[i].concatenate(parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        parts = pairs + parts[len(parts) - len(parts) % 2 :]
+    return parts[0].prefetch(prefetch)

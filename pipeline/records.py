@@ -2,6 +2,25 @@
 
 The shard stage fills it (pipeline/shards.py), the input pipeline reads it (pipeline/dataset.py),
 and nothing else knows how a record is laid out.
+
+Format 2. A record is a *chunk*: `slots` utterances of one length class, as one tf.train.Example.
+Its features are one block [slots, T, D] in the storage dtype, each utterance zero-padded to T, the
+longest length of its class; so every record of a class has the same shape, and a batch of them
+is decoded by one `decode_raw` into [k * slots, T, D] with no per-utterance padding or copying.
+Beside the block: lengths (0 marks an empty slot), ids, speakers, transcripts, token ids.
+
+Storage dtypes: "uint8" (8-bit codes, linear between each dimension's minimum and maximum in the
+chunk, stored with the record; the dequantization is an affine map that the training step merges
+with CMVN, like Kaldi's compressed matrices but with one range per chunk), "float16", "float32".
+Bytes per 80-dim frame: 80, 160, 320. Reading and copying bytes is what bounds the input on a CPU
+(one tf.train.Example of float32 per utterance, format 1, capped it near 1.9 M frames/s on 2 cores).
+
+Every shard of a split holds the same number of chunks of each length class, in the same order
+(`class_sequence` in the manifest). So any rank that reads the same number of shards, interleaved
+record by record, sees the same sequence of classes as every other rank: the input pipeline builds
+its batches from that sequence alone, and every rank's batch of a step comes from the same class.
+
+Format 1 is refused with the command that rewrites the shards.
 """
 
 from __future__ import annotations
@@ -15,19 +34,36 @@ import numpy as np
 from common import fsutil
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 COMPRESSION = {"none": "", "gzip": "GZIP"}  # our name -> TensorFlow's compression_type
+FEATURE_DTYPES = {"uint8": "u1", "float16": "<f2", "float32": "<f4"}  # how features are stored -> numpy dtype
 
 
 def shard_name(split: str, index: int, count: int, compression: str) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
 
 
+def rewrite_command(out_dir: Path, manifest: dict) -> str:
+    """The shard stage's command line that writes `out_dir` again from the manifest's data dirs."""
+    splits = " ".join(f"--split {name}={split['data_dir']}" for name, split in manifest.get("splits", {}).items())
+    return f"python -m pipeline.shards {splits or '--split train=DATA/train ...'} --out {out_dir}"
+
+
 def load_manifest(out_dir: Path) -> dict:
+    """The manifest of a shard directory; FileNotFoundError or ValueError with the fix when it is
+    missing or of another format version."""
     path = Path(out_dir) / MANIFEST
     manifest = fsutil.read_json(path)
     if manifest is None:
         raise FileNotFoundError(f"{path} does not exist: run `python -m pipeline.shards ... --out {out_dir}` first")
+    version = manifest.get("version")
+    if version != FORMAT_VERSION:
+        kind = {1: " (one tf.train.Example of float32 features per utterance)"}.get(version, "")
+        raise ValueError(
+            f"{path}: the shards are in format version {version}{kind}; this speechflow reads format "
+            f"{FORMAT_VERSION} (chunks of same-length utterances, float16 features). Rewrite them with "
+            f"`{rewrite_command(Path(out_dir), manifest)}` (the shard stage replaces shards of another format)"
+        )
     return manifest
 
 
@@ -45,50 +81,94 @@ def compression_type(manifest: dict) -> str:
 # Writing
 
 
-def _bytes(value: bytes):
+def _bytes(values: list[bytes]):
     import tensorflow as tf
 
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
 
 
-def _ints(values: list[int]):
+def _ints(values) -> object:
     import tensorflow as tf
 
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
 
 
-def serialize(utt_id: str, speaker: str, matrix: np.ndarray, transcript: str, tokens: list[int], targets=None) -> bytes:
-    """One utterance as a tf.train.Example; `matrix` float [frames, dim]."""
+def encode_block(matrices: list[np.ndarray], slots: int, frames: int, feature_dtype: str):
+    """Utterances [T_i, D] -> (block [slots, frames, D] in the storage dtype, zero-padded, and for
+    uint8 the (minimum, step) [D] float32 per dimension that decode it: x = code * step + minimum)."""
+    dim = matrices[0].shape[1]
+    block = np.zeros([slots, frames, dim], np.float32)
+    for i, m in enumerate(matrices):
+        block[i, : len(m)] = m
+    if feature_dtype != "uint8":
+        return block.astype(FEATURE_DTYPES[feature_dtype]), None
+    every = np.concatenate(matrices)  # the real frames only: padding does not stretch the range
+    low, high = every.min(0), every.max(0)
+    step = np.maximum(high - low, 1e-6) / 255.0
+    codes = np.clip(np.rint((block - low) / step), 0, 255).astype(np.uint8)
+    for i, m in enumerate(matrices):
+        codes[i, len(m) :] = 0
+    codes[len(matrices) :] = 0
+    return codes, (low.astype(np.float32), step.astype(np.float32))
+
+
+def decode_block(block: np.ndarray, quant) -> np.ndarray:
+    """The inverse of `encode_block` in numpy: float32 [slots, frames, D]."""
+    if quant is None:
+        return block.astype(np.float32)
+    low, step = quant
+    return block.astype(np.float32) * step + low
+
+
+def _floats(values) -> object:
     import tensorflow as tf
 
+    return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
+
+
+def serialize_chunk(utterances: list[dict], length_class: int, slots: int, frames: int, feature_dtype: str) -> bytes:
+    """One chunk as a tf.train.Example. Each utterance: `utt_id`, `speaker`, `matrix` float
+    [frames, dim], `transcript`, `tokens` [label_len] and `targets` [frames] or None. `slots`
+    utterances fit (the rest are empty slots), each padded to `frames`."""
+    import tensorflow as tf
+
+    empty = slots - len(utterances)
+    block, quant = encode_block([u["matrix"] for u in utterances], slots, frames, feature_dtype)
     feature = {
-        "utt_id": _bytes(utt_id.encode()),
-        "speaker": _bytes(speaker.encode()),
-        "feats": _bytes(matrix.astype("<f4").tobytes()),
-        "num_frames": _ints([matrix.shape[0]]),
-        "dim": _ints([matrix.shape[1]]),
-        "transcript": _bytes(transcript.encode()),
-        "tokens": _ints(tokens),
+        "class": _ints([length_class]),
+        "utt_ids": _bytes([u["utt_id"].encode() for u in utterances] + [b""] * empty),
+        "speakers": _bytes([u["speaker"].encode() for u in utterances] + [b""] * empty),
+        "transcripts": _bytes([u["transcript"].encode() for u in utterances] + [b""] * empty),
+        "lengths": _ints([u["matrix"].shape[0] for u in utterances] + [0] * empty),
+        "feats": _bytes([block.tobytes()]),
+        "token_lengths": _ints([len(u["tokens"]) for u in utterances] + [0] * empty),
+        "tokens": _ints([t for u in utterances for t in u["tokens"]]),
     }
-    if targets is not None:
-        feature["targets"] = _ints(list(targets))
+    if quant is not None:
+        feature["quant_min"], feature["quant_step"] = _floats(quant[0]), _floats(quant[1])
+    if utterances[0].get("targets") is not None:
+        feature["targets"] = _ints([t for u in utterances for t in u["targets"]])
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_shard(path: Path, examples: Iterable[dict], compression: str) -> dict:
-    """Writes `examples` (dicts of `serialize`'s arguments) under a temporary name and renames the
-    file into place. Returns the shard's manifest record (hash, size, ids and lengths)."""
+def write_shard(path: Path, chunks: Iterable[tuple], compression: str, feature_dtype: str) -> dict:
+    """Writes `(length class, utterances, slots, frames)` chunks in order under a temporary name and
+    renames the file into place. Returns the shard's manifest record (hash, size, ids, lengths,
+    the class and size of each chunk)."""
     import tensorflow as tf
 
     tmp = path.with_name(f".{path.name}.tmp")
     options = tf.io.TFRecordOptions(compression_type=COMPRESSION[compression])
-    utt_ids, lengths, label_lengths = [], [], []
+    utt_ids, lengths, label_lengths, classes, sizes = [], [], [], [], []
     with tf.io.TFRecordWriter(str(tmp), options) as writer:
-        for example in examples:
-            writer.write(serialize(**example))
-            utt_ids.append(example["utt_id"])
-            lengths.append(int(example["matrix"].shape[0]))
-            label_lengths.append(len(example["tokens"]))
+        for length_class, utterances, slots, frames in chunks:
+            writer.write(serialize_chunk(utterances, length_class, slots, frames, feature_dtype))
+            classes.append(length_class)
+            sizes.append(len(utterances))
+            for u in utterances:
+                utt_ids.append(u["utt_id"])
+                lengths.append(int(u["matrix"].shape[0]))
+                label_lengths.append(len(u["tokens"]))
     os.replace(tmp, path)
     return {
         "file": path.name,
@@ -99,6 +179,8 @@ def write_shard(path: Path, examples: Iterable[dict], compression: str) -> dict:
         "utt_ids": utt_ids,
         "lengths": lengths,
         "label_lengths": label_lengths,
+        "chunk_classes": classes,
+        "chunk_sizes": sizes,
     }
 
 
@@ -106,48 +188,108 @@ def write_shard(path: Path, examples: Iterable[dict], compression: str) -> dict:
 # Reading
 
 
-def example_spec(with_targets: bool) -> dict:
+def chunk_spec(feature_dtype: str, with_targets: bool) -> dict:
     import tensorflow as tf
 
     spec = {
-        "utt_id": tf.io.FixedLenFeature([], tf.string),
-        "speaker": tf.io.FixedLenFeature([], tf.string),
+        "class": tf.io.FixedLenFeature([], tf.int64),
+        "utt_ids": tf.io.VarLenFeature(tf.string),
+        "speakers": tf.io.VarLenFeature(tf.string),
+        "transcripts": tf.io.VarLenFeature(tf.string),
+        "lengths": tf.io.VarLenFeature(tf.int64),
         "feats": tf.io.FixedLenFeature([], tf.string),
-        "num_frames": tf.io.FixedLenFeature([], tf.int64),
-        "dim": tf.io.FixedLenFeature([], tf.int64),
-        "transcript": tf.io.FixedLenFeature([], tf.string),
+        "token_lengths": tf.io.VarLenFeature(tf.int64),
         "tokens": tf.io.VarLenFeature(tf.int64),
     }
+    if feature_dtype == "uint8":
+        spec["quant_min"] = tf.io.VarLenFeature(tf.float32)
+        spec["quant_step"] = tf.io.VarLenFeature(tf.float32)
     if with_targets:
         spec["targets"] = tf.io.VarLenFeature(tf.int64)
     return spec
 
 
-def parse_example(serialized, dim: int, with_targets: bool = False) -> dict:
-    """One serialized example -> dict of tensors; `feats` float32 [frames, dim]."""
+def parse_chunks(serialized, frames, dim: int, feature_dtype: str, with_targets: bool = False) -> dict:
+    """A batch of serialized chunks of ONE class [k] -> their slots, in order (empty ones included).
+
+    `frames`: the class's padded length T (a scalar, may be a tensor). Returns `class` int64 [k],
+    `utt_id`, `speaker`, `transcript` string [N], `lengths` int32 [N] (0: an empty slot), `feats`
+    [N, T, D] in the storage dtype, `dequant` (scale, offset) float32 [N, D] each (x = code * scale
+    + offset; 1 and 0 for float storage), `tokens` int32 ragged [N, (label_len)], and `targets`
+    int32 ragged [N, (frames)] when asked for; N = k * slots.
+    """
     import tensorflow as tf
 
-    parsed = tf.io.parse_single_example(serialized, example_spec(with_targets))
-    feats = tf.reshape(tf.io.decode_raw(parsed["feats"], tf.float32), [-1, dim])  # [frames, dim]
+    parsed = tf.io.parse_example(serialized, chunk_spec(feature_dtype, with_targets))
+    # One decode for the whole batch: the records of one class have blocks of one size.
+    feats = tf.reshape(tf.io.decode_raw(parsed["feats"], getattr(tf, feature_dtype)), [-1, frames, dim])
+    lengths = tf.cast(parsed["lengths"].values, tf.int32)  # [N]
+    slots = tf.shape(lengths)[0] // tf.shape(serialized)[0]
+    if feature_dtype == "uint8":
+        per_chunk = (
+            tf.reshape(parsed["quant_step"].values, [-1, dim]),
+            tf.reshape(parsed["quant_min"].values, [-1, dim]),
+        )
+        dequant = tuple(tf.repeat(v, slots, axis=0) for v in per_chunk)  # [N, D] each
+    else:
+        dequant = (tf.ones([tf.shape(lengths)[0], dim]), tf.zeros([tf.shape(lengths)[0], dim]))
     out = {
-        "utt_id": parsed["utt_id"],
-        "speaker": parsed["speaker"],
+        "class": parsed["class"],
+        "utt_id": parsed["utt_ids"].values,
+        "speaker": parsed["speakers"].values,
+        "transcript": parsed["transcripts"].values,
+        "lengths": lengths,
         "feats": feats,
-        "transcript": parsed["transcript"],
-        "tokens": tf.cast(tf.sparse.to_dense(parsed["tokens"]), tf.int32),  # [label_len]
+        "dequant": dequant,
+        "tokens": tf.RaggedTensor.from_row_lengths(
+            tf.cast(parsed["tokens"].values, tf.int32), parsed["token_lengths"].values
+        ),
     }
     if with_targets:
-        out["targets"] = tf.cast(tf.sparse.to_dense(parsed["targets"]), tf.int32)  # [frames]
+        out["targets"] = tf.RaggedTensor.from_row_lengths(tf.cast(parsed["targets"].values, tf.int32), lengths)
     return out
 
 
 def read_utterances(out_dir: Path, split: str) -> Iterator[tuple[str, np.ndarray, str]]:
-    """Yields `(utt_id, features float32 [frames, dim], transcript)` exactly as the shards hold them."""
+    """Yields `(utt_id, features float32 [frames, dim], transcript)` as the shards hold them
+    (dequantized when stored as uint8)."""
     import tensorflow as tf
 
     manifest = load_manifest(out_dir)
+    dim, dtype = manifest["feature_dim"], manifest["feature_dtype"]
+    max_lengths = split_layout(manifest, split)["max_lengths"]
     paths = shard_paths(out_dir, manifest, split)
-    dataset = tf.data.TFRecordDataset(paths, compression_type=compression_type(manifest))
-    dataset = dataset.map(lambda s: parse_example(s, manifest["feature_dim"]))
-    for item in dataset.as_numpy_iterator():
-        yield item["utt_id"].decode(), item["feats"], item["transcript"].decode()
+    records = tf.data.TFRecordDataset(paths, compression_type=compression_type(manifest))
+    for serialized in records:
+        length_class = tf.io.parse_single_example(serialized, chunk_spec(dtype, False))["class"]
+        chunk = parse_chunks(serialized[None], max_lengths[int(length_class)], dim, dtype)
+        scale, offset = (v.numpy() for v in chunk["dequant"])
+        feats = chunk["feats"].numpy()
+        for i, (utt, transcript) in enumerate(zip(chunk["utt_id"].numpy(), chunk["transcript"].numpy())):
+            n = int(chunk["lengths"][i])
+            if n:
+                yield utt.decode(), feats[i, :n].astype(np.float32) * scale[i] + offset[i], transcript.decode()
+
+
+# ----------------------------------------------------------------------------------------------
+# The layout the reader relies on
+
+
+def split_layout(manifest: dict, split: str) -> dict:
+    """The split's length classes and the class of each chunk position, checked to be the same in
+    every shard (the shards' `chunk_classes`): `{"class_sequence": [...], "max_lengths": [...],
+    "slots": [...]}` (per class: its longest utterance = the records' padded length, utterances per
+    record). ValueError naming the shard that breaks the layout."""
+    info = manifest["splits"][split]
+    sequence = info["class_sequence"]
+    for shard in info["shards"]:
+        if shard["chunk_classes"] != sequence:
+            raise ValueError(
+                f"shard {shard['file']} of split {split!r} does not follow the split's class sequence; "
+                "the shards were changed after the manifest was written: rewrite them with the shard stage"
+            )
+    return {
+        "class_sequence": sequence,
+        "max_lengths": [c["max_length"] for c in info["classes"]],
+        "slots": [c["slots"] for c in info["classes"]],
+    }

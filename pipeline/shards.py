@@ -5,12 +5,12 @@
 
 Every utterance of every split is read and checked (kaldi.py lists the reasons); the rejected
 ones go to `OUT/rejected.tsv` with the feature stage's rejections, so none disappears. Shards are
-`{split}-{i:05d}-of-{K:05d}.tfrecord[.gz]`; each example holds the utterance id, the speaker,
-the features exactly as read (normalization is applied by the input pipeline, so it can change
-without re-sharding), the transcript, its token ids and the frame targets when given.
-Utterances are dealt to shards by length, so every shard (and so every Horovod rank's share)
-has the same mix of short and long utterances. Writes are atomic; a re-run with unchanged
-inputs does nothing and changed inputs rebuild.
+`{split}-{i:05d}-of-{K:05d}.tfrecord[.gz]` in the format of pipeline/records.py: records are chunks
+of about 8 utterances of one length class (features as float16 by default, exactly as read
+otherwise: normalization is applied by the input pipeline, so it can change without re-sharding),
+and every shard holds the same number of chunks of each class in the same order (`plan_layout`),
+so every Horovod rank's share has the same mix of lengths and the ranks' batches line up.
+Writes are atomic; a re-run with unchanged inputs does nothing and changed inputs rebuild.
 """
 
 from __future__ import annotations
@@ -46,23 +46,88 @@ class ShardConfig:
     lowercase: bool = True  # transcripts are lower-cased before tokenization
     allow_pipes: bool = False  # run `cmd |` entries of feats.scp (kaldiio would execute them)
     vocabulary_split: str = "train"  # the split whose characters make the token vocabulary
-    seed: int = 0  # order of utterances inside each shard
+    # How features are stored: "uint8" (a quarter of the bytes: 8-bit codes per chunk and dimension,
+    # as Kaldi's compressed matrices), "float16" (half) or "float32" (exact).
+    feature_dtype: str = "uint8"
+    chunk_utterances: int = 8  # utterances of one length class per record (pipeline/records.py)
+    length_classes: int = 12  # at most this many length classes per split (fewer when it is small)
+    seed: int = 0  # the order of the length classes in the shards
     jobs: int = 0  # worker processes; 0 = one per CPU
 
+    def __post_init__(self):
+        if self.feature_dtype not in records.FEATURE_DTYPES:
+            raise ValueError(
+                f"feature_dtype must be one of {sorted(records.FEATURE_DTYPES)}, got {self.feature_dtype!r}"
+            )
+        if self.chunk_utterances < 1 or self.length_classes < 1 or self.num_shards < 1:
+            raise ValueError("num_shards, chunk_utterances and length_classes must be at least 1")
 
-def assign_shards(lengths: dict[str, int], num_shards: int, seed: int) -> list[list[str]]:
-    """Deals utterances to shards by length (sorted, round-robin), then shuffles inside each shard.
 
-    Sorting first makes every shard hold the same spread of lengths, so ranks that read different
-    shards get nearly equal numbers of length-bucketed batches. The order inside a shard is random
-    (fixed by `seed`) so a shuffle buffer sees a mix of lengths.
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a split's utterances go: chunks of one length class, the same classes in every shard."""
+
+    classes: list[dict]  # per length class: min_length, max_length, utterances, chunks_per_shard, slots
+    class_sequence: list[int]  # the class of each record position, the same in every shard
+    shards: list[list[tuple[int, list[str]]]]  # per shard, in record order: (class, utterance ids)
+
+
+def plan_layout(
+    lengths: dict[str, int], num_shards: int, chunk_utterances: int, length_classes: int, seed: int
+) -> Layout:
+    """The pure core of the shard stage: utterances (id -> frames) to shards of chunks.
+
+    Utterances are sorted by length and cut into up to `length_classes` classes of about equal
+    counts. Every class but the last is rounded to a multiple of `num_shards x chunk_utterances`
+    (the rest moves on to the next, longer class), so its chunks are all full: one record shape
+    per class, which the reader decodes without padding or copying (records.py). The last class
+    takes what remains, in `num_shards x m` chunks of at most `chunk_utterances` (its records have
+    empty slots where it does not divide). Every shard gets the same number of chunks of every
+    class (largest first, each to the shard with the fewest frames so far, so the shards also
+    hold nearly the same frames), and the records of every shard follow one shared, seeded
+    random order of classes.
     """
     ordered = sorted(lengths, key=lambda utt: (lengths[utt], utt))
-    shards = [ordered[i::num_shards] for i in range(num_shards)]
-    rng = random.Random(seed)
-    for shard in shards:
-        rng.shuffle(shard)
-    return shards
+    count = len(ordered)
+    if count < num_shards:
+        raise ValueError(f"{count} utterances cannot fill {num_shards} shards")
+    full = num_shards * chunk_utterances  # utterances of one full chunk per shard
+    groups = np.array_split(np.arange(count), max(1, min(length_classes, count // full)))
+    per_shard: list[list[list[list[str]]]] = [[] for _ in range(num_shards)]  # shard -> class -> chunks
+    classes, frames, start = [], [0] * num_shards, 0
+    for i, group in enumerate(groups):
+        last = i == len(groups) - 1
+        take = count - start if last else int(group[-1] + 1 - start) // full * full
+        if take == 0:
+            continue  # too few for a full chunk per shard: they join the next class
+        members = ordered[start : start + take]
+        start += take
+        slots = chunk_utterances if not last else min(chunk_utterances, -(-take // num_shards))
+        chunks = num_shards * -(-take // (num_shards * slots))
+        cut = [list(c) for c in np.array_split(np.asarray(members, dtype=object), chunks)]
+        for shard in per_shard:
+            shard.append([])
+        for chunk in sorted(cut, key=lambda c: (-sum(lengths[u] for u in c), c[0])):
+            room = [j for j in range(num_shards) if len(per_shard[j][-1]) < chunks // num_shards]
+            seat = min(room, key=lambda j: (frames[j], j))
+            per_shard[seat][-1].append(chunk)
+            frames[seat] += sum(lengths[u] for u in chunk)
+        classes.append(
+            {
+                "min_length": lengths[members[0]],
+                "max_length": lengths[members[-1]],
+                "utterances": take,
+                "chunks_per_shard": chunks // num_shards,
+                "slots": max(len(c) for c in cut),  # utterances per record; fewer fill the rest with empty slots
+            }
+        )
+    sequence = [c for c, info in enumerate(classes) for _ in range(info["chunks_per_shard"])]
+    random.Random(seed).shuffle(sequence)
+    shards = []
+    for by_class in per_shard:
+        taken = [iter(chunks) for chunks in by_class]
+        shards.append([(c, next(taken[c])) for c in sequence])
+    return Layout(classes, sequence, shards)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,9 +264,13 @@ def _examples(utts, entries, vocabulary, targets, cfg: ShardConfig) -> Iterator[
 
 
 def _write_shard(task) -> dict:
-    """Writes one shard from its utterances' Kaldi entries. Returns its manifest record."""
-    path, utts, entries, vocabulary, targets, cfg = task
-    return records.write_shard(path, _examples(utts, entries, vocabulary, targets, cfg), cfg.compression)
+    """Writes one shard of chunks from its utterances' Kaldi entries. Returns its manifest record."""
+    path, chunks, classes, entries, vocabulary, targets, cfg = task
+    with_utterances = (
+        (c, list(_examples(utts, entries, vocabulary, targets, cfg)), classes[c]["slots"], classes[c]["max_length"])
+        for c, utts in chunks
+    )
+    return records.write_shard(path, with_utterances, cfg.compression, cfg.feature_dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,7 +330,12 @@ def make_shards(
     splits = {name: Path(d) for name, d in splits.items()}
     fingerprint = _fingerprint(splits, alignments, cfg)
     existing = fsutil.read_json(out_dir / records.MANIFEST)
-    if existing and existing.get("fingerprint") == fingerprint and _shards_complete(out_dir, existing):
+    if (
+        existing
+        and existing.get("version") == records.FORMAT_VERSION
+        and existing.get("fingerprint") == fingerprint
+        and _shards_complete(out_dir, existing)
+    ):
         return {**existing, "skipped": True}
     for stale in out_dir.glob(".*.tmp"):
         stale.unlink()  # left by an interrupted run
@@ -286,17 +360,21 @@ def make_shards(
             [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
         )
 
-        tasks, layout = [], {}
+        tasks, layouts = [], {}
         for name, plan in plans.items():
             count = max(1, min(cfg.num_shards, len(plan.entries)))
-            layout[name] = count
-            for index, utts in enumerate(assign_shards(plan.lengths, count, cfg.seed)):
+            layouts[name] = layout = plan_layout(
+                plan.lengths, count, cfg.chunk_utterances, cfg.length_classes, cfg.seed
+            )
+            for index, chunks in enumerate(layout.shards):
                 path = out_dir / records.shard_name(name, index, count, cfg.compression)
+                utts = [u for _, chunk in chunks for u in chunk]
                 own = {u: plan.entries[u] for u in utts}
                 own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
-                tasks.append((path, utts, own, vocabulary, own_targets, cfg))
+                tasks.append((path, chunks, layout.classes, own, vocabulary, own_targets, cfg))
         written: dict[str, list] = collections.defaultdict(list)
-        bar = progress_bar(total=sum(len(t[1]) for t in tasks), desc="write shards", unit="utt", disable=not progress)
+        total = sum(len(t[3]) for t in tasks)
+        bar = progress_bar(total=total, desc="write shards", unit="utt", disable=not progress)
         for task, record in zip(tasks, pool.imap(_write_shard, tasks)):
             written[task[0].name.split("-")[0]].append(record)
             bar.update(record["count"])
@@ -307,6 +385,8 @@ def make_shards(
         "fingerprint": fingerprint,
         "feature_dim": dims.pop() if dims else 0,
         "compression": cfg.compression,
+        "feature_dtype": cfg.feature_dtype,
+        "chunk_utterances": cfg.chunk_utterances,
         "vocabulary": vocabulary,
         "lowercase": cfg.lowercase,
         "num_targets": _num_targets(plans),
@@ -318,6 +398,8 @@ def make_shards(
                 "frames": sum(plan.lengths.values()),
                 "speakers": sorted({e.speaker for e in plan.entries.values()}),
                 "cmvn": {spk: stats.tolist() for spk, stats in sorted(plan.stats.items())},
+                "classes": layouts[name].classes,
+                "class_sequence": layouts[name].class_sequence,
                 "shards": sorted(written[name], key=lambda r: r["file"]),
             }
             for name, plan in plans.items()

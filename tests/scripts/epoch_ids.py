@@ -10,7 +10,7 @@ from pipeline import dataset
 
 configure_tensorflow()
 hvd.init()
-cfg = dataset.InputConfig(frames_per_batch=600, max_batch_size=16, num_buckets=3, shuffle_buffer=16)
+cfg = dataset.InputConfig(frames_per_batch=600, max_batch_size=16, shuffle_buffer=16)
 result = {}
 for epoch in (0, 1):
     ds, steps = dataset.asr_dataset(sys.argv[1], "train", cfg, rank=hvd.rank(), size=hvd.size(), epoch=epoch)

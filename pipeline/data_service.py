@@ -1,0 +1,159 @@
+"""tf.data service: input workers on other machines, for when a GPU host's own cores cannot keep up.
+
+    python -m pipeline.data_service dispatcher --port 5050 [--work-dir DIR]
+    python -m pipeline.data_service worker --dispatcher HOST:5050 --port 5051 [--address HOST:5051]
+    horovodrun -np N ... python -m models.train ... --data-service grpc://HOST:5050
+
+TensorFlow's own distributed input engine: the dispatcher hands out work, CPU workers run the input
+pipeline (reading, parsing, decoding, batching), and each training rank receives finished batches
+over gRPC. Workers need the shards at the same paths as the trainers (a shared volume).
+
+How the ranks stay in lockstep: the trainers read with *coordinated reads* (`num_consumers` =
+ranks, `consumer_index` = rank): each round, one worker hands N consecutive elements of its stream
+to ranks 0..N-1. The stream (`service_dataset`) is built for that: chunks of one length class are
+grouped N x k at a time (k chunks per rank's batch, pipeline/dataset.py's plan), and each group is
+split into N sub-batches of the same padded length. So every rank gets one batch per step, all of
+one class, and the ranks' steps cost the same. Groups are never flushed short (the stream is
+infinite, as coordinated reads require): a class's last chunks of an epoch wait for the next
+epoch's, so an epoch's boundary moves by at most one group per class, and every utterance is still
+read once per pass over the shards. With several workers (`distributed_epoch`), the dispatcher hands
+each shard of each epoch to one worker, so no utterance is read twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from common import cli
+from pipeline import dataset, records
+
+PROCESSING_MODE = "distributed_epoch"  # every shard of an epoch goes to exactly one worker
+
+
+def service_dataset(
+    out_dir: Path,
+    split: str,
+    cfg: dataset.InputConfig,
+    num_consumers: int,
+    first_epoch: int,
+    last_epoch: int,
+    manifest: dict,
+):
+    """The infinite stream of sub-batches the workers serve: rounds of `num_consumers` batches of one
+    class, epochs first_epoch..last_epoch-1 (then again)."""
+    import tensorflow as tf
+
+    plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
+    paths = records.shard_paths(out_dir, manifest, split)
+    k = tf.constant([num_consumers * c for c in plan.chunks_per_batch], tf.int64)
+    largest = num_consumers * max(plan.chunks_per_batch)
+    class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
+
+    def one_epoch(epoch: int):
+        files = tf.data.Dataset.from_tensor_slices(dataset.rank_files(paths, 0, 1, epoch, cfg.seed))
+        stream = files.interleave(
+            lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
+            cycle_length=len(paths),
+            num_parallel_calls=dataset.AUTOTUNE,
+        )
+        return stream.shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch)
+
+    # Epochs are chained with Python seeds (see dataset.chain_epochs); the chain repeats forever.
+    epochs = [one_epoch(e) for e in range(first_epoch, max(last_epoch, first_epoch + 1))]
+    stream = epochs[0]
+    for more in epochs[1:]:
+        stream = stream.concatenate(more)
+    stream = stream.repeat()
+    # The class of each chunk comes from the record itself (a worker's share of the files is only
+    # known to the dispatcher, so the manifest's sequence does not apply here).
+    keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))
+    grouped = keyed.group_by_window(
+        key_func=lambda serialized, key: key,
+        reduce_func=lambda key, window: window.batch(largest),
+        window_size_func=lambda key: k[key],
+    )
+    assemble = dataset.asr_assembler(manifest, split, cfg)
+
+    def split_group(index, serialized, keys):
+        batch = assemble(index, serialized, keys)
+        rows = tf.shape(batch["feat_lengths"])[0]
+        cuts = tf.range(num_consumers + 1) * rows // num_consumers
+        return tf.data.Dataset.range(num_consumers).map(
+            lambda i: {key: value[cuts[i] : cuts[i + 1]] for key, value in batch.items()}
+        )
+
+    return grouped.enumerate().flat_map(lambda i, group: split_group(i, *group))
+
+
+def steps_per_epoch(manifest: dict, split: str, cfg: dataset.InputConfig, num_consumers: int) -> float:
+    """Rounds (steps of every rank) per pass over the split: a fraction, as groups span epochs."""
+    plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
+    sequence = records.split_layout(manifest, split)["class_sequence"]
+    chunks = np.bincount(sequence, minlength=len(plan.chunks_per_batch)) * plan.files_per_rank
+    return float(sum(n / (num_consumers * k) for n, k in zip(chunks, plan.chunks_per_batch)))
+
+
+def distribute(served, address: str, job_name: str, rank: int, size: int):
+    """This rank's batches from the service at `address` (grpc://HOST:PORT)."""
+    import tensorflow as tf
+
+    return served.apply(
+        tf.data.experimental.service.distribute(
+            processing_mode=PROCESSING_MODE,
+            service=address,
+            job_name=job_name,
+            consumer_index=rank,
+            num_consumers=size,
+        )
+    )
+
+
+def serve_dispatcher(port: int, work_dir: Path | None) -> None:
+    """Runs a dispatcher until killed. With `work_dir`, it survives a restart (fault-tolerant mode)."""
+    import tensorflow as tf
+
+    config = tf.data.experimental.service.DispatcherConfig(
+        port=port, work_dir=str(work_dir) if work_dir else None, fault_tolerant_mode=work_dir is not None
+    )
+    server = tf.data.experimental.service.DispatchServer(config)
+    print(f"tf.data dispatcher serving on {server.target}", flush=True)
+    server.join()
+
+
+def serve_worker(dispatcher: str, port: int, address: str | None) -> None:
+    """Runs a worker until killed; `address` is how the trainers reach it (default localhost:PORT)."""
+    import tensorflow as tf
+
+    config = tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=dispatcher.removeprefix("grpc://"), worker_address=address or f"localhost:{port}", port=port
+    )
+    server = tf.data.experimental.service.WorkerServer(config)
+    print(f"tf.data worker on port {port}, dispatcher {dispatcher}", flush=True)
+    server.join()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.data_service", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="role", required=True)
+    d = sub.add_parser("dispatcher", help="run the dispatcher")
+    d.add_argument("--port", type=int, default=5050, help="gRPC port (default 5050)")
+    d.add_argument("--work-dir", type=Path, help="journal directory: the dispatcher then survives a restart")
+    w = sub.add_parser("worker", help="run an input worker")
+    w.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
+    w.add_argument("--port", type=int, default=5051, help="this worker's gRPC port (default 5051)")
+    w.add_argument("--address", help="HOST:PORT the trainers use to reach this worker (default localhost:PORT)")
+    args = parser.parse_args(argv)
+    from common.runtime import configure_tensorflow
+
+    configure_tensorflow()
+    if args.role == "dispatcher":
+        return cli.run(lambda: serve_dispatcher(args.port, args.work_dir))
+    return cli.run(lambda: serve_worker(args.dispatcher, args.port, args.address))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The acoustic front end that runs inside the training step (on the accelerator), not in the input
+pipeline: speaker CMVN, SpecAugment and frame stacking.
+
+The input pipeline hands over the stored features (8-bit codes or float16 log-mel, padded) with
+each utterance's affine map to normalized features beside them; the step casts, normalizes,
+augments and stacks. That keeps the CPU's work per frame to reading and decoding, shrinks what
+crosses to a GPU, and puts training, evaluation and serving on one normalization function.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def normalize(feats, scale, offset, lengths):
+    """The stored features of a padded batch, normalized: `feats * scale + offset` per utterance and
+    dimension (dequantization and speaker CMVN in one), padding set to 0.
+
+    feats [B, T, D] (uint8 codes or float), scale and offset float32 [B, D], lengths [B] -> float32
+    [B, T, D].
+    """
+    x = tf.cast(feats, tf.float32) * scale[:, None, :] + offset[:, None, :]
+    return x * tf.sequence_mask(lengths, tf.shape(x)[1], tf.float32)[..., None]
+
+
+def stack_and_subsample(feats, lengths, stack: int, subsample: int):
+    """[B, T, D] -> [B, ceil(T/subsample), D*stack]: frame i holds frames i..i+stack-1 (zero-padded
+    at the end), then every `subsample`-th frame is kept. Lengths follow. Used by the input pipeline
+    and by the acoustic model's first layer, so they agree exactly."""
+    if stack > 1:
+        padded = tf.pad(feats, [[0, 0], [0, stack - 1], [0, 0]])  # [B, T+stack-1, D]
+        time = tf.shape(feats)[1]
+        feats = tf.concat([padded[:, i : i + time] for i in range(stack)], axis=-1)  # [B, T, D*stack]
+    if subsample > 1:
+        feats = feats[:, ::subsample]  # [B, ceil(T/subsample), D*stack]
+        lengths = (lengths + subsample - 1) // subsample
+    return feats, lengths
+
+
+def spec_augment(feats, lengths, cfg, seed):
+    """Masks `freq_masks` bands of bins and `time_masks` runs of frames of every utterance of a
+    normalized, padded batch [B, T, D] with zeros (the mean after CMVN), each utterance its own.
+    `seed`: a stateless seed [2], so the same batch of the same epoch is masked the same way."""
+    batch, frames, dim = tf.shape(feats)[0], tf.shape(feats)[1], tf.shape(feats)[2]
+    seeds = tf.random.experimental.stateless_split(seed, 2 * (cfg.freq_masks + cfg.time_masks))
+
+    def draw(i, upper):  # one integer per utterance in [0, upper) ([B] upper bounds)
+        u = tf.random.stateless_uniform([batch], seeds[i], 0.0, 1.0)
+        return tf.cast(u * tf.cast(upper, tf.float32), tf.int32)
+
+    keep_bins = tf.ones([batch, dim], tf.bool)
+    for i in range(cfg.freq_masks):
+        width = draw(2 * i, tf.fill([batch], cfg.freq_mask_width + 1))
+        start = draw(2 * i + 1, tf.maximum(dim - width, 1))
+        bins = tf.range(dim)[None, :]  # [1, D]
+        keep_bins &= ~((bins >= start[:, None]) & (bins < (start + width)[:, None]))
+    longest = tf.maximum(1, tf.cast(cfg.time_mask_fraction * tf.cast(lengths, tf.float32), tf.int32))  # [B]
+    keep_frames = tf.ones([batch, frames], tf.bool)
+    for i in range(cfg.time_masks):
+        j = 2 * (cfg.freq_masks + i)
+        width = draw(j, longest + 1)
+        start = draw(j + 1, tf.maximum(lengths - width, 1))
+        steps = tf.range(frames)[None, :]  # [1, T]
+        keep_frames &= ~((steps >= start[:, None]) & (steps < (start + width)[:, None]))
+    keep = keep_frames[:, :, None] & keep_bins[:, None, :]  # [B, T, D]
+    return tf.where(keep, feats, tf.zeros_like(feats))
