@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -24,51 +25,41 @@ def free_port() -> int:
 def service(tmp_path):
     """A dispatcher and two workers, as `python -m pipeline.data_service` runs them."""
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [PYTHON, "-m", "pipeline.data_service", "dispatcher", "--port", str(port)],
-            cwd=ROOT,
-            env=quiet_env(),
-            stdout=open(tmp_path / "dispatcher.log", "w"),
-            stderr=subprocess.STDOUT,
-        )
-    ]
+    commands = {"dispatcher": ["dispatcher", "--port", str(port)]}
     for i in range(2):
-        worker_port = free_port()
-        procs.append(
-            subprocess.Popen(
-                [
-                    PYTHON,
-                    "-m",
-                    "pipeline.data_service",
-                    "worker",
-                    "--dispatcher",
-                    f"127.0.0.1:{port}",
-                    "--port",
-                    str(worker_port),
-                    "--address",
-                    f"127.0.0.1:{worker_port}",
-                ],
-                cwd=ROOT,
-                env=quiet_env(),
-                stdout=open(tmp_path / f"worker{i}.log", "w"),
-                stderr=subprocess.STDOUT,
+        worker = free_port()
+        commands[f"worker{i}"] = [
+            "worker",
+            "--dispatcher",
+            f"127.0.0.1:{port}",
+            "--port",
+            str(worker),
+            "--address",
+            f"127.0.0.1:{worker}",
+        ]
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for name, args in commands.items():
+            log = stack.enter_context(open(tmp_path / f"{name}.log", "w"))
+            procs.append(
+                subprocess.Popen(
+                    [PYTHON, "-m", "pipeline.data_service", *args],
+                    cwd=ROOT,
+                    env=quiet_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             )
-        )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        logs = [(tmp_path / name).read_text() for name in ("dispatcher.log", "worker0.log", "worker1.log")]
-        if all("serving" in log or "worker on port" in log for log in logs):
-            break
-        assert all(p.poll() is None for p in procs), logs
-        time.sleep(0.5)
-    try:
+            stack.callback(procs[-1].wait, timeout=30)
+            stack.callback(procs[-1].terminate)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            logs = [(tmp_path / f"{name}.log").read_text() for name in commands]
+            if all("serving" in log or "worker on port" in log for log in logs):
+                break
+            assert all(p.poll() is None for p in procs), logs
+            time.sleep(0.5)
         yield f"grpc://127.0.0.1:{port}"
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
 
 
 def test_two_ranks_train_through_a_dispatcher_and_two_workers(service, tiny_shards, tmp_path):
