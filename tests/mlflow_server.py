@@ -1,0 +1,74 @@
+"""A real `mlflow server` on 127.0.0.1 for tests: started, stopped and started again on the same port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import PYTHON, ROOT, quiet_env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server --backend-store-uri STORE --artifacts-destination DIR` (proxied artifacts) on a free port."""
+
+    def __init__(self, store_uri: str, artifacts: Path, log: Path, port: int | None = None):
+        self.store_uri, self.artifacts, self.log = store_uri, Path(artifacts), Path(log)
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> MlflowServer:
+        cmd = [
+            PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+            "--backend-store-uri", self.store_uri, "--artifacts-destination", str(self.artifacts),
+            "--serve-artifacts", "--workers", "1",
+        ]  # fmt: skip
+        with open(self.log, "a") as out:
+            # A session of its own: stop() ends the server and the uvicorn worker it starts.
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=out, stderr=out, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"mlflow server on {self.uri} not ready in {timeout} s:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        # The uvicorn worker shares the session; make sure it is gone before the port is reused.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc = None
+
+    def __enter__(self) -> MlflowServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
