@@ -1,4 +1,4 @@
-"""Audio utilities for evaluating synthesis: Kaldi-compatible log-mel fbank, Griffin-Lim, MCD, plots.
+"""Audio utilities for evaluating synthesis: Kaldi-compatible log-mel fbank, Griffin-Lim, cepstral distance, plots.
 
 The features everywhere in speechflow are kaldi-native-fbank's 80-bin log-mel fbank: 16 kHz,
 25 ms frames every 10 ms (snip_edges), dither 0, DC removed per frame, pre-emphasis 0.97, Povey
@@ -132,13 +132,12 @@ def write_wav(path, wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0
 
 
 def _cepstra(log_mel, n_coeffs):
-    """Mel cepstra c1..c_n of each frame (c0, the level, is dropped).
+    """Filterbank cepstra c1..c_n of each frame (c0, the level, is dropped).
 
-    Our log-mels are natural logs of mel *power*; half of that is the log amplitude L. The real
-    cepstrum of a spectrum sampled at N mel bins is c_k = (1/N) sum_n L_n cos(pi k (n + 1/2) / N),
-    which is the orthonormal DCT-II divided by sqrt(2N): with that scale, distortions read like
-    the mel-cepstral distortions of the literature (the mel filterbank stands in for the all-pass
-    frequency warping of SPTK's mel-cepstra).
+    Our log-mels are natural logs of mel *power*; half of that is the log amplitude L. The cepstrum
+    of a spectrum sampled at N mel bins is c_k = (1/N) sum_n L_n cos(pi k (n + 1/2) / N), which is
+    the orthonormal DCT-II divided by sqrt(2N); at that scale, distances take the dB scale of
+    mel-cepstral distortion (see `fbank_cepstral_distance` for why they are still not MCD).
     """
     log_mel = np.asarray(log_mel, np.float64)
     amplitude = 0.5 * log_mel  # [T, bins]
@@ -172,12 +171,20 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ia, ib
 
 
-def mel_cepstral_distortion(log_mel_a, log_mel_b, n_coeffs: int = 13) -> float:
-    """MCD in dB between two log-mel sequences [Ta, bins] and [Tb, bins] of different lengths.
+def fbank_cepstral_distance(log_mel_a, log_mel_b, n_coeffs: int = 13) -> float:
+    """A cepstral distance in dB between two log-mel sequences [Ta, bins] and [Tb, bins] of different lengths.
 
-    Cepstra c_1..c_13 are the real cepstra of each frame's log-amplitude mel spectrum (see
+    Cepstra c_1..c_13 are the DCT cepstra of each frame's log-amplitude mel filterbank (see
     `_cepstra`; c0, the loudness, is excluded); frames are paired by DTW on the per-frame distance,
-    and the result is the mean over the DTW path of 10 / ln 10 * sqrt(2 * sum_d (c_d - c'_d)^2).
+    and the result is the mean over the DTW path of 10 / ln 10 * sqrt(2 * sum_d (c_d - c'_d)^2),
+    the formula of mel-cepstral distortion (Kubichek 1993).
+
+    It is *not* the mel-cepstral distortion (MCD) that synthesis papers report, and its values do not
+    compare with theirs: MCD is computed on mel-cepstra from a waveform analysis (SPTK's mcep of a
+    WORLD or STFT envelope, frequency-warped by an all-pass filter, alpha 0.42 at 16 kHz, typically
+    24 or more coefficients), between a recording and the vocoded synthesis. Here both sides are
+    80-bin Kaldi filterbanks, what the model predicts, with no vocoder in between: it measures the
+    spectral envelope the model predicts, which is what this evaluation can compare.
     """
     ca, cb = _cepstra(log_mel_a, n_coeffs), _cepstra(log_mel_b, n_coeffs)  # [Ta, 13], [Tb, 13]
     distance = 10.0 / np.log(10.0) * np.sqrt(2.0 * np.sum((ca[:, None, :] - cb[None, :, :]) ** 2, -1))

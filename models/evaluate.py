@@ -5,7 +5,7 @@ evaluation (models/evaluate_asr.py, models/evaluate_tts.py), then logs to MLflow
 
 Acoustic model: CER and WER with greedy and beam-search decoding, and a file of hypotheses next
 to the references, for the test split and, when the shards have it, the noisy test. Synthesis
-model: mel L1 (teacher-forced) and mel cepstral distortion (free-running, DTW-aligned) against
+model: mel L1 (teacher-forced) and filterbank cepstral distance (free-running, DTW-aligned) against
 the references, attention plots and a monotonicity measure, predicted-versus-reference mel
 plots, Griffin-Lim audio for a few sentences, and intelligibility: an acoustic model
 (`--asr-model-dir`) transcribes the synthesized mels and we report its CER. Everything goes to
@@ -80,7 +80,7 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
     metrics["primary_metric"] = (
         f"{splits[0]}_cer"
         if config.model == "asr"
-        else (f"{splits[0]}_intelligibility_cer" if asr_model_dir else f"{splits[0]}_mcd_db")
+        else (f"{splits[0]}_intelligibility_cer" if asr_model_dir else f"{splits[0]}_fbank_cepstral_distance_db")
     )
     atomic_write_json(model_dir / "eval.json", metrics)
     return metrics

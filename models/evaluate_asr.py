@@ -8,29 +8,75 @@ from models import asr
 from models.tasks import AsrTask
 
 
+def _counts(pairs: list[tuple[list[str], list[str]]]) -> dict[str, int]:
+    """Substitutions, deletions, insertions and reference length summed over (reference, hypothesis) pairs.
+
+    kaldialign wraps Kaldi's own Levenshtein alignment (the one `compute-wer` uses), so the split
+    of the edits into the three kinds is Kaldi's too."""
+    import kaldialign
+
+    total = {"sub": 0, "del": 0, "ins": 0, "ref": 0, "sentence_errors": 0}
+    for ref, hyp in pairs:
+        found = kaldialign.edit_distance(ref, hyp)
+        for key in ("sub", "del", "ins"):
+            total[key] += found[key]
+        total["ref"] += len(ref)
+        total["sentence_errors"] += found["total"] > 0
+    return total
+
+
 def error_rates(references: list[str], hypotheses: list[str]) -> dict:
-    """Corpus-level CER and WER: total edits over total reference characters / words.
+    """Corpus-level CER and WER, Kaldi-style: (substitutions + deletions + insertions) / reference length.
 
-    Edit distances come from `tf.edit_distance` over character and word sequences.
+    Words are the whitespace-separated tokens; characters are every character, spaces included.
+    Returns `cer`, `wer`, `utterances`, `sentence_error_rate`, and the counts behind each rate:
+    `words`, `word_sub`, `word_del`, `word_ins`, and likewise `chars`, `char_sub`, `char_del`,
+    `char_ins`; `compute_wer_lines` prints them as Kaldi's `compute-wer` does.
     """
-    import tensorflow as tf
+    if len(references) != len(hypotheses):
+        raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses: score them in pairs")
+    words = _counts([(r.split(), h.split()) for r, h in zip(references, hypotheses)])
+    chars = _counts([(list(r), list(h)) for r, h in zip(references, hypotheses)])
+    rates = {
+        "cer": (chars["sub"] + chars["del"] + chars["ins"]) / max(chars["ref"], 1),
+        "wer": (words["sub"] + words["del"] + words["ins"]) / max(words["ref"], 1),
+        "utterances": len(references),
+        "sentence_error_rate": words["sentence_errors"] / max(len(references), 1),
+        "sentence_errors": words["sentence_errors"],
+    }
+    for unit, counts, total in (("word", words, "words"), ("char", chars, "chars")):
+        rates[total] = counts["ref"]
+        rates.update({f"{unit}_{kind}": counts[kind] for kind in ("sub", "del", "ins")})
+    return rates
 
-    def edits(split_fn):
-        ref = split_fn(tf.constant(references)).to_sparse()
-        hyp = split_fn(tf.constant(hypotheses)).to_sparse()
-        distance = tf.edit_distance(hyp, ref, normalize=False).numpy()
-        return float(distance.sum()), int(
-            tf.reduce_sum(tf.cast(split_fn(tf.constant(references)).row_lengths(), tf.int64))
+
+def compute_wer_lines(rates: dict) -> list[str]:
+    """The lines Kaldi's `compute-wer` prints, for the words and (as %CER) the characters of `error_rates`:
+
+    %WER 12.00 [ 30 / 250, 5 ins, 10 del, 15 sub ]
+    %CER 2.90 [ 36 / 1240, 6 ins, 12 del, 18 sub ]
+    %SER 35.00 [ 7 / 20 ]
+    Scored 20 sentences, 0 not present in hyp.
+    """
+    lines = []
+    for name, unit, total in (("WER", "word", "words"), ("CER", "char", "chars")):
+        errors = sum(rates[f"{unit}_{kind}"] for kind in ("ins", "del", "sub"))
+        lines.append(
+            f"%{name} {100.0 * errors / max(rates[total], 1):.2f} [ {errors} / {rates[total]}, "
+            f"{rates[f'{unit}_ins']} ins, {rates[f'{unit}_del']} del, {rates[f'{unit}_sub']} sub ]"
         )
-
-    char_edits, chars = edits(lambda t: tf.strings.unicode_split(t, "UTF-8"))
-    word_edits, words = edits(lambda t: tf.strings.split(t))
-    return {"cer": char_edits / max(chars, 1), "wer": word_edits / max(words, 1), "utterances": len(references)}
+    lines.append(
+        f"%SER {100.0 * rates['sentence_error_rate']:.2f} [ {rates['sentence_errors']} / {rates['utterances']} ]"
+    )
+    lines.append(f"Scored {rates['utterances']} sentences, 0 not present in hyp.")
+    return lines
 
 
 def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Path, beam_width: int) -> dict:
     """Transcribes every utterance of `dataset` (the acoustic input pipeline in evaluation mode),
-    writes `OUT/{split}_hypotheses.tsv` and returns the split's CER and WER, greedy and beam."""
+    writes `OUT/{split}_hypotheses.tsv` and `OUT/{split}_wer.txt` (Kaldi's `compute-wer` lines), and
+    returns the split's CER and WER, greedy and beam, with the substitution, deletion and insertion
+    counts behind them (`{split}_word_sub`, ..., `_beam` for beam search)."""
     rows = []
     for batch in dataset:
         feats, lengths = AsrTask.features(batch), batch["feat_lengths"]
@@ -46,10 +92,16 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
     beam_rates = error_rates(refs, [r[3] for r in rows])
     lines = ["utt_id\treference\tgreedy\tbeam"] + ["\t".join(r) for r in rows]
     (out_dir / f"{split}_hypotheses.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report = [f"# {split}, greedy"] + compute_wer_lines(greedy_rates)
+    report += [f"# {split}, beam search (width {beam_width})"] + compute_wer_lines(beam_rates)
+    (out_dir / f"{split}_wer.txt").write_text("\n".join(report) + "\n", encoding="utf-8")
+    counts = ("words", "word_sub", "word_del", "word_ins", "chars", "char_sub", "char_del", "char_ins")
     return {
         f"{split}_cer": greedy_rates["cer"],
         f"{split}_wer": greedy_rates["wer"],
         f"{split}_cer_beam": beam_rates["cer"],
         f"{split}_wer_beam": beam_rates["wer"],
         f"{split}_utterances": greedy_rates["utterances"],
+        **{f"{split}_{key}": greedy_rates[key] for key in counts},
+        **{f"{split}_{key}_beam": beam_rates[key] for key in counts if key not in ("words", "chars")},
     }

@@ -2,7 +2,7 @@
 
 1. `synthesize`: inference only. Each test sentence is spoken twice, teacher-forced (for the mel L1
    and the attention's diagonality) and free-running (what a listener hears), and kept as a `Spoken`.
-2. `tts_metrics`: numbers from the `Spoken`s (mel L1, mel-cepstral distortion after DTW, attention
+2. `tts_metrics`: numbers from the `Spoken`s (mel L1, filterbank cepstral distance after DTW, attention
    monotonicity and diagonality), and `intelligibility`: our acoustic model transcribes the
    synthesized mels, and its CER says how understandable they are.
 3. `write_samples`: attention and mel plots and Griffin-Lim WAVs of the first few sentences.
@@ -67,7 +67,8 @@ def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Itera
 
 
 def tts_metrics(spoken: list[Spoken], split: str) -> dict:
-    """Mel L1 (teacher-forced), mel-cepstral distortion (free-running, DTW-aligned), attention shape."""
+    """Mel L1 (teacher-forced), filterbank cepstral distance (free-running, DTW-aligned; not the MCD of
+    papers, see `audio.fbank_cepstral_distance`), attention shape."""
 
     def attention(measure, key: str) -> float:
         values = [
@@ -79,7 +80,9 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
     count = sum(s.reference.size for s in spoken)
     return {
         f"{split}_mel_l1": l1 / max(count, 1),
-        f"{split}_mcd_db": float(np.mean([audio.mel_cepstral_distortion(s.synthesized, s.reference) for s in spoken])),
+        f"{split}_fbank_cepstral_distance_db": float(
+            np.mean([audio.fbank_cepstral_distance(s.synthesized, s.reference) for s in spoken])
+        ),
         f"{split}_attention_monotonicity": attention(tts.attention_monotonicity, "free_alignment"),
         f"{split}_attention_monotonicity_teacher_forced": attention(tts.attention_monotonicity, "forced_alignment"),
         f"{split}_attention_diagonality_teacher_forced": attention(tts.attention_diagonality, "forced_alignment"),

@@ -37,8 +37,8 @@ DAG_ID_TAG, DAG_RUN_TAG = "airflow.dag_id", "airflow.run_id"
 STAGE_TAG, NAME_TAG = "speechflow.stage", "speechflow.stage_name"
 METRIC_TAG, VALUE_TAG = "speechflow.metric", "speechflow.metric_value"
 REGISTERED_FILE = "registered.json"  # in a workdir: the version `register` made of its model
-# Metrics where a smaller value is the better model: error rates, distortions, losses.
-LOWER_IS_BETTER = ("cer", "wer", "mcd", "l1", "loss")
+# Metrics where a smaller value is the better model: error rates, distances and distortions, losses.
+LOWER_IS_BETTER = ("cer", "wer", "distance", "mcd", "l1", "loss")
 
 
 def _mlflow():

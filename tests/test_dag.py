@@ -618,7 +618,10 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus(tmp_path):
     assert {s["task_id"]: s["state"] for s in states} == {t: "success" for t in EDGES}
 
     assert summary["status"] == "FINISHED" and summary["dag_run_id"] == run["run_id"]
-    assert summary["models"]["asr"]["metrics"]["test_cer"] >= 0 and "test_mcd_db" in summary["models"]["tts"]["metrics"]
+    assert (
+        summary["models"]["asr"]["metrics"]["test_cer"] >= 0
+        and "test_fbank_cepstral_distance_db" in summary["models"]["tts"]["metrics"]
+    )
     assert summary["models"]["tts"]["primary_metric"] == "test_intelligibility_cer"  # with the new acoustic model
 
     client = mlflow.MlflowClient(uri)

@@ -215,7 +215,10 @@ def test_register_moves_the_champion_only_to_a_better_model(mlflow_uri, tmp_path
 
 def test_a_champion_without_the_metric_keeps_its_alias(mlflow_uri, tmp_path, capsys):
     # The champion was evaluated without an acoustic model: it has no intelligibility CER to compare.
-    old = trained_workdir(tmp_path / "old", {"model": "tts", "primary_metric": "test_mcd_db", "test_mcd_db": 9.0})
+    old = trained_workdir(
+        tmp_path / "old",
+        {"model": "tts", "primary_metric": "test_fbank_cepstral_distance_db", "test_fbank_cepstral_distance_db": 9.0},
+    )
     cli(capsys, "register", "--workdir", str(old), "--name", "reg-tts")
     new = trained_workdir(
         tmp_path / "new",
@@ -223,7 +226,7 @@ def test_a_champion_without_the_metric_keeps_its_alias(mlflow_uri, tmp_path, cap
             "model": "tts",
             "primary_metric": "test_intelligibility_cer",
             "test_intelligibility_cer": 0.2,
-            "test_mcd_db": 8.0,
+            "test_fbank_cepstral_distance_db": 8.0,
         },
     )
     result = cli(capsys, "register", "--workdir", str(new), "--name", "reg-tts")
