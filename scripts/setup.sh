@@ -21,14 +21,27 @@ stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 declare -A NEED=([espeak-ng]=espeak-ng [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
 missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
-if [ ${#missing[@]} -gt 0 ]; then
+# PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_postgres_mlflow.py starts its
+# own cluster). Debian keeps initdb off PATH, in /usr/lib/postgresql/VERSION/bin. Optional: without
+# root, that test is skipped and says why.
+has_postgres() { command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
+optional=()
+has_postgres || optional+=(postgresql)
+if [ ${#missing[@]} -gt 0 ] || [ ${#optional[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing system packages: ${missing[*]}"
+    say "installing system packages: ${missing[*]} ${optional[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    if [ ${#optional[@]} -gt 0 ] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+      # The package would otherwise create and start a cluster on port 5432; the test makes its own.
+      mkdir -p /etc/postgresql-common
+      echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
+    fi
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" "${optional[@]}" >/dev/null
+  elif [ ${#missing[@]} -gt 0 ]; then
+    die "missing system packages: ${missing[*]} ${optional[*]}. Install them, e.g. 'sudo apt-get install ${missing[*]} ${optional[*]}', then run 'make setup' again."
   else
-    die "missing system packages: ${missing[*]}. Install them, e.g. 'sudo apt-get install ${missing[*]}', then run 'make setup' again."
+    say "PostgreSQL is not installed (sudo apt-get install postgresql): the test of MLflow on PostgreSQL will be skipped"
   fi
 fi
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found: the project needs Python 3.11 (set PYTHON=/path/to/python3.11)."
