@@ -47,6 +47,24 @@ PARAMS = {
         "dev/ and test_noisy/ used when present). Empty: make the demo corpus. "
         "Relative paths are the repository's (local mode).",
     ),
+    "features_dir": Param(
+        "",
+        type="string",
+        title="Features directory",
+        section=DATA,
+        description="Where the features go, one Kaldi data directory per split (FEATURES_DIR/train, ...) "
+        "with copies of the corpus' tables. Empty: into the corpus' own data directories. Set it for "
+        "a read-only corpus; runs that name the same directory reuse its features.",
+    ),
+    "allow_pipes": Param(
+        False,
+        type="boolean",
+        title="Run wav.scp commands",
+        section=DATA,
+        description="Run wav.scp (and feats.scp) entries of the form `command |` in a shell. Off: the "
+        "decoders of Kaldi recipes (flac -c -d -s, sph2pipe, sox to wav) are read without running "
+        "them and any other command is rejected, with the reason, in feats_rejected.tsv.",
+    ),
     "demo_utterances": Param(
         2500,
         type="integer",
@@ -260,7 +278,7 @@ def speech_pipeline():
         if split not in p.splits:
             raise AirflowSkipException(f"{p.data_root} has no {split} split")
         context = get_current_context()
-        data_dir = f"{p.data_root}/{split}"
+        data_dir = p.features_dir(split)
         runner.run_stage(p, context, f"features-{split}", commands.FEATURES, commands.features_args(p, split))
         record = _record(p, "features", data_dir, f"features-{split}", split=split)
         context["outlet_events"][FEATURES].extra = {"split": split, "data_dir": data_dir}

@@ -1,13 +1,25 @@
 """Feature stage: Kaldi-compatible log-mel fbank from `wav.scp` (+ `segments`), and per-speaker CMVN.
 
-    python -m pipeline.features --data-dir data/train [--allow-pipes] [--set num_mel_bins=40]
+    python -m pipeline.features --data-dir data/train [--out-dir feats/train] [--allow-pipes]
+                                [--set num_mel_bins=40]
 
-When the directory already has a `feats.scp` that this stage did not write (features made by
-Kaldi), it is left alone and only the CMVN statistics are computed if they are missing. Output,
-beside the inputs: `feats.ark`/`feats.scp` (kaldiio), `cmvn.ark`/`cmvn.scp` (Kaldi's per-speaker
-2 x (D+1) statistics), `feats_rejected.tsv` (utterances whose audio could not be used, with the
-reason; the shard stage carries them into its own `rejected.tsv`) and a done-marker recording
-the input fingerprint, so a re-run with unchanged inputs does nothing.
+Audio entries are files (WAV, FLAC, SPHERE) or the decoder commands of Kaldi recipes (`flac -c -d
+-s F |`, `sph2pipe -f wav -p -c 1 F |`, `sox F -t wav -r 8000 - |`), which are read in-process as
+the command would decode them (pipeline/audio_io.py); other commands are refused unless pipes are
+allowed. `segments` may end at -1 (to the end of the recording) and name a channel in a fifth
+field; `reco2file_and_channel` names the channel of a recording otherwise.
+
+Output goes to the data directory itself, or with `--out-dir` to a directory of its own (for
+read-only corpora), which then is a complete Kaldi data directory: the input's tables (`text`,
+`utt2spk`, ...) are copied beside the features. Written: `feats.ark`/`feats.scp` (kaldiio),
+`utt2num_frames`, `cmvn.ark`/`cmvn.scp` (Kaldi's per-speaker 2 x (D+1) statistics),
+`feats_rejected.tsv` (utterances whose audio could not be used, with the reason; the shard stage
+carries them into its own `rejected.tsv`) and, last, a done-marker recording the input
+fingerprint, so a re-run with unchanged inputs does nothing. A run that rejects more than
+`max_rejected_fraction` publishes no features and marks the failure, so a retry fails again.
+
+When the data directory already has a `feats.scp` that this stage did not write (features made by
+Kaldi), it is kept (copied to `--out-dir`) and only CMVN statistics are computed if there are none.
 """
 
 from __future__ import annotations
@@ -16,7 +28,6 @@ import argparse
 import collections
 import dataclasses
 import os
-import struct
 import sys
 from pathlib import Path
 
@@ -26,10 +37,16 @@ from common import cli, fsutil
 from common import config as configlib
 from common.parallel import worker_pool
 from common.progress import progress as progress_bar
-from pipeline import kaldi
+from pipeline import audio_io, kaldi
+from pipeline.audio_io import AudioError
 
 MARKER = ".features.done.json"
 REJECTED = "feats_rejected.tsv"
+# The input's tables that describe its utterances; `--out-dir` gets copies, so it is a data
+# directory of its own (the shard stage reads text and utt2spk from it).
+TABLES = ("text", "utt2spk", "spk2utt", "spk2gender", "wav.scp", "segments", "reco2file_and_channel", "utt2dur")
+# Kaldi-made features: what `--out-dir` gets of them besides TABLES.
+KALDI_FEATURES = ("feats.scp", "cmvn.scp", "utt2num_frames", "frame_shift")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,103 +57,87 @@ class FeatureConfig:
     frame_shift_ms: float = 10.0  # hop
     dither: float = 0.0  # Kaldi's default is 1.0; 0 keeps features deterministic
     resample: bool = True  # False: reject recordings at another sample rate instead
-    downmix: bool = True  # False: reject multi-channel recordings instead of averaging channels
+    # False: reject multi-channel recordings whose channel nothing names (a decoder command's -c, the
+    # fifth field of segments, reco2file_and_channel) instead of averaging their channels
+    downmix: bool = True
     segment_tolerance_s: float = 0.1  # a segment may end this far past its recording (Kaldi allows overshoot)
-    allow_pipes: bool = False  # run `cmd |` entries of wav.scp (kaldiio would execute them)
+    # run `cmd |` entries of wav.scp that are not a recognized decoder call (kaldiio runs them in a shell)
+    allow_pipes: bool = False
     max_rejected_fraction: float = 0.05  # fail the stage above this share of rejected utterances
     jobs: int = 0  # worker processes; 0 = one per CPU
 
 
-class AudioError(Exception):
-    """Audio that cannot be used; `reason` is a key of kaldi.REASONS."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-
-
-def _check_riff(path: Path) -> None:
-    """Raises AudioError('truncated') when a WAV's data chunk is longer than the file.
-
-    libsndfile (soundfile) silently returns the samples that exist, so a half-copied file would
-    be read as a shorter utterance; the header tells us what should be there.
-    """
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        head = handle.read(12)
-        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return  # not a RIFF WAV: soundfile decides
-        pos = 12
-        while pos + 8 <= size:
-            handle.seek(pos)
-            chunk_id, length = struct.unpack("<4sI", handle.read(8))
-            if chunk_id == b"data":
-                # 0 and 0xFFFFFFFF mean "unknown length" (a WAV written to a pipe).
-                if length not in (0, 0xFFFFFFFF) and pos + 8 + length > size:
-                    raise AudioError(
-                        "truncated", f"{path}: header announces {length} data bytes, file has {size - pos - 8}"
-                    )
-                return
-            pos += 8 + length + (length & 1)
-    raise AudioError("truncated", f"{path}: no complete data chunk")
-
-
 def read_audio(spec: str, allow_pipes: bool) -> tuple[int, np.ndarray]:
-    """Reads one wav.scp entry. Returns (rate, samples float32 [n, channels] on the int16 scale)."""
-    import kaldiio
-    import soundfile
+    """Reads one wav.scp entry. Returns (rate, samples float32 [n, channels] on the int16 scale).
 
+    A file is read with libsndfile; a decoder command of a Kaldi recipe (flac, sph2pipe, sox) is
+    read in-process as the command would decode it (pipeline/audio_io.py); any other command runs in
+    a shell (through kaldiio) only when `allow_pipes`, and so does a recognized command whose file
+    libsndfile cannot decode (shorten-compressed SPHERE).
+    """
     if kaldi.is_pipe(spec):
-        if not allow_pipes:
-            raise AudioError("pipe_refused", f"{spec!r} is a command; pass --allow-pipes to run it")
         try:
-            rate, data = kaldiio.load_mat(spec)
-        except Exception as err:  # the command's failure, whatever it is, is this utterance's reason
-            raise AudioError("unreadable", f"{spec!r}: {type(err).__name__}: {err}") from err
-        data = np.asarray(data, dtype=np.float32)
-        return rate, data.reshape(len(data), -1)
+            source = audio_io.parse_command(spec)
+        except audio_io.UnsupportedCommand as err:
+            if not allow_pipes:
+                raise AudioError("pipe_refused", f"{spec!r} is a command, not run: {err}; pass --allow-pipes") from err
+            return _read_with_kaldiio(spec)
+        try:
+            return audio_io.read_source(source)
+        except audio_io.CompressedSphere:
+            if not allow_pipes:
+                raise
+            return _read_with_kaldiio(spec)
     path = kaldi.spec_path(spec)
+    if path == Path(spec):
+        return audio_io.read_file(path)
     if not path.is_file():
         raise AudioError("file_missing", f"{path} does not exist")
+    return _read_with_kaldiio(spec)  # a wav inside an ark (`foo.ark:123`): kaldiio reads it without a shell
+
+
+def _read_with_kaldiio(spec: str) -> tuple[int, np.ndarray]:
+    import kaldiio
+
     try:
-        if path == Path(spec):
-            _check_riff(path)
-            data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-            return rate, data * 32768.0  # Kaldi computes fbank on the int16 scale
-        rate, data = kaldiio.load_mat(spec)  # a wav inside an ark (`foo.ark:123`)
-        data = np.asarray(data, dtype=np.float32)
-        return rate, data.reshape(len(data), -1)
-    except AudioError:
-        raise
-    except Exception as err:  # libsndfile raises its own error types for every malformed file
-        raise AudioError("unreadable", f"{spec}: {type(err).__name__}: {err}") from err
+        rate, data = kaldiio.load_mat(spec)
+    except Exception as err:  # the command's or the ark's failure, whatever it is, is this utterance's reason
+        raise AudioError("unreadable", f"{spec!r}: {type(err).__name__}: {err}") from err
+    data = np.asarray(data, dtype=np.float32)
+    return rate, data.reshape(len(data), -1)
 
 
-def prepare_waveform(rate: int, samples: np.ndarray, segment: kaldi.Segment | None, cfg: FeatureConfig) -> np.ndarray:
-    """Cuts the segment, mixes down and resamples: float32 [n] at cfg.sample_rate, int16 scale."""
-    from scipy.signal import resample_poly
-
+def prepare_waveform(
+    rate: int, samples: np.ndarray, segment: kaldi.Segment | None, cfg: FeatureConfig, channel: int | None = None
+) -> np.ndarray:
+    """Picks the channel (or mixes down), cuts the segment and resamples: float32 [n] at
+    cfg.sample_rate, int16 scale. `channel`: 0-based, from `segments` or `reco2file_and_channel`;
+    it applies to recordings with several channels (a decoder command may have picked one already)."""
     channels = samples.shape[1]
-    if channels > 1:
+    if channels > 1 and channel is not None:
+        if channel >= channels:
+            raise AudioError("unsupported_audio", f"channel {channel + 1} asked for, the recording has {channels}")
+        samples = samples[:, [channel]]
+    elif channels > 1:
         if not cfg.downmix:
             raise AudioError("unsupported_audio", f"{channels} channels and downmix is off")
         samples = samples.mean(axis=1, keepdims=True)
     wave = samples[:, 0]
     if segment is not None:
         duration = len(wave) / rate
-        if segment.start >= duration or segment.end > duration + cfg.segment_tolerance_s:
+        end = duration if segment.end is None else segment.end
+        if segment.start >= duration or end > duration + cfg.segment_tolerance_s:
             raise AudioError(
                 "segment_outside_recording",
-                f"segment {segment.start:.2f}-{segment.end:.2f} s of {segment.recording!r}, which lasts {duration:.2f} s",
+                f"segment {segment.start:.2f}-{end:.2f} s of {segment.recording!r}, which lasts {duration:.2f} s",
             )
-        wave = wave[int(round(segment.start * rate)) : int(round(min(segment.end, duration) * rate))]
+        wave = wave[int(round(segment.start * rate)) : int(round(min(end, duration) * rate))]
     if rate != cfg.sample_rate:
         if not cfg.resample:
             raise AudioError(
                 "unsupported_audio", f"sample rate {rate} Hz, expected {cfg.sample_rate} and resample is off"
             )
-        divisor = np.gcd(rate, cfg.sample_rate)
-        wave = resample_poly(wave, cfg.sample_rate // divisor, rate // divisor)
+        wave = audio_io.resample(wave, rate, cfg.sample_rate)
     return np.ascontiguousarray(wave, dtype=np.float32)
 
 
@@ -169,21 +170,17 @@ def _featurize_recording(task):
     results = []
     for entry in entries:
         try:
-            wave = prepare_waveform(rate, samples, entry.segment, cfg)
+            wave = prepare_waveform(rate, samples, entry.segment, cfg, entry.channel)
         except AudioError as err:
             results.append((entry.utt_id, None, kaldi.Rejection(entry.utt_id, err.reason, f"{spec}: {err}")))
             continue
         feats = compute_fbank(wave, cfg)
+        rejection = None
         if feats.shape[0] == 0:
-            results.append(
-                (
-                    entry.utt_id,
-                    None,
-                    kaldi.Rejection(entry.utt_id, "zero_frames", f"{spec}: {len(wave)} samples give no frame"),
-                )
-            )
-        else:
-            results.append((entry.utt_id, feats, None))
+            rejection = kaldi.Rejection(entry.utt_id, "zero_frames", f"{spec}: {len(wave)} samples give no frame")
+        elif not np.isfinite(feats).all():  # checked here, so the shard stage need not read the matrix again
+            rejection = kaldi.Rejection(entry.utt_id, "nan_or_inf", f"{spec}: the audio gives NaN/Inf features")
+        results.append((entry.utt_id, None, rejection) if rejection else (entry.utt_id, feats, None))
     return results
 
 
@@ -231,51 +228,96 @@ def _finish_ark(tmp_ark: Path, tmp_scp: Path, ark: Path, scp: Path) -> None:
         key, spec = line.split(" ", 1)
         fixed.append(f"{key} {ark.resolve()}:{spec[len(prefix) :]}" if spec.startswith(prefix) else line)
     tmp_ark.replace(ark)
-    fsutil.atomic_write_text(scp, "\n".join(fixed) + "\n")
+    fsutil.atomic_write_text(scp, "\n".join(fixed) + "\n" if fixed else "")
     tmp_scp.unlink()
 
 
+def _audio_files(data_dir: Path) -> list[Path]:
+    """The files wav.scp's entries read: paths, arks, and the files of recognized decoder commands."""
+    if not (data_dir / "wav.scp").is_file():
+        return []
+    paths = []
+    for spec in kaldi.read_table(data_dir / "wav.scp").values.values():
+        path = kaldi.spec_path(spec) or audio_io.command_path(spec)
+        if path is not None:
+            paths.append(path)
+    return paths
+
+
 def _fingerprint(data_dir: Path, cfg: FeatureConfig) -> dict:
-    tables = [data_dir / name for name in ("wav.scp", "segments", "utt2spk")]
-    audio: list[Path] = []
-    if (data_dir / "wav.scp").is_file():
-        for spec in kaldi.read_table(data_dir / "wav.scp").values.values():
-            path = kaldi.spec_path(spec)
-            if path is not None:
-                audio.append(path)
+    tables = [data_dir / name for name in ("wav.scp", "segments", "utt2spk", "reco2file_and_channel")]
     return {
         "tables": fsutil.fingerprint_files(tables),
-        "audio": fsutil.fingerprint_files(audio, content=False),
+        "audio": fsutil.fingerprint_files(_audio_files(data_dir), content=False),
         "config": configlib.to_dict(cfg),
-        "code": fsutil.code_version(sys.modules[__name__], kaldi),
+        "code": fsutil.code_version(sys.modules[__name__], kaldi, audio_io),
     }
 
 
-def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True) -> dict:
-    """The stage driver. Returns a summary dict; raises ValueError when too much was rejected."""
-    data_dir = Path(data_dir)
-    marker = data_dir / MARKER
-    feats_scp = data_dir / "feats.scp"
-    done = fsutil.read_json(marker)
-    if feats_scp.is_file() and done is None:
-        return _cmvn_for_existing(data_dir, progress)
-    fingerprint = _fingerprint(data_dir, cfg)
-    if done is not None and done.get("fingerprint") == fingerprint and feats_scp.is_file():
-        return {**done["summary"], "skipped": True}
+def _outputs_fingerprint(out: Path) -> dict:
+    """What the done-marker vouches for: the tables written and the arks they point into."""
+    return {
+        "tables": fsutil.fingerprint_files([out / "feats.scp", out / "utt2num_frames", out / "cmvn.scp"]),
+        "arks": fsutil.fingerprint_files([out / "feats.ark", out / "cmvn.ark"], content=False),
+    }
+
+
+def _copy_tables(source: Path, out: Path, names: tuple[str, ...]) -> None:
+    """Copies the tables of `source` into `out` (atomically, only when changed); a table `source`
+    no longer has is removed from `out`."""
+    for name in names:
+        src, dst = source / name, out / name
+        if src.is_file():
+            content = src.read_bytes()
+            if not dst.is_file() or dst.read_bytes() != content:
+                tmp = dst.with_name(f".{name}.{os.getpid()}.tmp")
+                tmp.write_bytes(content)
+                tmp.replace(dst)
+        elif dst.is_file():
+            dst.unlink()
+
+
+def _is_kaldi_made(source: Path) -> bool:
+    """A feats.scp this stage did not write (it marks a directory as its own before writing one)."""
+    return (source / "feats.scp").is_file() and fsutil.read_json(source / MARKER) is None
+
+
+def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True, out_dir: Path | None = None) -> dict:
+    """The stage driver: `data_dir`'s audio to features in `out_dir` (default: `data_dir` itself).
+    Returns a summary dict; raises ValueError when too much was rejected (and again on every re-run
+    until the inputs or the config change)."""
+    source = Path(data_dir)
+    if not source.is_dir():
+        raise FileNotFoundError(f"data directory {source} does not exist")
+    out = Path(out_dir) if out_dir is not None else source
+    in_place = out.resolve() == source.resolve()
+    if not in_place:
+        out.mkdir(parents=True, exist_ok=True)
+        _copy_tables(source, out, TABLES)
+    if _is_kaldi_made(source):
+        return _cmvn_for_existing(source, out, progress)
+    marker = out / MARKER
+    done = fsutil.read_json(marker) or {}
+    fingerprint = _fingerprint(source, cfg)
+    if done.get("fingerprint") == fingerprint:
+        if done.get("state") == "failed":
+            raise ValueError(f"{done['error']} (inputs and config are unchanged since that run)")
+        if done.get("state") == "done" and (out / "feats.scp").is_file():
+            return {**done["summary"], "skipped": True}
 
     # Mark the directory as ours before feats.scp appears, so an interrupted run is redone on the
     # next one instead of being mistaken for features that Kaldi made.
     fsutil.atomic_write_json(marker, {"fingerprint": None, "state": "running"})
-    entries, rejections = kaldi.scan_data_dir(data_dir, allow_pipes=cfg.allow_pipes, need_text=False, source="audio")
+    entries, rejections = kaldi.scan_data_dir(source, allow_pipes=cfg.allow_pipes, need_text=False, source="audio")
     utt2spk = {e.utt_id: e.speaker for e in entries}
     tasks = [(spec, group, cfg) for spec, group in group_by_recording(entries)]
     jobs = cfg.jobs or os.cpu_count() or 1
-    tmp_ark, tmp_scp = data_dir / ".feats.ark.tmp", data_dir / ".feats.scp.tmp"
+    tmp_ark, tmp_scp = out / ".feats.ark.tmp", out / ".feats.scp.tmp"
     cmvn = CmvnAccumulator()
-    frames = 0
+    num_frames: dict[str, int] = {}
     import kaldiio
 
-    bar = progress_bar(total=len(entries), desc=f"fbank {data_dir.name}", unit="utt", disable=not progress)
+    bar = progress_bar(total=len(entries), desc=f"fbank {source.name}", unit="utt", disable=not progress)
     with worker_pool(jobs) as pool, kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as writer:
         for results in pool.imap(_featurize_recording, tasks):
             for utt, feats, rejection in results:
@@ -284,48 +326,90 @@ def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True) 
                 else:
                     writer(utt, feats)
                     cmvn.add(utt2spk[utt], feats)
-                    frames += len(feats)
+                    num_frames[utt] = len(feats)
             bar.update(len(results))
     bar.close()
-    _finish_ark(tmp_ark, tmp_scp, data_dir / "feats.ark", feats_scp)
-    cmvn.write(data_dir)
-    kaldi.write_rejections(data_dir / REJECTED, [(data_dir.name, r) for r in rejections])
+    kaldi.write_rejections(out / REJECTED, [(source.name, r) for r in rejections])
     total = len(entries) + sum(1 for r in rejections if r.utt_id not in utt2spk)
+    error = _too_many(out, rejections, total, cfg.max_rejected_fraction)
+    if error:
+        # Nothing of this run is published (and nothing of an earlier one stays to be mistaken for
+        # it); the marker holds the failure, so a retry with the same inputs fails the same way.
+        for path in (tmp_ark, tmp_scp, *(out / n for n in ("feats.scp", "feats.ark", "utt2num_frames", "cmvn.scp"))):
+            path.unlink(missing_ok=True)
+        fsutil.atomic_write_json(marker, {"fingerprint": fingerprint, "state": "failed", "error": error})
+        raise ValueError(error)
+    _finish_ark(tmp_ark, tmp_scp, out / "feats.ark", out / "feats.scp")
+    fsutil.atomic_write_text(out / "utt2num_frames", "".join(f"{u} {n}\n" for u, n in sorted(num_frames.items())))
+    cmvn.write(out)
     summary = {
         "utterances": total,
         "featurized": total - len(rejections),
         "rejected": len(rejections),
-        "frames": frames,
+        "frames": sum(num_frames.values()),
         "speakers": len(cmvn.stats),
         "dim": cfg.num_mel_bins,
     }
-    fsutil.atomic_write_json(marker, {"fingerprint": fingerprint, "summary": summary})
-    _raise_if_too_many(data_dir, rejections, total, cfg.max_rejected_fraction)
+    outputs = _outputs_fingerprint(out)
+    fsutil.atomic_write_json(
+        marker, {"fingerprint": fingerprint, "state": "done", "summary": summary, "outputs": outputs}
+    )
     return {**summary, "skipped": False}
 
 
-def _cmvn_for_existing(data_dir: Path, progress: bool) -> dict:
-    """Kaldi-made features: keep them, add CMVN statistics if there are none."""
-    if (data_dir / "cmvn.scp").is_file():
+def vouched_lengths(data_dir: Path) -> tuple[dict[str, int], int] | None:
+    """(utterance -> frames from utt2num_frames, feature dimension) when this stage wrote the
+    directory's features and they are unchanged since; None otherwise.
+
+    The stage checked every matrix as it wrote it (frames, finite values), so the shard stage can
+    take the lengths from here instead of reading every matrix once more before writing it.
+    """
+    data_dir = Path(data_dir)
+    done = fsutil.read_json(data_dir / MARKER) or {}
+    if done.get("state") != "done" or done.get("outputs") != _outputs_fingerprint(data_dir):
+        return None
+    try:
+        lengths = {utt: int(n) for utt, n in kaldi.read_table(data_dir / "utt2num_frames").values.items()}
+    except (ValueError, FileNotFoundError):
+        return None
+    return lengths, int(done["summary"]["dim"])
+
+
+def _cmvn_for_existing(source: Path, out: Path, progress: bool) -> dict:
+    """Kaldi-made features: keep them (a copy of the tables in `out`), add CMVN statistics if there are none."""
+    if out.resolve() != source.resolve():
+        (out / MARKER).unlink(missing_ok=True)  # features this stage made there before are replaced
+        _copy_tables(source, out, KALDI_FEATURES[:1] + KALDI_FEATURES[2:])
+        if (source / "cmvn.scp").is_file():
+            _copy_tables(source, out, ("cmvn.scp",))
+    if (out / "cmvn.scp").is_file():
         return {"skipped": True, "existing_features": True}
-    entries, _ = kaldi.scan_data_dir(data_dir, need_text=False, source="feats")
+    entries, _ = kaldi.scan_data_dir(out, need_text=False, source="feats")
     cmvn = CmvnAccumulator()
-    for entry in progress_bar(entries, desc=f"cmvn {data_dir.name}", unit="utt", disable=not progress):
+    for entry in progress_bar(entries, desc=f"cmvn {source.name}", unit="utt", disable=not progress):
         # Unreadable matrices are the shard stage's to reject, with reasons; statistics skip them.
         matrix, rejection = kaldi.check_matrix(entry.utt_id, entry.feats, kaldi.FeatureCheck(max_frames=10**9), None)
         if rejection is None:
             cmvn.add(entry.speaker, matrix)
-    cmvn.write(data_dir)
+    cmvn.write(out)
     return {"skipped": False, "existing_features": True, "speakers": len(cmvn.stats)}
 
 
-def _raise_if_too_many(data_dir: Path, rejections: list, total: int, limit: float) -> None:
-    if total and len(rejections) / total > limit:
-        raise ValueError(
-            f"{len(rejections)} of {total} utterances in {data_dir} were rejected "
-            f"({len(rejections) / total:.1%} > max_rejected_fraction={limit}); see {data_dir / REJECTED}. "
-            f"Most common: {kaldi.summarize(rejections)}"
+def _too_many(out: Path, rejections: list, total: int, limit: float) -> str | None:
+    """The stage's error message when more than `limit` of `total` utterances were rejected, else None."""
+    if not total or len(rejections) / total <= limit:
+        return None
+    message = (
+        f"{len(rejections)} of {total} utterances in {out} were rejected "
+        f"({len(rejections) / total:.1%} > max_rejected_fraction={limit}); see {out / REJECTED}. "
+        f"Most common: {kaldi.summarize(rejections)}"
+    )
+    if any(r.reason == "pipe_refused" for r in rejections):
+        message += (
+            ". pipe_refused: wav.scp entries that are commands other than flac, sph2pipe or sox decoding "
+            "one file; the detail column says why each was not read. --allow-pipes runs them in a shell"
         )
+    return message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,7 +417,16 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data-dir", required=True, type=Path, help="Kaldi data directory (wav.scp, utt2spk, ...)")
-    parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of wav.scp as shell commands")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        help="write the features (and copies of the data directory's tables) here instead of into --data-dir",
+    )
+    parser.add_argument(
+        "--allow-pipes",
+        action="store_true",
+        help="run wav.scp commands other than the decoders read in-process (flac, sph2pipe, sox) in a shell",
+    )
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "FeatureConfig")
     cli.add_progress_argument(parser)
@@ -344,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> None:
     flags = {"allow_pipes": args.allow_pipes or None, "jobs": args.jobs}
     cfg = configlib.load(FeatureConfig, args.config, args.set, flags=flags)
-    summary = compute_features(args.data_dir, cfg, progress=not args.no_progress)
+    summary = compute_features(args.data_dir, cfg, progress=not args.no_progress, out_dir=args.out_dir)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
 
 

@@ -1,10 +1,12 @@
 """Reading Kaldi data directories, and validating every utterance in them.
 
 A Kaldi data directory is a set of text tables keyed by utterance id: `text`, `utt2spk`,
-`feats.scp` (or `wav.scp` + optional `segments`), optional `cmvn.scp` keyed by speaker.
-The tables are parsed here, not by kaldiio, for two reasons: an scp entry of the form
-`command |` would be run as a shell command by kaldiio, and we refuse those unless the user
-allows pipes; and a malformed table must produce a message naming its file and line.
+`feats.scp` (or `wav.scp` + optional `segments` and `reco2file_and_channel`), optional `cmvn.scp`
+keyed by speaker. The tables are parsed here, not by kaldiio, for two reasons: an scp entry of the
+form `command |` would be run as a shell command by kaldiio, and we refuse those unless the user
+allows pipes (a `wav.scp` entry that calls one of the decoders of Kaldi recipes, flac, sph2pipe or
+sox, is read in-process instead: pipeline/audio_io.py); and a malformed table must produce a
+message naming its file and line.
 
 Nothing is dropped silently. Every utterance either comes out as valid or as a `Rejection`
 with one of the reason codes in `REASONS`; the stages write those to `rejected.tsv`.
@@ -14,10 +16,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
+from pipeline import audio_io
 
 # reason code -> what it means (also the legend written next to rejected.tsv)
 REASONS = {
@@ -40,7 +45,7 @@ REASONS = {
     "empty_transcript": "the transcript is empty",
     "undecodable_transcript": "the transcript is not valid UTF-8",
     "duplicate_id": "the same id appears twice with different data",
-    "pipe_refused": "an scp entry is a shell command ('cmd |'); pass --allow-pipes to run it",
+    "pipe_refused": "an scp entry is a command ('cmd |') the stage does not read itself; --allow-pipes runs it in a shell",
 }
 
 
@@ -117,7 +122,7 @@ class Segment:
 
     recording: str
     start: float
-    end: float
+    end: float | None  # None: to the end of the recording (-1 in the file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +135,9 @@ class Entry:
     feats: str | None  # rxspecifier from feats.scp
     audio: str | None  # rxspecifier from wav.scp (of the recording, when segmented)
     segment: Segment | None
+    # The 0-based channel to keep when the recording has several: the 5th field of `segments`, else
+    # the channel `reco2file_and_channel` names (A/B or 1/2). None: the feature stage's downmix rule.
+    channel: int | None = None
 
 
 def scan_data_dir(
@@ -152,7 +160,7 @@ def scan_data_dir(
         raise FileNotFoundError(f"{data_dir / 'text'} is missing: training needs transcripts")
 
     feats = read_optional_table(data_dir / "feats.scp") if source == "feats" else None
-    wav = segments = None
+    wav = segments = reco2channel = None
     if source == "feats" and feats is None:
         raise FileNotFoundError(
             f"{data_dir / 'feats.scp'} is missing: run `python -m pipeline.features --data-dir {data_dir}` first"
@@ -162,6 +170,7 @@ def scan_data_dir(
         if wav is None:
             raise FileNotFoundError(f"{data_dir / 'wav.scp'} is missing: nothing to compute features from")
         segments = read_optional_table(data_dir / "segments")
+        reco2channel = read_optional_table(data_dir / "reco2file_and_channel")
 
     # Every id any table mentions is accounted for, so an utterance present in only one table is
     # reported instead of vanishing.
@@ -177,7 +186,7 @@ def scan_data_dir(
 
     entries, rejections = [], []
     for utt in sorted(ids):
-        entry, rejection = _check_entry(utt, utt2spk, text, feats, wav, segments, allow_pipes, need_text)
+        entry, rejection = _check_entry(utt, utt2spk, text, feats, wav, segments, reco2channel, allow_pipes, need_text)
         if rejection:
             rejections.append(rejection)
         else:
@@ -185,7 +194,7 @@ def scan_data_dir(
     return entries, rejections
 
 
-def _check_entry(utt, utt2spk, text, feats, wav, segments, allow_pipes, need_text):
+def _check_entry(utt, utt2spk, text, feats, wav, segments, reco2channel, allow_pipes, need_text):
     def reject(reason, detail):
         return None, Rejection(utt, reason, detail)
 
@@ -211,7 +220,12 @@ def _check_entry(utt, utt2spk, text, feats, wav, segments, allow_pipes, need_tex
             return reject("missing_features", f"{feats.path} has no line for {utt!r}")
         feats_spec = feats.values[utt]
         if is_pipe(feats_spec) and not allow_pipes:
-            return reject("pipe_refused", f"{feats.path}: {utt!r} -> {feats_spec!r} is a command")
+            return reject(
+                "pipe_refused",
+                f"{feats.path}: {utt!r} -> {feats_spec!r} is a command, not run; write the features to an "
+                "ark (Kaldi's copy-feats) or pass --allow-pipes to run it in a shell",
+            )
+    channel = None
     if wav is not None:
         recording = utt
         if segments is not None:
@@ -220,9 +234,18 @@ def _check_entry(utt, utt2spk, text, feats, wav, segments, allow_pipes, need_tex
             fields = segments.values[utt].split()
             try:
                 recording, start, end = fields[0], float(fields[1]), float(fields[2])
+                channel = int(fields[3]) if len(fields) == 4 else None
+                if len(fields) not in (3, 4) or (channel is not None and channel < 0):
+                    raise ValueError
             except (IndexError, ValueError):
-                return reject("bad_segment", f"{segments.path}: cannot parse {segments.values[utt]!r} for {utt!r}")
-            if not 0 <= start < end:
+                return reject(
+                    "bad_segment",
+                    f"{segments.path}: cannot parse {segments.values[utt]!r} for {utt!r} "
+                    "(expected `recording start end [channel]`)",
+                )
+            if end == -1:  # Kaldi: to the end of the recording
+                end = None
+            if start < 0 or (end is not None and start >= end):
                 return reject("bad_segment", f"{segments.path}: {utt!r} has start {start} and end {end}")
             segment = Segment(recording, start, end)
         if recording not in wav.values:
@@ -230,9 +253,36 @@ def _check_entry(utt, utt2spk, text, feats, wav, segments, allow_pipes, need_tex
         if recording in wav.duplicates:
             return reject("duplicate_id", f"{wav.path} lists {recording!r} twice with different values")
         audio_spec = wav.values[recording]
-        if is_pipe(audio_spec) and not allow_pipes:
-            return reject("pipe_refused", f"{wav.path}: {recording!r} -> {audio_spec!r} is a command")
-    return Entry(utt, utt2spk.values[utt], transcript, feats_spec, audio_spec, segment), None
+        why = _not_a_decoder(audio_spec) if is_pipe(audio_spec) and not allow_pipes else None
+        if why is not None:
+            return reject(
+                "pipe_refused",
+                f"{wav.path}: recording {recording!r} is the command {audio_spec!r}, which is not run: {why}. "
+                "List the audio files themselves (WAV, FLAC, SPHERE), or pass --allow-pipes "
+                "(the DAG's allow_pipes) to run it in a shell",
+            )
+        if channel is None and reco2channel is not None and recording in reco2channel.values:
+            channel = _channel_index(reco2channel.values[recording])
+    return Entry(utt, utt2spk.values[utt], transcript, feats_spec, audio_spec, segment, channel), None
+
+
+@functools.lru_cache(maxsize=1024)
+def _not_a_decoder(spec: str) -> str | None:
+    """Why a `cmd |` entry is not a decoder call read in-process; None when it is one. Cached: the
+    segments of one recording ask about the same entry."""
+    try:
+        audio_io.parse_command(spec)
+    except audio_io.UnsupportedCommand as err:
+        return str(err)
+    return None
+
+
+def _channel_index(value: str) -> int | None:
+    """`reco2file_and_channel`'s last field (`sw02001 A`, `rec 1`) -> a 0-based channel."""
+    name = value.split()[-1] if value.split() else ""
+    if name.upper() in ("A", "B"):
+        return "AB".index(name.upper())
+    return int(name) - 1 if name.isdigit() and int(name) >= 1 else None
 
 
 def spec_path(spec: str) -> Path | None:

@@ -46,6 +46,9 @@ class ShardConfig:
     lowercase: bool = True  # transcripts are lower-cased before tokenization
     allow_pipes: bool = False  # run `cmd |` entries of feats.scp (kaldiio would execute them)
     vocabulary_split: str = "train"  # the split whose characters make the token vocabulary
+    # Or the vocabulary (and lower-casing) of a trained model or of other shards: a model workdir,
+    # its model/ or data.json, a shards directory or its manifest.json (a new test set for a model)
+    vocabulary_from: str = ""
     # How features are stored: "uint8" (a quarter of the bytes: 8-bit codes per chunk and dimension,
     # as Kaldi's compressed matrices), "float16" (half) or "float32" (exact).
     feature_dtype: str = "uint8"
@@ -149,6 +152,17 @@ def _validate_chunk(task):
     return out
 
 
+def _vouched(utt: str, frames: int, dim: int, check: kaldi.FeatureCheck, targets) -> tuple:
+    """Pass 1 of an utterance whose length the feature stage vouches for (it checked the matrix when
+    it wrote it): the checks that need only the length, no matrix read. As _validate_chunk's rows."""
+    rejection = None
+    if frames > check.max_frames:
+        rejection = kaldi.Rejection(utt, "too_many_frames", f"{frames} frames > max_frames={check.max_frames}")
+    elif targets is not None:
+        rejection = _check_targets(utt, targets.get(utt), frames)
+    return (utt, None, None, rejection) if rejection else (utt, (frames, dim), np.zeros((2, dim)), None)
+
+
 def _load_targets(spec) -> np.ndarray:
     if isinstance(spec, np.ndarray):
         return spec
@@ -192,9 +206,15 @@ def validate_split(
         rejections += [r for _, r in kaldi.read_rejections(previous)]
     targets = kaldi.load_alignments(alignments, cfg.allow_pipes) if alignments else None
     check = kaldi.FeatureCheck(max_frames=cfg.max_frames)
-    chunks = [entries[i : i + 16] for i in range(0, len(entries), 16)]
-    results = []
-    bar = progress_bar(total=len(entries), desc=f"validate {name}", unit="utt", disable=not progress)
+    # Features the feature stage wrote and vouches for are not read here: their lengths come from
+    # utt2num_frames (and CMVN from cmvn.scp); the others are read once to be checked.
+    lengths, vouched_dim = features_stage.vouched_lengths(data_dir) or ({}, 0)
+    results = [
+        _vouched(e.utt_id, lengths[e.utt_id], vouched_dim, check, targets) for e in entries if e.utt_id in lengths
+    ]
+    to_read = [e for e in entries if e.utt_id not in lengths]
+    chunks = [to_read[i : i + 16] for i in range(0, len(to_read), 16)]
+    bar = progress_bar(total=len(to_read), desc=f"validate {name}", unit="utt", disable=not progress)
     for out in pool.imap(_validate_chunk, [(c, check, targets) for c in chunks]):  # in order: deterministic
         results.extend(out)
         bar.update(len(out))
@@ -317,7 +337,10 @@ def make_shards(
     """Validates and shards every split. Returns the manifest; raises ValueError on too many rejections."""
     if cfg.compression not in ("none", "gzip"):
         raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
-    if cfg.vocabulary_split not in splits:
+    given = load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
+    if given is not None:
+        cfg = dataclasses.replace(cfg, lowercase=given["lowercase"])  # transcripts normalized as the model's were
+    elif cfg.vocabulary_split not in splits:
         raise ValueError(
             f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}"
         )
@@ -329,6 +352,8 @@ def make_shards(
     out_dir.mkdir(parents=True, exist_ok=True)
     splits = {name: Path(d) for name, d in splits.items()}
     fingerprint = _fingerprint(splits, alignments, cfg)
+    if given is not None:
+        fingerprint["vocabulary"] = given["vocabulary"]  # a model retrained under the same path changes it
     existing = fsutil.read_json(out_dir / records.MANIFEST)
     if (
         existing
@@ -337,6 +362,8 @@ def make_shards(
         and _shards_complete(out_dir, existing)
     ):
         return {**existing, "skipped": True}
+    # First: a rebuild that fails (too many rejections) or stops never leaves a manifest that looks done.
+    (out_dir / records.MANIFEST).unlink(missing_ok=True)
     for stale in out_dir.glob(".*.tmp"):
         stale.unlink()  # left by an interrupted run
 
@@ -355,10 +382,25 @@ def make_shards(
         dims = {p.dim for p in plans.values() if p.entries}
         if len(dims) > 1:
             raise ValueError(f"splits disagree on the feature dimension: { {n: p.dim for n, p in plans.items()} }")
-        vocab_plan = plans[cfg.vocabulary_split]
-        vocabulary = text.build_vocabulary(
-            [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
-        )
+        if given is not None:
+            vocabulary = given["vocabulary"]
+            seen = {
+                ch
+                for p in plans.values()
+                for e in p.entries.values()
+                for ch in text.normalize_transcript(e.transcript, cfg.lowercase)
+            }
+            if seen - set(vocabulary):
+                print(
+                    f"warning: characters {''.join(sorted(seen - set(vocabulary)))!r} are not in the vocabulary of "
+                    f"{cfg.vocabulary_from}; they are stored as {text.UNK}",
+                    file=sys.stderr,
+                )
+        else:
+            vocab_plan = plans[cfg.vocabulary_split]
+            vocabulary = text.build_vocabulary(
+                [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
+            )
 
         tasks, layouts = [], {}
         for name, plan in plans.items():
@@ -414,6 +456,21 @@ def make_shards(
     return {**manifest, "skipped": False}
 
 
+def load_vocabulary(path: str | Path) -> dict:
+    """{"vocabulary": [...], "lowercase": bool} of a trained model or of shards: `path` is a training
+    workdir, its model/ directory or model/data.json, a shards directory or its manifest.json."""
+    path = Path(path)
+    tried = [path] if path.is_file() else [path / records.MANIFEST, path / "data.json", path / "model" / "data.json"]
+    for candidate in tried:
+        value = fsutil.read_json(candidate) if candidate.is_file() else None
+        if isinstance(value, dict) and isinstance(value.get("vocabulary"), list):
+            return {"vocabulary": list(value["vocabulary"]), "lowercase": bool(value.get("lowercase", True))}
+    raise FileNotFoundError(
+        f"--vocabulary-from {path}: none of {[str(t) for t in tried]} holds a vocabulary; name a training "
+        "workdir, its model/data.json, a shards directory or its manifest.json"
+    )
+
+
 def _num_targets(plans: dict[str, SplitPlan]) -> int:
     highest = -1
     for plan in plans.values():
@@ -441,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         help="frame targets (ali.scp or an int-vector ark) for a split",
     )
     parser.add_argument("--compression", choices=["none", "gzip"], help="TFRecord compression")
+    parser.add_argument(
+        "--vocabulary-from",
+        metavar="PATH",
+        help="use the vocabulary of a trained model (its workdir) or of other shards instead of the train split's",
+    )
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of feats.scp as shell commands")
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "ShardConfig")
@@ -455,6 +517,7 @@ def _main(args: argparse.Namespace) -> None:
         "max_rejected_fraction": args.max_rejected_fraction,
         "compression": args.compression,
         "allow_pipes": args.allow_pipes or None,
+        "vocabulary_from": args.vocabulary_from,
         "jobs": args.jobs,
     }
     cfg = configlib.load(ShardConfig, args.config, args.set, flags=flags)

@@ -35,6 +35,8 @@ needs_airflow = pytest.mark.skipif(
 # What the DAG's params hold when the trigger form is left as it is.
 DEFAULTS = {
     "data_dir": "",
+    "features_dir": "",
+    "allow_pipes": False,
     "demo_utterances": 2500,
     "num_shards": 8,
     "models": ["asr", "tts"],

@@ -275,3 +275,33 @@ def test_other_sample_rates_and_channels_are_converted_or_rejected(tmp_path):
     rejected = {r.utt_id: r for _, r in kaldi.read_rejections(strict / features.REJECTED)}
     assert {u: r.reason for u, r in rejected.items()} == {"b": "unsupported_audio", "c": "unsupported_audio"}
     assert "8000" in rejected["b"].detail and "2 channels" in rejected["c"].detail
+
+
+def test_truncated_sphere_and_malformed_segment_fields(tmp_path):
+    data_dir = tmp_path / "sph"
+    (data_dir / "wav").mkdir(parents=True)
+    whole, cut = data_dir / "wav" / "whole.sph", data_dir / "wav" / "cut.sph"
+    soundfile.write(whole, tone(2.0, 8000), 8000, format="NIST", subtype="PCM_16")
+    cut.write_bytes(whole.read_bytes()[:20000])  # libsndfile would read the 9,488 samples that are left
+    write_table(data_dir / "wav.scp", {"whole": str(whole), "cut": str(cut)})
+    write_table(
+        data_dir / "segments",
+        {
+            "s-end": "whole 0.5 -1",  # -1: to the end
+            "s-neg": "whole 0.5 -2",
+            "s-start": "whole -0.5 1.0",
+            "s-chan": "whole 0 1 left",
+            "s-cut": "cut 0 -1",
+        },
+    )
+    write_table(data_dir / "utt2spk", {u: "s" for u in ("s-end", "s-neg", "s-start", "s-chan", "s-cut")})
+    features.compute_features(data_dir, features.FeatureConfig(max_rejected_fraction=1.0, jobs=1), progress=False)
+    rejected = {r.utt_id: r for _, r in kaldi.read_rejections(data_dir / features.REJECTED)}
+    assert {u: r.reason for u, r in rejected.items()} == {
+        "s-neg": "bad_segment",
+        "s-start": "bad_segment",
+        "s-chan": "bad_segment",
+        "s-cut": "truncated",
+    }
+    assert "32000 sample bytes" in rejected["s-cut"].detail
+    assert kaldiio.load_scp(str(data_dir / "feats.scp"))["s-end"].shape == (148, 80)  # 1.5 s

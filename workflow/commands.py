@@ -34,11 +34,18 @@ def corpus_args(plan: Plan) -> list[str]:
 
 
 def features_args(plan: Plan, split: str) -> list[str]:
-    return ["--data-dir", f"{plan.data_root}/{split}", "--no-progress"]
+    args = ["--data-dir", f"{plan.data_root}/{split}"]
+    if plan.features_dir(split) != args[1]:
+        args += ["--out-dir", plan.features_dir(split)]
+    if plan.allow_pipes:
+        args.append("--allow-pipes")
+    return [*args, "--no-progress"]
 
 
 def shards_args(plan: Plan) -> list[str]:
-    args = [a for s in plan.splits for a in ("--split", f"{s}={plan.data_root}/{s}")]
+    args = [a for s in plan.splits for a in ("--split", f"{s}={plan.features_dir(s)}")]
+    if plan.allow_pipes:
+        args.append("--allow-pipes")
     return [*args, "--out", plan.shards_dir, "--num-shards", str(plan.num_shards), "--no-progress"]
 
 

@@ -51,6 +51,10 @@ class Plan:
     eval_utterances: int  # tts: utterances to synthesize in the evaluation
     experiment: str  # MLflow experiment; registered models are named EXPERIMENT-MODEL
     python: str  # local: the training environment's python
+    # Where the feature stage writes each split's features (a data directory per split, read by
+    # the shard stage): data_root itself, or a directory of its own for read-only corpora
+    features_root: str = ""
+    allow_pipes: bool = False  # run wav.scp/feats.scp commands other than the recognized decoders
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -63,6 +67,10 @@ class Plan:
 
     def model_name(self, model: str) -> str:
         return f"{self.experiment}-{model}"
+
+    def features_dir(self, split: str) -> str:
+        """The data directory the feature stage writes for `split` and the shard stage reads."""
+        return f"{self.features_root or self.data_root}/{split}"
 
 
 def default_work_root(mode: str) -> str:
@@ -129,6 +137,12 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
             splits = ("train", "dev", "test")  # the Airflow pods do not mount the data: the standard three
     else:
         data_root, splits = f"{run_dir}/corpus", SPLITS
+    features_dir = (params.get("features_dir") or "").strip()
+    features_root = _resolve(features_dir, mode) if features_dir else data_root
+    if mode == "local" and features_dir:
+        features_root = str(Path(features_root).resolve())
+        if Path(features_root).resolve() == Path(data_root).resolve():
+            features_root = data_root
     configs = {m: _resolve(params[f"{m}_config"], mode) for m in MODELS}
     if mode == "local":
         for model in models:
@@ -157,4 +171,6 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         eval_utterances=int(params["eval_utterances"]),
         experiment=params["experiment"],
         python=training_python(),
+        features_root=features_root,
+        allow_pipes=bool(params.get("allow_pipes", False)),
     )
