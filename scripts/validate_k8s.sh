@@ -61,10 +61,10 @@ render() {
         "${k8s[@]}" stage-pod --name features --module pipeline.features -- --data-dir /data/corpus/train &&
         echo --- &&
         "${k8s[@]}" stage-pod --name shards --module pipeline.shards -- \
-          --split train=/data/corpus/train --split dev=/data/corpus/dev --out s3://speechflow/shards &&
+          --split train=/data/corpus/train --split dev=/data/corpus/dev --out /data/shards &&
         echo --- &&
         "${k8s[@]}" stage-pod --name evaluate --module models.evaluate --gpus 1 -- \
-          --model-dir /data/runs/train --shards s3://speechflow/shards
+          --model-dir /data/runs/train --shards /data/shards
     } > "$OUT/stage-pods-$overlay.yaml" || return 1
   done
   ls "$OUT"
@@ -124,7 +124,7 @@ step "hadolint docker/*.Dockerfile" "$VENV/bin/hadolint" docker/*.Dockerfile
 shell_scripts() {
   # The scripts embedded in ConfigMaps and containers' commands run in images we cannot start
   # here; lint them as the shells that will run them.
-  "$PY" - "$OUT" k8s/base/postgres.yaml k8s/base/minio-setup.yaml k8s/base/mlflow.yaml <<'PYTHON' || return 1
+  "$PY" - "$OUT" k8s/base/postgres.yaml k8s/base/mlflow.yaml <<'PYTHON' || return 1
 import sys
 from pathlib import Path
 

@@ -147,7 +147,8 @@ def test_mpijob_workers_get_gpus_slots_gpu_nodes_shm_and_nccl_settings():
     assert launcher_env["NCCL_DEBUG"] == "WARN"
     assert launcher_env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
     assert launcher_env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-    assert launcher_env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "s3-credentials", "key": "secret-key"}}
+    # MLflow proxies artifacts: no pod carries object-store credentials.
+    assert not any(name.startswith(("AWS_", "S3_")) for name in launcher_env)
 
 
 def test_mpijob_pods_are_unprivileged():
@@ -242,7 +243,7 @@ def test_committed_mpijob_template_is_the_renderer_output():
 # ---- stage pods ------------------------------------------------------------------------------
 
 
-def test_stage_pod_runs_the_module_with_data_claim_and_s3_secret():
+def test_stage_pod_runs_the_module_with_the_data_claim():
     pod = manifests.render_stage_pod("features", "pipeline.features", ["--data-dir", "/data/corpus/train"])
     assert pod["kind"] == "Pod" and pod["metadata"]["namespace"] == "speechflow"
     spec = pod["spec"]
@@ -253,18 +254,14 @@ def test_stage_pod_runs_the_module_with_data_claim_and_s3_secret():
     assert spec["restartPolicy"] == "Never"
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
     env = env_of(c)
-    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "s3-credentials", "key": "access-key"}}
-    assert env["S3_ENDPOINT"] == "minio:9000" and env["S3_USE_HTTPS"] == "0"
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert not [e for e in c["env"] if e["name"].startswith(("AWS_", "S3_")) or "valueFrom" in e]  # no credentials
     assert "nvidia.com/gpu" not in c["resources"]["limits"] and "nodeSelector" not in spec
 
     gpu_pod = manifests.render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
     assert gpu_pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert gpu_pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
-    no_s3 = manifests.render_stage_pod(
-        "corpus", "pipeline.corpus", [], dataclasses.replace(cluster.ClusterSettings(), s3_endpoint="")
-    )
-    assert not any(e["name"].startswith(("AWS_", "S3_")) for e in no_s3["spec"]["containers"][0]["env"])
     with pytest.raises(ValueError, match="not a Python module"):
         manifests.render_stage_pod("x", "pipeline/features.py", [])
 
@@ -337,7 +334,7 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
     ]
     assert c["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
-    assert any(e["name"] == "AWS_ACCESS_KEY_ID" and "valueFrom" in e for e in c["env"])
+    assert any(e["name"] == "MLFLOW_TRACKING_URI" and e["value"] == "http://mlflow:5000" for e in c["env"])
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {v["name"] for v in spec["volumes"]} == {"tmp", "home", "data"}
@@ -435,22 +432,34 @@ def test_renderer_defaults_match_the_kustomize_base():
     assert account["automountServiceAccountToken"] is False
     assert find(docs, "Service", "mlflow")["spec"]["ports"][0]["port"] == 5000
     assert settings.mlflow_tracking_uri == "http://mlflow:5000"
-    assert settings.s3_endpoint == "minio:9000" and find(docs, "Service", "minio")["spec"]["ports"][0]["port"] == 9000
 
     # The NetworkPolicies select the labels the renderer puts on pipeline pods.
     pod_labels = manifests.render_stage_pod("x", "pipeline.corpus", [])["metadata"]["labels"]
     pipeline_policy = find(docs, "NetworkPolicy", "pipeline")["spec"]
     assert pipeline_policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
-    minio_from = find(docs, "NetworkPolicy", "minio")["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
-    assert minio_from.items() <= pod_labels.items()
 
-    # The secret and keys the pods read are the ones minio-setup makes a MinIO user of.
-    job = find(docs, "Job", "minio-setup")
-    secrets = {v["secret"]["secretName"] for v in job["spec"]["template"]["spec"]["volumes"] if "secret" in v}
-    assert settings.s3_secret in secrets
-    script = find(docs, "ConfigMap", "minio-setup")["data"]["setup.sh"]
-    assert f"/etc/s3-credentials/{settings.s3_access_key_field}" in script
-    assert f"/etc/s3-credentials/{settings.s3_secret_key_field}" in script
+    # MLflow serves its artifacts from its own volume (proxied artifacts) and reaches only DNS and
+    # PostgreSQL: there is no object store to reach, and no pod needs object-store credentials.
+    mlflow_pod = find(docs, "Deployment", "mlflow")["spec"]["template"]["spec"]
+    (server,) = mlflow_pod["containers"]
+    script = server["args"][0]
+    destination = re.search(r"--artifacts-destination (\S+)", script).group(1)
+    assert "--serve-artifacts" in script and destination.startswith("/")
+    mount = next(m for m in server["volumeMounts"] if m["mountPath"] == destination)
+    claim = next(v for v in mlflow_pod["volumes"] if v["name"] == mount["name"])["persistentVolumeClaim"]
+    assert find(docs, "PersistentVolumeClaim", claim["claimName"])
+    assert find(docs, "Deployment", "mlflow")["spec"]["strategy"]["type"] == "Recreate"  # a ReadWriteOnce volume
+    egress = find(docs, "NetworkPolicy", "mlflow")["spec"]["egress"]
+    assert [rule["to"][0]["podSelector"]["matchLabels"] for rule in egress if "to" in rule] == [
+        {"app.kubernetes.io/name": "postgres"}
+    ]
+    assert not [d for d in docs if "minio" in d["metadata"]["name"] or "s3" in d["metadata"]["name"]]
+
+    # Airflow keeps its task logs on a claim of the base (the chart mounts it in every Airflow pod).
+    values = yaml.safe_load((ROOT / "k8s" / "airflow-values.yaml").read_text())
+    assert values["logs"]["persistence"] == {"enabled": True, "existingClaim": "airflow-logs"}
+    assert find(docs, "PersistentVolumeClaim", "airflow-logs")["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert "remote_logging" not in values["config"].get("logging", {})
 
     # The RoleBinding lets the namespace's accounts (Airflow's task pods) manage MPIJobs.
     role = find(docs, "Role", "mpijob-submitter")
@@ -470,7 +479,7 @@ def test_renderer_defaults_match_the_training_image():
     assert f"> {worker['command'][-1]}" in dockerfile  # the sshd config the worker starts with
 
 
-@pytest.mark.parametrize("manifest", ["postgres.yaml", "minio-setup.yaml"])
+@pytest.mark.parametrize("manifest", ["postgres.yaml"])
 def test_embedded_shell_scripts_parse(manifest, tmp_path):
     for doc in yaml.safe_load_all((ROOT / "k8s" / "base" / manifest).read_text()):
         if doc and doc["kind"] == "ConfigMap":
@@ -522,9 +531,10 @@ def test_kustomize_renders_namespaced_limited_unprivileged_objects(path):
 
 
 @needs_kubectl
-def test_overlays_choose_the_data_claim_access_mode():
+@pytest.mark.parametrize("name", ["speechflow-data", "airflow-logs"])
+def test_overlays_choose_the_shared_claims_access_mode(name):
     def claim(path: str) -> dict:
-        return find(kustomize(path), "PersistentVolumeClaim", "speechflow-data")["spec"]
+        return find(kustomize(path), "PersistentVolumeClaim", name)["spec"]
 
     gpu = claim("k8s/overlays/gpu")
     assert gpu["accessModes"] == ["ReadWriteMany"] and gpu["storageClassName"]

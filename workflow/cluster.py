@@ -27,12 +27,10 @@ MPI_HOSTFILE = "/etc/mpi/hostfile"
 # KubernetesPodOperator follows the logs of the container with this name.
 STAGE_CONTAINER = "base"
 # Labels the kustomize base relies on (k8s/base/network-policies.yaml): pods named
-# PIPELINE_POD_LABEL accept connections only from each other (ssh, MPI, NCCL between the ranks), and
-# pods carrying OBJECT_STORE_CLIENT_LABEL may reach MinIO.
+# PIPELINE_POD_LABEL accept connections only from each other (ssh, MPI, NCCL between the ranks).
 PART_OF_LABEL = ("app.kubernetes.io/part-of", "speechflow")
 PIPELINE_POD_LABEL = ("app.kubernetes.io/name", "speechflow-pipeline")
 COMPONENT_LABEL = "app.kubernetes.io/component"
-OBJECT_STORE_CLIENT_LABEL = ("speechflow.io/object-store-client", "true")
 # Labels the MPI Operator puts on the pods it creates (training.kubeflow.org/...).
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
@@ -85,13 +83,8 @@ class ClusterSettings:
     mpi_controller: Literal["mpi", "gloo"] = "mpi"  # horovodrun --mpi (OpenMPI, as the operator) or --gloo
     start_timeout_s: int = 600  # horovodrun --start-timeout: ssh checks and rendezvous on all workers
     nccl_env: tuple[tuple[str, ...], ...] = (("NCCL_DEBUG", "WARN"),)  # more NCCL_*, e.g. NCCL_IB_DISABLE
-    mlflow_tracking_uri: str = "http://mlflow:5000"  # the MLflow Service of k8s/base
-    s3_endpoint: str = "minio:9000"  # host:port of the S3 API (MinIO of k8s/base); "" when no S3 is used
-    s3_use_https: bool = False  # in-cluster MinIO speaks plain HTTP
-    s3_region: str = "us-east-1"  # MinIO ignores it; the AWS SDK wants one
-    s3_secret: str = "s3-credentials"  # Secret with the pipeline's S3 access key (see k8s/README.md)
-    s3_access_key_field: str = "access-key"  # key of the access key id in that Secret
-    s3_secret_key_field: str = "secret-key"  # key of the secret access key in that Secret
+    # The MLflow Service of k8s/base; it proxies artifacts too, so pods need no object-store credentials.
+    mlflow_tracking_uri: str = "http://mlflow:5000"
     backoff_limit: int = 0  # launcher retries inside one MPIJob; 0 leaves retries to Airflow
     active_deadline_s: int = 0  # wall-clock limit of the launcher; 0 for none
     ttl_after_finished_s: int = 86400  # the finished MPIJob (and its launcher log) is deleted after this
@@ -133,17 +126,11 @@ def labels(component: str) -> dict[str, str]:
         PIPELINE_POD_LABEL[0]: PIPELINE_POD_LABEL[1],
         PART_OF_LABEL[0]: PART_OF_LABEL[1],
         COMPONENT_LABEL: component,
-        OBJECT_STORE_CLIENT_LABEL[0]: OBJECT_STORE_CLIENT_LABEL[1],
     }
 
 
 # Checks of checkov (the manifest scanner CI runs) that do not fit a pipeline pod, with the reason;
 # they travel as `checkov.io/skipN` annotations on the pod templates (checkov's suppression syntax).
-SKIP_ENV_SECRETS = (
-    "CKV_K8S_35",
-    "tensorflow-io's S3 filesystem (AWS C++ SDK) is given its keys as environment variables from the "
-    "s3-credentials Secret; they never appear in a manifest",
-)
 SKIP_DIGEST = (
     "CKV_K8S_43",
     "the image is pinned by its version tag; set ClusterSettings.image to name@sha256:... to pin a digest",
@@ -158,8 +145,6 @@ SKIP_READINESS = ("CKV_K8S_9", "a run-to-completion process serves no traffic")
 
 def skip_annotations(settings: ClusterSettings, *skips: tuple[str, str]) -> dict[str, str]:
     skips = tuple(skips)
-    if settings.s3_endpoint:
-        skips += (SKIP_ENV_SECRETS,)
     if "@sha256:" not in settings.image:
         skips += (SKIP_DIGEST,)
     if settings.image_pull_policy != "Always":
@@ -168,8 +153,8 @@ def skip_annotations(settings: ClusterSettings, *skips: tuple[str, str]) -> dict
 
 
 def pod_env(settings: ClusterSettings) -> list[dict[str, Any]]:
-    """Environment of every pipeline process: MLflow, S3 for tensorflow-io, caches off the read-only root."""
-    env: list[dict[str, Any]] = [
+    """Environment of every pipeline process: MLflow, and caches off the read-only root."""
+    return [
         {"name": "MLFLOW_TRACKING_URI", "value": settings.mlflow_tracking_uri},
         {"name": "PYTHONUNBUFFERED", "value": "1"},  # log lines reach `kubectl logs` (and Airflow) at once
         {"name": "HOME", "value": settings.home},
@@ -179,24 +164,6 @@ def pod_env(settings: ClusterSettings) -> list[dict[str, Any]]:
         {"name": "KERAS_HOME", "value": "/tmp/.keras"},
         {"name": "CUDA_CACHE_PATH", "value": "/tmp/.nv"},
     ]
-    if settings.s3_endpoint:
-        # tensorflow-io's s3:// filesystem reads these. Its AWS SDK takes the keys from the environment
-        # (or an INI credentials file, which the Secret's two keys are not): from the Secret.
-        env += [
-            {"name": "S3_ENDPOINT", "value": settings.s3_endpoint},
-            {"name": "S3_USE_HTTPS", "value": "1" if settings.s3_use_https else "0"},
-            {"name": "S3_VERIFY_SSL", "value": "1" if settings.s3_use_https else "0"},
-            {"name": "AWS_REGION", "value": settings.s3_region},
-            {
-                "name": "AWS_ACCESS_KEY_ID",
-                "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_access_key_field}},
-            },
-            {
-                "name": "AWS_SECRET_ACCESS_KEY",
-                "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": settings.s3_secret_key_field}},
-            },
-        ]
-    return env
 
 
 def train_env(settings: ClusterSettings) -> list[dict[str, Any]]:

@@ -213,7 +213,7 @@ def render_stage_pod(
     settings: ClusterSettings | None = None,
     gpus: int = 0,
 ) -> dict[str, Any]:
-    """A Pod running `python -m MODULE ARGS` with the training image, the data claim and the S3 secret.
+    """A Pod running `python -m MODULE ARGS` with the training image and the data claim.
 
     For the non-training stages (`pipeline.corpus`, `pipeline.features`, `pipeline.shards`,
     `models.evaluate`). `gpus > 0` adds GPU limits and the GPU node selector. Returns the manifest.
