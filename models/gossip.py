@@ -28,10 +28,21 @@ Consistency: in the non-delayed variants the communication thread reads (snapsho
 half-updated model. A merge keeps the local progress made while the exchange was in flight:
 w <- w + (average - snapshot).
 
-Termination: every rank performs exactly one round per training step, and all ranks run the same
-number of steps, so the sequence of rounds (and collectives) is the same on all ranks; at the end
-each rank finishes its remaining rounds, then all average once with an allreduce so that the saved
-model is the consensus model.
+Rounds are decoupled from steps: a worker's communication thread starts a round as soon as its
+training thread has finished a step since the last round (or has finished training), and the
+round's exchange waits only for the partner's communication thread. A fast worker's training never
+waits; it may take several steps per round, and merges its partner's weights as they come. The
+workers may take different numbers of steps (a budget counted in data: models/loop.py).
+
+Termination: after each round's exchanges, every rank adds its step count and whether it has
+finished training to one global sum (a small allreduce of the communication threads, all in the
+same round), so all ranks learn together, in the same round, that every rank has finished. They
+stop there, and average once with an allreduce so that the saved model is the consensus model.
+Every rank performs the same sequence of collectives, so none waits for a collective that
+another will never call.
+
+Delay-by-one uses each published step's weights in at most one round (a round waits for a new
+step), so a pull toward the partner is never applied twice from the same pair of snapshots.
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ class GossipError(RuntimeError):
 class GossipStrategy:
     name = "adpsgd"
 
-    def __init__(self, config, model_vars: list, optimizer, total_rounds: int):
+    def __init__(self, config, model_vars: list, optimizer):
         import horovod.tensorflow as hvd
 
         self.hvd = hvd
@@ -67,11 +78,12 @@ class GossipStrategy:
         self.shapes = [tuple(v.shape) for v in model_vars]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
         self.rank, self.size = hvd.rank(), hvd.size()
-        self.total_rounds = total_rounds
         self.scheme = "random-ring" if config.gossip == "random-ring" else "fixed-ring"
         self.delayed = config.gossip == "delay-by-one"
         self.lock = threading.Lock()  # held by the training step; the thread snapshots and merges under it
         self.steps_done = 0
+        self.training_done = False  # the training thread has taken its last step
+        self.global_steps = 0  # every rank's steps together, as of the last round
         self.step_ready = threading.Condition()
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -125,39 +137,52 @@ class GossipStrategy:
     def reduce(self, grads):
         return grads  # each worker applies its own gradients
 
+    def start(self) -> None:
+        """Before the first step: every rank takes rank 0's weights and optimizer state, then the
+        communication thread starts."""
+        from models import hvd_compat
+
+        # Horovod: all workers start from rank 0's weights and optimizer state, then part ways.
+        hvd_compat.broadcast(self.variables + list(self.optimizer.variables), root_rank=0)
+        self.published = self._flatten()
+        self.started = True
+        self.thread.start()
+
     def after_step(self, step: int) -> float:
         """Called by the training thread after each step. Returns its seconds spent on gossip."""
         if self.error is not None:
             raise GossipError(f"the gossip thread of rank {self.rank} failed: {self.error}") from self.error
         start = time.perf_counter()
-        if not self.started:
-            from models import hvd_compat
-
-            # Horovod: all workers start from rank 0's weights and optimizer state, then part ways.
-            hvd_compat.broadcast(self.variables + list(self.optimizer.variables), root_rank=0)
         if self.delayed:
             self._merge_ready_results()
             self.published = self._flatten()  # step `step`'s weights, for the next exchange
         with self.step_ready:
             self.steps_done = step
             self.step_ready.notify_all()
-        if not self.started:
-            self.started = True
-            self.thread.start()
         seconds = time.perf_counter() - start + self._pending_main_seconds
         self._pending_main_seconds = 0.0
         return seconds
+
+    def training_finished(self) -> None:
+        """The training thread has no more batches; the thread goes on with rounds until all ranks
+        have finished."""
+        with self.step_ready:
+            self.training_done = True
+            self.step_ready.notify_all()
 
     def metrics(self) -> dict:
         distance = {"consensus_distance": self.consensus_distance} if np.isfinite(self.consensus_distance) else {}
         return {
             **distance,
             "gossip_rounds": self.rounds_done,
+            "gossip_global_steps": self.global_steps,
             "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done),
         }
 
     def finish(self) -> dict:
-        """Finishes the remaining rounds, then averages all ranks once (the consensus model)."""
+        """Goes on with rounds until every rank has finished training, then averages all ranks once
+        (the consensus model)."""
+        self.training_finished()
         if self.started:
             self.thread.join()
         if self.error is not None:
@@ -218,14 +243,26 @@ class GossipStrategy:
 
     def _run(self) -> None:
         try:
-            for round_index in range(self.total_rounds):
+            round_index, last_step = 0, 0
+            while True:
                 with self.step_ready:
-                    while self.steps_done <= round_index and not self.stop.is_set():
+                    while self.steps_done == last_step and not self.training_done and not self.stop.is_set():
                         self.step_ready.wait(timeout=1.0)
-                if self.stop.is_set():
-                    return
+                    if self.stop.is_set():
+                        return
+                    last_step, done = self.steps_done, self.training_done
                 self._round(round_index)
-                self.rounds_done = round_index + 1
+                # Horovod: every rank's steps and whether it has finished, summed over all ranks.
+                totals = self.hvd.allreduce(
+                    tf.constant([last_step, int(done)], tf.int64),
+                    op=self.hvd.Sum,
+                    name=f"gossip.progress.{round_index}",
+                ).numpy()
+                self.global_steps = int(totals[0])
+                round_index += 1
+                self.rounds_done = round_index
+                if totals[1] == self.size:
+                    return
         except BaseException as err:  # handed to the training thread, which raises it
             self.error = err
             log.error("rank %d: gossip round failed: %s", self.rank, err)

@@ -41,10 +41,13 @@ class TrainHooks:
             raise InjectedFailure(f"fail_at_step={step} on rank {rank} (a test's injected failure)")
 
     def after_step(self, step: int, rank: int, compute_seconds: float) -> float:
-        """Sleeps as the straggler would take longer; returns the seconds slept (counted as compute)."""
+        """Sleeps as the straggler would take longer; returns the seconds slept (counted as compute).
+        The factor leaves the first step alone: it compiles the step, which a slower GPU would not
+        make slower."""
         if rank != self.straggler_rank:
             return 0.0
-        delay = self.straggler_delay_ms / 1000 + (self.straggler_factor - 1.0) * compute_seconds
+        factor = self.straggler_factor if step > 1 else 1.0
+        delay = self.straggler_delay_ms / 1000 + (factor - 1.0) * compute_seconds
         if delay > 0:
             time.sleep(delay)
         return delay

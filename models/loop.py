@@ -61,6 +61,7 @@ class Trainer:
 
         c = self.config
         self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads)
+        self._gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
         # Horovod: one process per worker; rank 0 is the one that writes and logs.
         hvd = init_horovod(c.strategy)
         self.hvd, self.tf = hvd, tf
@@ -84,21 +85,33 @@ class Trainer:
         self.position = {"epoch": 0, "batch": 0, "step": 0}
         latest = checkpoint.latest(self.workdir / "checkpoints")
         if latest is not None:
-            # Every rank reads the file (a shared volume on a cluster); the broadcast after the first
+            # Every rank reads the file (a shared volume on a cluster); the broadcast before the first
             # step makes rank 0's copy authoritative all the same.
             meta = checkpoint.restore(latest, self.model.weights, self.optimizer.variables, self._owners())
             self.position = meta["position"]
+        # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
+        # faster rank takes more of them, and the run ends when they are used up. Allreduce steps
+        # in lockstep through exact epochs, every rank its own shards.
+        self.budget_in_data = c.strategy.name == "adpsgd"
+        if self.budget_in_data and latest is not None:
+            # Each rank goes on counting its own steps (its position file), from rank 0's epoch.
+            own = read_json(self.workdir / "positions" / f"rank-{self.rank}.json") or {}
+            self.position = {**self.position, "step": own.get("step", 0), "done": own.get("done", False)}
         self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = self._total_steps()
-        remaining = self.total_steps - self.position["step"]
-        self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer, remaining)
+        self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
     def _steps_per_epoch(self) -> int:
+        """Steps of one rank per epoch; asynchronous training: the whole epoch's batches divided by
+        the ranks (an estimate: a faster rank takes more)."""
         from pipeline import data_service
         from pipeline.dataset import batch_plan
 
+        if self.budget_in_data:
+            batches = batch_plan(self.manifest, "train", 1, self.config.input, training=True).batches
+            return max(1, round(batches / self.size))
         if self.config.data_service:
             if self.config.model != "asr":
                 raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
@@ -142,12 +155,10 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def _step(self, iterator, step: int) -> tuple[float, dict, int, dict]:
+    def _step(self, batch, step: int) -> tuple[float, dict, int, int, dict]:
+        """One training step on `batch`: (loss, aux metrics, frames, utterances, seconds by kind)."""
         tf = self.tf
         times = {}
-        start = time.perf_counter()
-        batch = next(iterator)
-        times["input"] = time.perf_counter() - start
         # The stateless seed of this step's random input augmentation: another on every rank and step.
         seed = tf.constant([self.config.seed * 7919 + self.rank, step], tf.int64)
         with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
@@ -158,17 +169,30 @@ class Trainer:
                 times["compute"], times["communication"] = time.perf_counter() - start, 0.0
             else:
                 loss, aux, frames, grads = self._compute(batch, seed)
-                tf.test.experimental.sync_devices()
+                self._sync_accelerators()
                 times["compute"] = time.perf_counter() - start
                 start = time.perf_counter()
                 grads = self.strategy.reduce(grads)
-                tf.test.experimental.sync_devices()
+                self._sync_accelerators()
                 times["communication"] = time.perf_counter() - start
                 start = time.perf_counter()
                 self._apply(grads)
                 loss = float(loss)
                 times["compute"] += time.perf_counter() - start
-        return loss, {k: float(v) for k, v in aux.items()}, int(frames), times
+        utterances = int(tf.shape(batch["utt_id"])[0])
+        return loss, {k: float(v) for k, v in aux.items()}, int(frames), utterances, times
+
+    def _sync_accelerators(self) -> None:
+        """Waits for this thread's work on the GPUs, so the step's times split right.
+
+        Not `tf.test.experimental.sync_devices()`: it also waits for every pending op of the eager
+        context, the gossip thread's exchange with a partner included, which would make a fast
+        worker's training wait for its slow partner. CPU ops have finished when they return."""
+        from tensorflow.python.ops import gen_sync_ops  # the op sync_devices runs, without its wait-for-all
+
+        for device in self._gpus:
+            with self.tf.device(device):
+                gen_sync_ops.SyncDevice()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -176,7 +200,7 @@ class Trainer:
         self._setup()
         finished = read_json(self.workdir / "train_summary.json")
         if (
-            self.position["step"] >= self.total_steps
+            (self.position.get("done") or self.position["step"] >= self.total_steps)
             and finished
             and (self.workdir / "model" / "config.yaml").is_file()
         ):
@@ -241,68 +265,64 @@ class Trainer:
         profiles = 0
         step = start_step = self.position["step"]
         loss = float("nan")
-        first_epoch, skip = self.position["epoch"], self.position["batch"]
-        epochs = range(first_epoch, self.last_epoch) if step < self.total_steps else range(0)
-        if epochs and c.data_service:
-            iterator = iter(self._service_batches(first_epoch))
-        elif epochs:
-            from pipeline.dataset import chain_epochs
-
-            dataset = chain_epochs(
-                lambda e: self.task.dataset(
-                    self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest
-                )[0],
-                first_epoch,
-                self.last_epoch,
-                skip,
-                c.input.prefetch_batches,
-            )
-            iterator = iter(dataset)
-        batches_per_epoch = [self.steps_per_epoch] * len(epochs)
-        for epoch, batches in enumerate(batches_per_epoch, start=first_epoch):
-            for batch_index in range(skip, batches):
-                if step >= self.total_steps:
-                    break
-                step += 1
-                self.hooks.before_step(step, self.rank)
-                loss, aux, frames, step_times = self._step(iterator, step)
-                step_times["compute"] += self.hooks.after_step(step, self.rank, step_times["compute"])
-                step_times["communication"] += self.strategy.after_step(step)
-                self._set_learning_rate(step + 1)
-                times.add(step_times, frames, counted=step > start_step + c.warmup_exclude)
-                if c.model == "tts" and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
-                    started = time.perf_counter()
-                    sample = self._profile_sample or self._sample_batch(epoch)
-                    if not profiles:
-                        self.task.profile(self.model, sample)  # compiles the per-module functions
-                    for key, value in self.task.profile(self.model, sample).items():
-                        profile_sums[key] = profile_sums.get(key, 0.0) + value
-                    profiles += 1
-                    times.exclude(time.perf_counter() - started)  # not training time
-                self.position = {"epoch": epoch, "batch": batch_index + 1, "step": step}
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        loss=f"{loss:.3f}", frames_s=f"{times.summary().get('frames_per_s', 0):.0f}", refresh=False
-                    )
-                if log is not None and (step % c.log_every == 0 or step == self.total_steps):
-                    record = {
-                        "loss": loss,
-                        "learning_rate": self.current_lr,
-                        "epoch": epoch,
-                        **aux,
-                        **times.flush_window(),
-                        **self.strategy.metrics(),
-                    }
-                    if profiles:
-                        record.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
-                    log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
-                    history.append({"step": step, **record})
-                if self.rank == 0 and (step % c.checkpoint_every == 0):
-                    self._save_checkpoint(step)
-            skip = 0
-            if step < self.total_steps:
-                self.position = {"epoch": epoch + 1, "batch": 0, "step": step}
+        counts = dict.fromkeys(("batches", "utterances", "frames"), 0)  # what this rank trained on
+        more = not self.position.get("done") and (self.budget_in_data or step < self.total_steps)
+        iterator = self._batches() if more else iter(())
+        self.strategy.start()
+        while self.budget_in_data or step < self.total_steps:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                if self.budget_in_data:
+                    break  # the epochs' batches are used up: the budget is spent
+                raise RuntimeError(f"rank {self.rank}: the input ended at step {step} of {self.total_steps}") from None
+            input_seconds = time.perf_counter() - started
+            step += 1
+            self.hooks.before_step(step, self.rank)
+            loss, aux, frames, utterances, step_times = self._step(batch, step)
+            step_times["input"] = input_seconds
+            step_times["compute"] += self.hooks.after_step(step, self.rank, step_times["compute"])
+            step_times["communication"] += self.strategy.after_step(step)
+            counts["batches"] += 1
+            counts["utterances"] += utterances
+            counts["frames"] += frames
+            self._set_learning_rate(step + 1)
+            times.add(step_times, frames, counted=step > start_step + c.warmup_exclude)
+            epoch = self._epoch(step)
+            if c.model == "tts" and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
+                started = time.perf_counter()
+                sample = self._profile_sample or self._sample_batch(epoch)
+                if not profiles:
+                    self.task.profile(self.model, sample)  # compiles the per-module functions
+                for key, value in self.task.profile(self.model, sample).items():
+                    profile_sums[key] = profile_sums.get(key, 0.0) + value
+                profiles += 1
+                times.exclude(time.perf_counter() - started)  # not training time
+            self.position = {"epoch": epoch, "step": step}
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{loss:.3f}", frames_s=f"{times.summary().get('frames_per_s', 0):.0f}", refresh=False
+                )
+            if log is not None and (step % c.log_every == 0 or step == self.total_steps):
+                record = {
+                    "loss": loss,
+                    "learning_rate": self.current_lr,
+                    "epoch": epoch,
+                    **aux,
+                    **times.flush_window(),
+                    **self.strategy.metrics(),
+                }
+                if profiles:
+                    record.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
+                log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
+                history.append({"step": step, **record})
+            if step % c.checkpoint_every == 0:
+                self._save_checkpoint(step)
+        self.strategy.training_finished()
+        # "done": asynchronous training has spent its budget (its ranks' step counts say nothing).
+        self.position = {**self.position, "step": step, "done": self.budget_in_data}
         timing = times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
         final = self.strategy.finish()
         summary = {
@@ -312,6 +332,7 @@ class Trainer:
             "steps": step,
             "resumed_from_step": start_step,
             "final_loss": loss,
+            **{f"trained_{k}": v for k, v in counts.items()},
             **final,
             **timing,
             "history": history,
@@ -319,8 +340,8 @@ class Trainer:
         if profiles:
             summary.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
         summary.update(self._gather(summary))
+        self._save_checkpoint(step)
         if self.rank == 0:
-            self._save_checkpoint(step)
             self._save_model(summary)
         return summary
 
@@ -338,8 +359,65 @@ class Trainer:
         )
         return data_service.distribute(served, self.config.data_service, job, self.rank, self.size)
 
+    def _batches(self):
+        """This rank's batches from its position on: lockstep epochs of its own shards, or
+        asynchronous training's share of a job all ranks read (the tf.data service: an outside one,
+        or a dispatcher in rank 0 and a worker in every rank)."""
+        c = self.config
+        if not self.budget_in_data:
+            first_epoch, skip = divmod(self.position["step"], self.steps_per_epoch)
+            if c.data_service:
+                return iter(self._service_batches(first_epoch))
+            from pipeline.dataset import chain_epochs
+
+            dataset = chain_epochs(
+                lambda e: self.task.dataset(
+                    self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest
+                )[0],
+                first_epoch,
+                self.last_epoch,
+                skip,
+                c.input.prefetch_batches,
+            )
+            return iter(dataset)
+        import uuid
+
+        from pipeline import data_service
+
+        address = c.data_service
+        if not address:
+            self._local_service = data_service.LocalService(self.hvd)
+            address = self._local_service.address
+        # Horovod: every rank reads the same job; a new name per run (a resumed run starts afresh).
+        job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
+        # A resumed run starts its interrupted epoch again: the ranks' shares of it are not known.
+        first_epoch = self.position.get("epoch", 0)
+        shared = data_service.shared_dataset(
+            c.model, self.shards, "train", c.input, first_epoch, self.last_epoch, self.manifest
+        )
+        if c.max_steps:  # max_steps per rank, counted for all ranks together (exact with one worker)
+            shared = shared.take(max(0, c.max_steps * self.size - self._global_steps_done()))
+        return iter(data_service.distribute_shared(shared, address, job))
+
+    def _global_steps_done(self) -> int:
+        """Asynchronous training: the steps all ranks took before this run (their position files)."""
+        done = 0
+        for path in (self.workdir / "positions").glob("rank-*.json"):
+            done += (read_json(path) or {}).get("step", 0)
+        return done
+
+    def _epoch(self, step: int) -> int:
+        """The epoch this rank's `step` belongs to (asynchronous training: of all ranks' steps)."""
+        if not self.budget_in_data:
+            return (step - 1) // self.steps_per_epoch
+        done = max(self.strategy.global_steps, step * self.size)
+        return min(self.last_epoch - 1, done // (self.steps_per_epoch * self.size))
+
     def _set_learning_rate(self, step: int) -> None:
-        """Sets the rate that step `step` (1-based) will use."""
+        """Sets the rate that step `step` (1-based) will use; asynchronous training counts all ranks'
+        steps together (as the gossip rounds last reported them), divided by the ranks."""
+        if self.budget_in_data and self.strategy.global_steps:
+            step = self.strategy.global_steps // self.size + 1
         strategy = self.config.strategy
         workers = self.size if strategy.name == "allreduce" or strategy.gossip_scale_lr else 1
         self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
@@ -359,6 +437,7 @@ class Trainer:
             "frames_per_s": summary.get("frames_per_s", 0.0),
             "peak_memory_mb": self._peak_memory_mb(),
             "steps": summary["steps"],
+            "trained": {k: summary[f"trained_{k}"] for k in ("batches", "utterances", "frames")},
             "weights_digest": self._weights_digest(),
         }
         # Horovod: collect one small record per rank on every rank.
@@ -367,6 +446,7 @@ class Trainer:
             "frames_per_s_total": sum(r["frames_per_s"] for r in everyone),
             "per_rank_frames_per_s": [r["frames_per_s"] for r in everyone],
             "per_rank_steps": [r["steps"] for r in everyone],
+            "per_rank_trained": [r["trained"] for r in everyone],
             "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
             "per_rank_weights_digest": [r["weights_digest"] for r in everyone],
             "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,
@@ -388,6 +468,13 @@ class Trainer:
         return digest.hexdigest()[:16]
 
     def _save_checkpoint(self, step: int) -> None:
+        """Rank 0 writes the weights and optimizer state; asynchronous training's ranks, whose step
+        counts differ, each write their own position beside them."""
+        if self.budget_in_data:
+            (self.workdir / "positions").mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.workdir / "positions" / f"rank-{self.rank}.json", self.position)
+        if self.rank != 0:
+            return
         checkpoint.save(
             self.workdir / "checkpoints",
             step,

@@ -3,8 +3,9 @@
 A strategy sees a model's variables and gradients, never the model itself, so every model
 trains with every strategy. The trainer calls, per step:
 
+    strategy.start()                    # before the first step: every rank takes rank 0's weights
     grads = strategy.reduce(grads)      # in the step: allreduce averages; gossip passes through
-    strategy.after_step(step)           # between steps: broadcast after step 1, gossip merges
+    strategy.after_step(step)           # between steps: gossip merges
     ...
     strategy.finish()                   # all ranks end with the same (consensus) weights
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,6 @@ class Allreduce:
             return hvd.grouped_allreduce(list(grads), op=hvd.Average, compression=codec)
 
         self._reduce = reduce
-        self._broadcast_done = False
 
     def reduce(self, grads):
         return self._reduce(grads)
@@ -81,18 +80,19 @@ class Allreduce:
 
         return hvd_compat.distributed_tape(tape, compression=self.config.compression)
 
-    def after_step(self, step: int) -> float:
-        """Seconds spent communicating outside the step (the one-off broadcast after this run's first step)."""
-        if self._broadcast_done:
-            return 0.0
-        self._broadcast_done = True
-        start = time.perf_counter()
+    def start(self) -> None:
         from models import hvd_compat
 
-        # Horovod: after the first step, when the optimizer's slots exist, every rank takes rank 0's
-        # weights and optimizer state (random initialization or a restored checkpoint alike).
+        # Horovod: before the first step (the optimizer's slots exist: the trainer builds them), every
+        # rank takes rank 0's weights and optimizer state (random initialization or a checkpoint alike).
         hvd_compat.broadcast(self.model_vars + list(self.optimizer.variables), root_rank=0)
-        return time.perf_counter() - start
+
+    def after_step(self, step: int) -> float:
+        """Seconds spent communicating outside the step: none, allreduce works inside it."""
+        return 0.0
+
+    def training_finished(self) -> None:
+        pass
 
     def metrics(self) -> dict:
         return {}
@@ -113,9 +113,9 @@ def init_horovod(config: StrategyConfig):
     return hvd
 
 
-def make_strategy(config: StrategyConfig, model_vars: list, optimizer, total_steps: int):
+def make_strategy(config: StrategyConfig, model_vars: list, optimizer):
     if config.name == "allreduce":
         return Allreduce(config, model_vars, optimizer)
     from models.gossip import GossipStrategy
 
-    return GossipStrategy(config, model_vars, optimizer, total_rounds=total_steps)
+    return GossipStrategy(config, model_vars, optimizer)

@@ -97,6 +97,104 @@ def steps_per_epoch(manifest: dict, split: str, cfg: dataset.InputConfig, num_co
     return float(sum(n / (num_consumers * k) for n, k in zip(chunks, plan.chunks_per_batch)))
 
 
+def shared_dataset(
+    model: str,
+    out_dir: Path,
+    split: str,
+    cfg: dataset.InputConfig,
+    first_epoch: int,
+    last_epoch: int,
+    manifest: dict,
+):
+    """Batches of epochs first_epoch..last_epoch-1 for ranks that SHARE one job (asynchronous
+    training): whichever rank asks next gets the next batch, so a faster rank takes more of them,
+    and the stream ends when the epochs are used up: a budget counted in data. Each worker groups
+    the chunks of the shards the dispatcher gave it into batches of one class (k chunks, the plan
+    of a single rank), so every utterance of every epoch goes into exactly one batch."""
+    import tensorflow as tf
+
+    plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
+    paths = records.shard_paths(out_dir, manifest, split)
+    k = tf.constant(plan.chunks_per_batch, tf.int64)
+    largest = max(plan.chunks_per_batch)
+    class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
+    assemble = dataset.assembler(model, manifest, split, cfg)
+
+    def one_epoch(epoch: int):
+        files = tf.data.Dataset.from_tensor_slices(dataset.rank_files(paths, 0, 1, epoch, cfg.seed))
+        stream = files.interleave(
+            lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
+            cycle_length=len(paths),
+            num_parallel_calls=dataset.AUTOTUNE,
+        ).shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch)
+        keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))
+        grouped = keyed.group_by_window(
+            key_func=lambda serialized, key: key,
+            reduce_func=lambda key, window: window.batch(largest),
+            window_size_func=lambda key: k[key],
+        )
+        return grouped.enumerate().map(lambda i, group: assemble(i, *group), num_parallel_calls=dataset.AUTOTUNE)
+
+    epochs = [one_epoch(e) for e in range(first_epoch, last_epoch)]
+    chained = epochs[0]
+    for more in epochs[1:]:
+        chained = chained.concatenate(more)
+    return chained
+
+
+def distribute_shared(batches, address: str, job_name: str):
+    """This rank's share of a job that several ranks read together (see `shared_dataset`).
+
+    Each rank has one request in flight: its client still holds a few batches ahead (measured: up
+    to about four), which a slow rank trains on at its own pace while the others have run out; more
+    requests in flight would make the others wait longer for it at the end of the data."""
+    import tensorflow as tf
+
+    return batches.apply(
+        tf.data.experimental.service.distribute(
+            processing_mode=PROCESSING_MODE, service=address, job_name=job_name, max_outstanding_requests=1
+        )
+    )
+
+
+class LocalService:
+    """A dispatcher and one input worker inside rank 0's process: the tf.data service without a
+    separate deployment, for asynchronous training's shared batches. One worker makes one stream,
+    so a budget of batches (`take`) is exact; the other ranks fetch their batches from it over gRPC.
+    (An outside service with several workers, `--data-service`, splits each epoch's shards between
+    them: the budget is then exact in epochs.)
+
+    Horovod: rank 0 tells every rank where its dispatcher listens (a broadcast)."""
+
+    def __init__(self, hvd):
+        import socket
+
+        import tensorflow as tf
+
+        service = tf.data.experimental.service
+        self.dispatcher = self.worker = None
+        target = None
+        if hvd.rank() == 0:
+            host, port = socket.getfqdn(), _free_port()
+            self.dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
+            worker_port = _free_port()
+            self.worker = service.WorkerServer(
+                service.WorkerConfig(
+                    dispatcher_address=f"localhost:{port}", worker_address=f"{host}:{worker_port}", port=worker_port
+                )
+            )
+            target = f"grpc://{host}:{port}"
+        self.address = hvd.broadcast_object(target, root_rank=0)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def distribute(served, address: str, job_name: str, rank: int, size: int):
     """This rank's batches from the service at `address` (grpc://HOST:PORT)."""
     import tensorflow as tf

@@ -275,25 +275,11 @@ def asr_dataset(
     return _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble)
 
 
-def tts_dataset(
-    out_dir: Path,
-    split: str,
-    cfg: InputConfig,
-    rank: int = 0,
-    size: int = 1,
-    epoch: int = 0,
-    training: bool = True,
-    manifest: dict | None = None,
-):
-    """Batches for the synthesis model, for one epoch of one rank. Returns (dataset, batches).
-
-    Each element: `tokens` int32 [B, N], `token_lengths` int32 [B], `mels` float32 [B, T, D]
-    (log-mel normalized with the training split's global mean and std), `mel_lengths` int32 [B],
-    `stop_targets` float32 [B, T] (1 from the last real frame on), `utt_id` and `speaker` string [B].
-    """
+def tts_assembler(manifest: dict, split: str, cfg: InputConfig):
+    """`assemble(batch index, serialized chunks [k], their classes [k]) -> batch` of the synthesis
+    model (see `tts_dataset`)."""
     import tensorflow as tf
 
-    manifest = manifest or records.load_manifest(out_dir)
     dim, dtype = manifest["feature_dim"], manifest["feature_dtype"]
     mean, std = (
         tf.constant(v, tf.float32) for v in mel_stats(manifest, "train" if "train" in manifest["splits"] else split)
@@ -321,6 +307,32 @@ def tts_dataset(
             lengths,
         )
 
+    return assemble
+
+
+def assembler(model: str, manifest: dict, split: str, cfg: InputConfig):
+    """The batch assembler of `model` ("asr" or "tts")."""
+    return {"asr": asr_assembler, "tts": tts_assembler}[model](manifest, split, cfg)
+
+
+def tts_dataset(
+    out_dir: Path,
+    split: str,
+    cfg: InputConfig,
+    rank: int = 0,
+    size: int = 1,
+    epoch: int = 0,
+    training: bool = True,
+    manifest: dict | None = None,
+):
+    """Batches for the synthesis model, for one epoch of one rank. Returns (dataset, batches).
+
+    Each element: `tokens` int32 [B, N], `token_lengths` int32 [B], `mels` float32 [B, T, D]
+    (log-mel normalized with the training split's global mean and std), `mel_lengths` int32 [B],
+    `stop_targets` float32 [B, T] (1 from the last real frame on), `utt_id` and `speaker` string [B].
+    """
+    manifest = manifest or records.load_manifest(out_dir)
+    assemble = tts_assembler(manifest, split, cfg)
     return _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble)
 
 
