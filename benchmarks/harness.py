@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,31 +83,26 @@ def run_training(
     timeout: float = 1800,
     extra_args: list[str] | None = None,
 ) -> dict:
-    """Runs `models.train` (alone for np_=1, else under horovodrun) and returns its train_summary.json."""
-    args = [
-        "-m",
-        "models.train",
-        "--shards",
-        str(shards),
-        "--workdir",
-        str(workdir),
-        "--config",
-        str(config),
-        *(extra_args or []),
-    ]
-    for item in overrides:
-        args += ["--set", item]
+    """Runs `models.train` (alone for np_=1, else under horovodrun) and returns its train_summary.json
+    with `job_wall_s` added: seconds from launching the command to its exit (what a user waits)."""
+    from workflow import commands
+
+    args = commands.train_args(shards, workdir, config=config, sets=overrides, extra=extra_args or ())
     cmd = (
-        [PYTHON, *args]
+        commands.module_command(PYTHON, commands.TRAIN, args)
         if np_ == 1
-        else [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", PYTHON, *args]
+        else commands.horovodrun_local(PYTHON, np_, commands.TRAIN, args)
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), **(env_extra or {}))
-    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{workdir.parent / 'mlflow.db'}")
+    # The store `make` targets use (models/tracking.py's default too), never the repository root.
+    (ROOT / ".runs").mkdir(exist_ok=True)
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / '.runs' / 'mlflow.db'}")
+    started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return json.loads((workdir / "train_summary.json").read_text())
+    return {**json.loads((workdir / "train_summary.json").read_text()), "job_wall_s": wall}
 
 
 def print_table(headers: list[str], rows: list[list]) -> None:
