@@ -92,6 +92,33 @@ def test_recipe_dirs_give_the_features_of_the_same_audio_as_plain_files(tmp_path
     assert lengths == {u: len(m) for u, m in got.items()}
 
 
+@pytest.mark.skipif(shutil.which("sox") is None, reason="sox is not installed")
+def test_in_process_reading_agrees_with_a_real_decoder(tmp_path):
+    """sox itself (run through a shell, as --allow-pipes does) decodes what we read in-process: the
+    same samples of the channel sph2pipe -c names, and nearly the same features after resampling
+    (sox's resampler is not ours)."""
+    recipe, _ = make_recipe_dirs(tmp_path / "corpus")
+    real = tmp_path / "real"
+    shutil.copytree(recipe, real)
+    wav = kaldi.read_table(recipe / "wav.scp").values
+    # `vol 1.0` (no change) makes the commands ones we do not recognize, so a shell runs them; -b 16
+    # -e signed-integer: sox would otherwise write the u-law bytes of sw2, which kaldiio reads as numbers.
+    to_pcm = "-t wav -b 16 -e signed-integer"
+    runs = {
+        "sw1-A": f"sox -t sph {recipe.parent / 'audio' / 'sw1.sph'} {to_pcm} - remix 1 vol 1.0 |",
+        "sw1-B": f"sox -t sph {recipe.parent / 'audio' / 'sw1.sph'} {to_pcm} - remix 2 vol 1.0 |",
+        "sw2-B": f"sox -t sph {recipe.parent / 'audio' / 'sw2.sph'} {to_pcm} - remix 2 vol 1.0 |",
+        "sx1-utt": wav["sx1-utt"].replace(" - |", " - vol 1.0 |"),
+    }
+    write_table(real / "wav.scp", {**wav, **runs})
+    features.compute_features(recipe, CFG, progress=False)
+    features.compute_features(real, dataclasses.replace(CFG, allow_pipes=True), progress=False)
+    ours, theirs = feats_of(recipe), feats_of(real)
+    for utt in ("sw1-A-0000", "sw1-A-0001", "sw1-B-0000", "sw2-B-0000"):
+        np.testing.assert_array_equal(ours[utt], theirs[utt], err_msg=utt)
+    assert np.median(np.abs(ours["sx1-utt"] - theirs["sx1-utt"])) < 0.05
+
+
 def test_channels_named_by_segments_or_reco2file_and_channel_are_kept_apart(tmp_path):
     conv = tmp_path / "conv.wav"
     stereo = np.stack([tone(1.5, 16000, 300, seed=1), tone(1.5, 16000, 2100, seed=2)], axis=1)
