@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import mlflow
+import mlflow.tracking._tracking_service.utils as mlflow_uri_state
 import pytest
 from mlflow.exceptions import MlflowException
 
@@ -33,6 +34,8 @@ def history(uri: str, run_id: str, key: str) -> dict[int, float]:
 def test_default_store_is_under_runs_and_experiments_are_model_training(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
+    # tracking.client() sets MLflow's process-wide URI: put it back for the tests that follow.
+    monkeypatch.setattr(mlflow_uri_state, "_tracking_uri", mlflow_uri_state._tracking_uri)
     assert tracking.tracking_uri() == f"sqlite:///{tmp_path / '.runs' / 'mlflow.db'}"
     experiment_id = tracking.ensure_experiment("kinds")
     experiment = tracking.client().get_experiment(experiment_id)
