@@ -103,6 +103,13 @@ def _read_with_kaldiio(spec: str) -> tuple[int, np.ndarray]:
         rate, data = kaldiio.load_mat(spec)
     except Exception as err:  # the command's or the ark's failure, whatever it is, is this utterance's reason
         raise AudioError("unreadable", f"{spec!r}: {type(err).__name__}: {err}") from err
+    if np.asarray(data).dtype == np.uint8:
+        # kaldiio hands out the bytes of 8-bit wavs as they are, u-law codes included (sox keeps a
+        # u-law input's encoding unless told otherwise): as samples they would be noise.
+        raise AudioError(
+            "unsupported_audio",
+            f"{spec!r} gives 8-bit samples (u-law?); make it write 16-bit PCM (sox: -b 16 -e signed)",
+        )
     data = np.asarray(data, dtype=np.float32)
     return rate, data.reshape(len(data), -1)
 

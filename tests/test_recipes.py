@@ -117,6 +117,10 @@ def test_in_process_reading_agrees_with_a_real_decoder(tmp_path):
     for utt in ("sw1-A-0000", "sw1-A-0001", "sw1-B-0000", "sw2-B-0000"):
         np.testing.assert_array_equal(ours[utt], theirs[utt], err_msg=utt)
     assert np.median(np.abs(ours["sx1-utt"] - theirs["sx1-utt"])) < 0.05
+    # Without -b 16, sox writes sw2's u-law codes, which must not pass for samples.
+    write_table(real / "wav.scp", {**wav, "sw2-B": runs["sw2-B"].replace(f"{to_pcm} -", "-t wav -")})
+    features.compute_features(real, dataclasses.replace(CFG, allow_pipes=True, max_rejected_fraction=1), progress=False)
+    assert rejected(real)["sw2-B-0000"].reason == "unsupported_audio"
 
 
 def test_channels_named_by_segments_or_reco2file_and_channel_are_kept_apart(tmp_path):
