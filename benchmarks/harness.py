@@ -23,6 +23,7 @@ def synthetic_shards(
     dim: int = 80,
     num_shards: int = 8,
     test_utterances: int = 0,
+    dev_utterances: int = 0,
     seed: int = 0,
 ) -> Path:
     """Shards of random features with the demo corpus's length spread and short transcripts.
@@ -35,7 +36,7 @@ def synthetic_shards(
 
     rng = np.random.default_rng(seed)
     splits = {}
-    for split, count in (("train", utterances), ("test", test_utterances)):
+    for split, count in (("train", utterances), ("dev", dev_utterances), ("test", test_utterances)):
         if not count:
             continue
         root = work / "data" / split
@@ -82,6 +83,7 @@ def run_training(
     env_extra: dict | None = None,
     timeout: float = 1800,
     extra_args: list[str] | None = None,
+    hosts: str | None = None,
 ) -> dict:
     """Runs `models.train` (alone for np_=1, else under horovodrun) and returns its train_summary.json
     with `job_wall_s` added: seconds from launching the command to its exit (what a user waits)."""
@@ -91,7 +93,7 @@ def run_training(
     cmd = (
         commands.module_command(PYTHON, commands.TRAIN, args)
         if np_ == 1
-        else commands.horovodrun_local(PYTHON, np_, commands.TRAIN, args)
+        else commands.horovodrun_local(PYTHON, np_, commands.TRAIN, args, hosts)
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), **(env_extra or {}))
     # The store `make` targets use (models/tracking.py's default too), never the repository root.

@@ -75,6 +75,12 @@ def latest(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def restore_meta(path: Path) -> dict:
+    """The metadata of a checkpoint (step, position, names) without its arrays."""
+    with np.load(path) as data:
+        return json.loads(bytes(data["__meta__"]).decode())
+
+
 def restore(path: Path, model_vars, optimizer_vars=None, owners: tuple[str, ...] = ()) -> dict:
     """Assigns every variable the value saved under its name; returns the metadata (step, position).
 

@@ -27,7 +27,8 @@ from common.fsutil import atomic_write_json
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    splits: tuple[str, ...] = ()  # empty: test (and test_noisy when sharded) for asr, test for tts
+    # empty: dev (choosing the champion) and test, and test_noisy for asr, when the shards have them
+    splits: tuple[str, ...] = ()
     beam_width: int = 16  # asr: CTC beam search width (greedy decoding is always reported too)
     max_utterances: int = 100  # tts: test sentences to synthesize
     num_audio: int = 3  # tts: sentences rendered as Griffin-Lim WAVs
@@ -56,7 +57,8 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
     manifest = load_manifest(shards)
     splits = list(cfg.splits)
     if not splits:
-        splits = [s for s in ("test", "test_noisy") if s in manifest["splits"]] if config.model == "asr" else ["test"]
+        candidates = ("dev", "test", "test_noisy") if config.model == "asr" else ("dev", "test")
+        splits = [s for s in candidates if s in manifest["splits"]]
     out_dir = model_dir / "eval"
     out_dir.mkdir(exist_ok=True)
     metrics = {"model": config.model}
@@ -72,18 +74,39 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
         dataset, _ = TtsTask(config.tts).dataset(
             shards, split, _input(config, cfg.tts_frames_per_batch), 0, 1, 0, False, manifest
         )
+        if split == "dev":  # selection only: the teacher-forced mel L1, no synthesis
+            metrics["dev_mel_l1"] = teacher_forced_l1(model, dataset)
+            continue
         spoken = list(evaluate_tts.synthesize(model, config, data, dataset, cfg.max_utterances))
         metrics.update(evaluate_tts.tts_metrics(spoken, split))
         if asr_model_dir is not None:
             metrics.update(evaluate_tts.intelligibility(spoken, data["vocabulary"], asr_model_dir, split, out_dir))
         evaluate_tts.write_samples(spoken, out_dir, cfg.num_plots, cfg.num_audio)
-    metrics["primary_metric"] = (
-        f"{splits[0]}_cer"
-        if config.model == "asr"
-        else (f"{splits[0]}_intelligibility_cer" if asr_model_dir else f"{splits[0]}_fbank_cepstral_distance_db")
-    )
+    # The champion is chosen on dev (the test split is only reported); without dev, on the first split.
+    if config.model == "asr":
+        metrics["primary_metric"] = f"{splits[0]}_cer"
+    elif "dev" in splits:
+        metrics["primary_metric"] = "dev_mel_l1"
+    else:
+        reported = splits[0]
+        metrics["primary_metric"] = (
+            f"{reported}_intelligibility_cer" if asr_model_dir else f"{reported}_fbank_cepstral_distance_db"
+        )
     atomic_write_json(model_dir / "eval.json", metrics)
     return metrics
+
+
+def teacher_forced_l1(model, dataset) -> float:
+    """Mean absolute error of the post-net's normalized mels, teacher-forced, over real frames."""
+    import tensorflow as tf
+
+    total = count = 0.0
+    for batch in dataset:
+        out = model.teacher_forced(batch, training=False)
+        mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mels"])[1], tf.float32)[..., None]
+        total += float(tf.reduce_sum(tf.abs(out["mel_after"] - batch["mels"]) * mask))
+        count += float(tf.reduce_sum(mask)) * int(batch["mels"].shape[-1])
+    return total / max(count, 1.0)
 
 
 def log_to_mlflow(model_dir: Path, metrics: dict, parent_run_id: str | None) -> str | None:

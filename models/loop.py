@@ -100,6 +100,11 @@ class Trainer:
         self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = self._total_steps()
         self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
+        self.dev = None
+        if self.rank == 0:
+            from models.validation import DevSelection
+
+            self.dev = DevSelection(self.task, self.model, self.shards, self.manifest, c, self.workdir, self._owners())
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
@@ -261,6 +266,7 @@ class Trainer:
         c = self.config
         times = StepTimes()
         history: list[dict] = []
+        dev_history: list[dict] = []  # the dev split's metrics every eval_every steps (rank 0)
         profile_sums: dict[str, float] = {}
         profiles = 0
         step = start_step = self.position["step"]
@@ -318,6 +324,13 @@ class Trainer:
                     record.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
                 log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
                 history.append({"step": step, **record})
+            if self.dev is not None and self.dev.due(step, last=False) and step < self.total_steps:
+                started = time.perf_counter()
+                dev = self.dev.evaluate(step)
+                times.exclude(time.perf_counter() - started)  # not training time
+                if log is not None:
+                    log.log_metrics(dev, step=step)
+                dev_history.append({"step": step, **dev})
             if step % c.checkpoint_every == 0:
                 self._save_checkpoint(step)
         self.strategy.training_finished()
@@ -336,11 +349,18 @@ class Trainer:
             **final,
             **timing,
             "history": history,
+            "dev_history": dev_history,
         }
         if profiles:
             summary.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
         summary.update(self._gather(summary))
         self._save_checkpoint(step)
+        if self.dev is not None and self.dev.enabled:
+            # The last weights (the consensus, under gossip) are evaluated too; the best on dev is saved.
+            dev = self.dev.evaluate(step)
+            if log is not None:
+                log.log_metrics(dev, step=step)
+            summary.update({f"last_{k}": v for k, v in dev.items()}, **self.dev.restore_best())
         if self.rank == 0:
             self._save_model(summary)
         return summary

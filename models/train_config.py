@@ -45,6 +45,9 @@ class TrainConfig:
     max_steps: int = 0  # 0: no step limit
     checkpoint_every: int = 200  # steps between checkpoints (and one at the end)
     log_every: int = 10  # steps between metric logs
+    # steps between evaluations on the dev split (loss; CER for the acoustic model), which keep the
+    # best weights as the saved model (models/validation.py); 0: none, the last weights are saved
+    eval_every: int = 0
     profile_every: int = 50  # tts: steps between per-module timings (0: never)
     warmup_exclude: int = 5  # first steps left out of throughput figures (compilation, caches)
     precision: str = "float32"  # "float32" or "mixed_bfloat16"

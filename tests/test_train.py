@@ -67,6 +67,31 @@ def test_tiny_acoustic_model_learns_and_records_everything(tiny_shards, tmp_path
     assert run.inputs.dataset_inputs[0].dataset.name.startswith("shards:")
 
 
+def test_the_saved_model_is_the_best_on_dev(tmp_path, mlflow_uri):
+    from models import checkpoint
+    from pipeline import shards
+    from tests.kaldi_fixtures import make_feats_dir
+
+    splits = {
+        name: make_feats_dir(tmp_path / name, num_utts=n, dim=13, frames=(30, 70), seed=seed)[0]
+        for name, n, seed in (("train", 24, 3), ("dev", 8, 6))
+    }
+    shards.make_shards(splits, tmp_path / "shards", shards.ShardConfig(num_shards=2, jobs=1), progress=False)
+    config = tiny("asr", "max_steps=12", "eval_every=4", "optim.learning_rate=0.03")
+    summary = train.train_and_evaluate(config, tmp_path / "shards", tmp_path / "w")
+    dev = summary["dev_history"]
+    assert [h["step"] for h in dev] == [4, 8], "every eval_every steps, and once more after the last"
+    candidates = [*(h["dev_cer"] for h in dev), summary["last_dev_cer"]]
+    assert summary["selected_dev_cer"] == min(candidates)
+    assert summary["selected_step"] in (4, 8, 12)
+    best = checkpoint.latest(tmp_path / "w" / "best")
+    saved = checkpoint.latest(tmp_path / "w" / "model")
+    with np.load(best) as a, np.load(saved) as b:
+        assert all(np.array_equal(a[k], b[k]) for k in a.files if k != "__meta__"), "model/ holds the best weights"
+    run = mlflow.MlflowClient(mlflow_uri).get_run(summary["run_id"])
+    assert "dev_cer" in run.data.metrics and "dev_loss" in run.data.metrics
+
+
 def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlflow_uri):
     train.train_and_evaluate(tiny("asr", "max_steps=2"), tiny_shards, tmp_path / "w")
     with pytest.raises(ValueError, match="asr.units: 16 -> 24"):

@@ -20,10 +20,11 @@ def module_command(python: str, module: str, args: Sequence[str]) -> list[str]:
     return [python, "-m", module, *args]
 
 
-def horovodrun_local(python: str, np: int, module: str, args: Sequence[str]) -> list[str]:
-    """`horovodrun -np N -H localhost:N --gloo PYTHON -m MODULE ARGS` of `python`'s environment."""
+def horovodrun_local(python: str, np: int, module: str, args: Sequence[str], hosts: str | None = None) -> list[str]:
+    """`horovodrun -np N -H localhost:N --gloo PYTHON -m MODULE ARGS` of `python`'s environment;
+    `hosts` replaces `localhost:N` (e.g. two "hosts" on one machine: `localhost:2,127.0.0.1:2`)."""
     horovodrun = str(Path(python).with_name("horovodrun"))
-    return [horovodrun, "-np", str(np), "-H", f"localhost:{np}", "--gloo", python, "-m", module, *args]
+    return [horovodrun, "-np", str(np), "-H", hosts or f"localhost:{np}", "--gloo", python, "-m", module, *args]
 
 
 # ---- data stages ---------------------------------------------------------------------------------
