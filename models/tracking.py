@@ -245,15 +245,21 @@ class RunLog:
             self._recovered()
             return True
 
-    def close(self) -> None:
-        """A last flush; says where the records are if the server is still unreachable."""
-        if not self.flush():
-            print(
-                f"[mlflow] {self.uri} is still unreachable: {self.waiting()} records stay in {self.spool}; "
-                f"a training resumed in this workdir sends them, or `python -m models.tracking replay {self.spool}`",
-                file=sys.stderr,
-                flush=True,
-            )
+    def close(self, wait_s: float = 60.0) -> None:
+        """Sends what waits, trying every `retry_s` for up to `wait_s` seconds while the server is
+        unreachable; then says where the records stay (they are not lost: see the module's docstring)."""
+        deadline = time.monotonic() + wait_s
+        while not self.flush():
+            if time.monotonic() + self.retry_s > deadline:
+                print(
+                    f"[mlflow] {self.uri} is still unreachable: {self.waiting()} records stay in {self.spool}; "
+                    f"a training resumed in this workdir sends them, or "
+                    f"`python -m models.tracking replay {self.spool}`",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
+            time.sleep(self.retry_s)
 
     def __enter__(self) -> RunLog:
         return self

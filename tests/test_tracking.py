@@ -93,7 +93,7 @@ def test_records_left_by_a_dead_training_are_sent_by_replay(server, tmp_path, ca
     dead = tracking.RunLog(run_id, spool, f"http://127.0.0.1:{free_port()}")  # nothing listens there
     dead.log_metrics({"loss": 3.0}, step=1)
     dead.log_metrics({"loss": 2.0}, step=2)
-    dead.close()
+    dead.close(wait_s=0)
     assert "records stay in" in capsys.readouterr().err and dead.waiting() == 2
     with pytest.raises(SystemExit) as exit_code:
         tracking.main(["replay", str(spool), "--uri", server.uri])
