@@ -33,6 +33,21 @@ from models.timing import StepTimes
 from models.train_config import TrainConfig, check_workdir, learning_rate
 
 
+@dataclasses.dataclass
+class _Progress:
+    """What a run accumulates across its steps (and across an elastic job's resets)."""
+
+    start_step: int
+    times: StepTimes = dataclasses.field(default_factory=StepTimes)
+    history: list = dataclasses.field(default_factory=list)
+    dev_history: list = dataclasses.field(default_factory=list)  # dev metrics every eval_every steps
+    profile_sums: dict = dataclasses.field(default_factory=dict)
+    profiles: int = 0
+    loss: float = float("nan")
+    counts: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(("batches", "utterances", "frames"), 0))
+    world_sizes: list = dataclasses.field(default_factory=list)  # (step, size) at every elastic reset
+
+
 class Trainer:
     def __init__(
         self,
@@ -57,6 +72,7 @@ class Trainer:
 
         from models.strategies import init_horovod, make_strategy
         from models.tasks import make_task
+        from pipeline import records
         from pipeline.records import load_manifest
 
         c = self.config
@@ -70,6 +86,7 @@ class Trainer:
         if c.precision == "mixed_bfloat16":
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
         self.manifest = load_manifest(self.shards)
+        records.check_shards(self.shards, self.manifest, "train")  # sizes: a truncated shard stops us here
         self.task = make_task(c.model, c.asr, c.tts, self.manifest, c.input)
         resolved = {
             "asr": dataclasses.replace(c, asr=self.task.config),
@@ -100,6 +117,14 @@ class Trainer:
         self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = self._total_steps()
         self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
+        # Lockstep epochs are counted from an origin: epoch origin[0] began after step origin[1]
+        # (an elastic job that changed its world size restarts its epoch at the step it resized).
+        self._origin = tuple(self.position.get("origin", (0, 0)))
+        if c.elastic and c.strategy.name != "allreduce":
+            raise ValueError(
+                "--elastic works with --strategy allreduce: gossip keeps a process set per pair, and a "
+                "survivor of a killed worker then aborts inside Horovod 0.28.1 (horovod/horovod#4021)"
+            )
         self.dev = None
         if self.rank == 0:
             from models.validation import DevSelection
@@ -219,9 +244,29 @@ class Trainer:
         try:
             if self.rank == 0:
                 return self._run_rank0()
-            return self._loop(log=None, bar=None)
+            # Every rank logs its system metrics (and, should it become rank 0 in an elastic job,
+            # the training metrics) into rank 0's MLflow run, through a log that outlasts an outage.
+            log = tracking.RunLog(self._shared_run_id(None), tracking.spool_path(self.workdir, self.rank))
+            with tracking.SystemMetrics(log, self.rank, self.hvd.local_rank()):
+                summary = self._loop(log=log, bar=None)
+            log.close()
+            return summary
         finally:
             self.strategy.close()
+
+    def _shared_run_id(self, run_id: str | None) -> str:
+        """Rank 0's MLflow run id on every rank. Horovod: a broadcast; in an elastic job (which a
+        worker may join at any time, when no other rank would join a broadcast) from the run file."""
+        if not self.config.elastic:
+            return self.hvd.broadcast_object(run_id, root_rank=0)
+        deadline = time.monotonic() + 300
+        while run_id is None:
+            run_id = (tracking.load_run_file(self.workdir) or {}).get("run_id")
+            if run_id is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {self.rank}: rank 0 wrote no {tracking.RUN_FILE} in {self.workdir}")
+                time.sleep(0.5)
+        return run_id
 
     def _run_rank0(self) -> dict:
         import mlflow
@@ -237,6 +282,7 @@ class Trainer:
         ) as run:
             tracking.save_run_file(self.workdir, run.info.run_id, c.experiment)
             self.run_id = run.info.run_id
+            self._shared_run_id(self.run_id)
             if resume_id is None:
                 params = configlib.flatten(configlib.to_dict(c))
                 params = {k: v for k, v in params.items() if not k.startswith("asr." if c.model == "tts" else "tts.")}
@@ -257,102 +303,51 @@ class Trainer:
                 unit="step",
                 dynamic_ncols=True,
             )
-            summary = self._loop(log=mlflow, bar=bar)
+            # Metrics go through a log that keeps them beside the checkpoints while MLflow is down.
+            log = tracking.RunLog(self.run_id, tracking.spool_path(self.workdir, 0))
+            with tracking.SystemMetrics(log, 0, self.hvd.local_rank()):
+                summary = self._loop(log=log, bar=bar)
             bar.close()
             self._log_final(mlflow, summary)
+            log.close()
         return summary
 
     def _loop(self, log, bar) -> dict:
         c = self.config
-        times = StepTimes()
-        history: list[dict] = []
-        dev_history: list[dict] = []  # the dev split's metrics every eval_every steps (rank 0)
-        profile_sums: dict[str, float] = {}
-        profiles = 0
-        step = start_step = self.position["step"]
-        loss = float("nan")
-        counts = dict.fromkeys(("batches", "utterances", "frames"), 0)  # what this rank trained on
-        more = not self.position.get("done") and (self.budget_in_data or step < self.total_steps)
-        iterator = self._batches() if more else iter(())
-        self.strategy.start()
-        while self.budget_in_data or step < self.total_steps:
-            started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                if self.budget_in_data:
-                    break  # the epochs' batches are used up: the budget is spent
-                raise RuntimeError(f"rank {self.rank}: the input ended at step {step} of {self.total_steps}") from None
-            input_seconds = time.perf_counter() - started
-            step += 1
-            self.hooks.before_step(step, self.rank)
-            loss, aux, frames, utterances, step_times = self._step(batch, step)
-            step_times["input"] = input_seconds
-            step_times["compute"] += self.hooks.after_step(step, self.rank, step_times["compute"])
-            step_times["communication"] += self.strategy.after_step(step)
-            counts["batches"] += 1
-            counts["utterances"] += utterances
-            counts["frames"] += frames
-            self._set_learning_rate(step + 1)
-            times.add(step_times, frames, counted=step > start_step + c.warmup_exclude)
-            epoch = self._epoch(step)
-            if c.model == "tts" and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
-                started = time.perf_counter()
-                sample = self._profile_sample or self._sample_batch(epoch)
-                if not profiles:
-                    self.task.profile(self.model, sample)  # compiles the per-module functions
-                for key, value in self.task.profile(self.model, sample).items():
-                    profile_sums[key] = profile_sums.get(key, 0.0) + value
-                profiles += 1
-                times.exclude(time.perf_counter() - started)  # not training time
-            self.position = {"epoch": epoch, "step": step}
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{loss:.3f}", frames_s=f"{times.summary().get('frames_per_s', 0):.0f}", refresh=False
-                )
-            if log is not None and (step % c.log_every == 0 or step == self.total_steps):
-                record = {
-                    "loss": loss,
-                    "learning_rate": self.current_lr,
-                    "epoch": epoch,
-                    **aux,
-                    **times.flush_window(),
-                    **self.strategy.metrics(),
-                }
-                if profiles:
-                    record.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
-                log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
-                history.append({"step": step, **record})
-            if self.dev is not None and self.dev.due(step, last=False) and step < self.total_steps:
-                started = time.perf_counter()
-                dev = self.dev.evaluate(step)
-                times.exclude(time.perf_counter() - started)  # not training time
-                if log is not None:
-                    log.log_metrics(dev, step=step)
-                dev_history.append({"step": step, **dev})
-            if step % c.checkpoint_every == 0:
-                self._save_checkpoint(step)
+        run = self._progress = _Progress(start_step=self.position["step"])
+        if c.elastic:
+            from models import elastic
+
+            # Horovod: the state every survivor goes back to when a worker is lost, and that a new
+            # worker receives; committed every commit_every steps (and checked for new hosts then).
+            state = elastic.KerasState(self.model, self.optimizer, step=self.position["step"], origin=self._origin)
+            state.register_reset_callbacks([lambda: self._on_reset(state, log)])
+            elastic.run(lambda st: self._train(run, log, bar, st))(state)
+        else:
+            self.strategy.start()
+            self._train(run, log, bar)
+        step = self.position["step"]
         self.strategy.training_finished()
         # "done": asynchronous training has spent its budget (its ranks' step counts say nothing).
         self.position = {**self.position, "step": step, "done": self.budget_in_data}
-        timing = times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
+        timing = run.times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
         final = self.strategy.finish()
         summary = {
             "rank": self.rank,
             "world_size": self.size,
             "run_id": self.run_id,
             "steps": step,
-            "resumed_from_step": start_step,
-            "final_loss": loss,
-            **{f"trained_{k}": v for k, v in counts.items()},
+            "resumed_from_step": run.start_step,
+            "final_loss": run.loss,
+            **{f"trained_{k}": v for k, v in run.counts.items()},
             **final,
             **timing,
-            "history": history,
-            "dev_history": dev_history,
+            "world_size_changes": run.world_sizes,
+            "history": run.history,
+            "dev_history": run.dev_history,
         }
-        if profiles:
-            summary.update({f"profile_{k[:-2]}_ms": 1000 * v / profiles for k, v in profile_sums.items()})
+        if run.profiles:
+            summary.update({f"profile_{k[:-2]}_ms": 1000 * v / run.profiles for k, v in run.profile_sums.items()})
         summary.update(self._gather(summary))
         self._save_checkpoint(step)
         if self.dev is not None and self.dev.enabled:
@@ -364,6 +359,110 @@ class Trainer:
         if self.rank == 0:
             self._save_model(summary)
         return summary
+
+    def _train(self, run: _Progress, log, bar, state=None) -> None:
+        """Steps from `self.position` to the end of the budget. Elastic: `state` is committed every
+        commit_every steps; after a reset this is called again from the restored position."""
+        c = self.config
+        if state is not None:
+            self.position = {"step": state.step, "epoch": self._epoch_of(state.step, state.origin)}
+            self._origin = tuple(state.origin)
+        step = self.position["step"]
+        more = not self.position.get("done") and (self.budget_in_data or step < self.total_steps)
+        iterator = self._batches() if more else iter(())
+        while self.budget_in_data or step < self.total_steps:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except self.tf.errors.DataLossError as err:
+                # A record failed its checksum: name the shard (hashing them all costs only now).
+                from pipeline import records
+
+                records.check_shards(self.shards, self.manifest, "train", content=True)
+                raise ValueError(f"rank {self.rank}: a shard of {self.shards} is damaged ({err.message})") from err
+            except StopIteration:
+                if self.budget_in_data:
+                    break  # the epochs' batches are used up: the budget is spent
+                raise RuntimeError(f"rank {self.rank}: the input ended at step {step} of {self.total_steps}") from None
+            input_seconds = time.perf_counter() - started
+            step += 1
+            self.hooks.before_step(step, self.rank)
+            loss, aux, frames, utterances, step_times = self._step(batch, step)
+            run.loss = loss
+            step_times["input"] = input_seconds
+            step_times["compute"] += self.hooks.after_step(step, self.rank, step_times["compute"])
+            step_times["communication"] += self.strategy.after_step(step)
+            run.counts["batches"] += 1
+            run.counts["utterances"] += utterances
+            run.counts["frames"] += frames
+            self._set_learning_rate(step + 1)
+            run.times.add(step_times, frames, counted=step > run.start_step + c.warmup_exclude)
+            epoch = self._epoch(step)
+            if c.model == "tts" and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
+                started = time.perf_counter()
+                sample = self._profile_sample or self._sample_batch(epoch)
+                if not run.profiles:
+                    self.task.profile(self.model, sample)  # compiles the per-module functions
+                for key, value in self.task.profile(self.model, sample).items():
+                    run.profile_sums[key] = run.profile_sums.get(key, 0.0) + value
+                run.profiles += 1
+                run.times.exclude(time.perf_counter() - started)  # not training time
+            self.position = {"epoch": epoch, "step": step, "origin": list(self._origin)}
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{loss:.3f}", frames_s=f"{run.times.summary().get('frames_per_s', 0):.0f}", refresh=False
+                )
+            if self.rank == 0 and (step % c.log_every == 0 or step == self.total_steps):
+                record = {
+                    "loss": loss,
+                    "learning_rate": self.current_lr,
+                    "epoch": epoch,
+                    **aux,
+                    **run.times.flush_window(),
+                    **self.strategy.metrics(),
+                }
+                if run.profiles:
+                    record.update(
+                        {f"profile_{k[:-2]}_ms": 1000 * v / run.profiles for k, v in run.profile_sums.items()}
+                    )
+                log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
+                run.history.append({"step": step, **record})
+            if self.dev is not None and self.dev.due(step, last=False) and step < self.total_steps:
+                started = time.perf_counter()
+                dev = self.dev.evaluate(step)
+                run.times.exclude(time.perf_counter() - started)  # not training time
+                if log is not None:
+                    log.log_metrics(dev, step=step)
+                run.dev_history.append({"step": step, **dev})
+            if step % c.checkpoint_every == 0:
+                self._save_checkpoint(step)
+            if state is not None and step % c.commit_every == 0:
+                state.step, state.origin = step, list(self._origin)
+                state.commit()  # Horovod: a collective; raises to reset when hosts changed
+
+    def _on_reset(self, state, log) -> None:
+        """Elastic: the world changed. The survivors (and new workers) go on from the last commit:
+        the epoch it was in starts again for the new world size (no utterance is skipped, part of
+        that epoch is seen twice), the learning rate follows the new size."""
+        self.rank, self.size = self.hvd.rank(), self.hvd.size()
+        step = state.step
+        epoch = self._epoch_of(step, state.origin)
+        self._progress.world_sizes.append([step, self.size])
+        self.steps_per_epoch = self._steps_per_epoch()
+        state.origin = [epoch, step]
+        self._origin = (epoch, step)
+        self.total_steps = step + (self.last_epoch - epoch) * self.steps_per_epoch
+        if self.config.max_steps:
+            self.total_steps = min(self.total_steps, max(step, self.config.max_steps))
+        self._set_learning_rate(step + 1)
+        print(f"rank {self.rank}: the job now has {self.size} workers; going on from step {step}", file=sys.stderr)
+        if self.rank == 0:
+            log.log_metric("world_size", self.size, step=step)
+            try:
+                tracking.client().set_tag(log.run_id, "speechflow.world_size_changes", repr(self._progress.world_sizes))
+            except Exception as err:  # MLflow down: the metric above waits in the log's spool; the tag is lost
+                print(f"rank {self.rank}: could not tag the MLflow run ({err})", file=sys.stderr)
 
     def _service_batches(self, first_epoch: int):
         """This rank's batches from the tf.data service (coordinated reads: one per rank per round)."""
@@ -385,7 +484,9 @@ class Trainer:
         or a dispatcher in rank 0 and a worker in every rank)."""
         c = self.config
         if not self.budget_in_data:
-            first_epoch, skip = divmod(self.position["step"], self.steps_per_epoch)
+            first_epoch, start = self._origin  # the epoch `first_epoch` began at step `start`
+            skip = self.position["step"] - start
+            first_epoch, skip = first_epoch + skip // self.steps_per_epoch, skip % self.steps_per_epoch
             if c.data_service:
                 return iter(self._service_batches(first_epoch))
             from pipeline.dataset import chain_epochs
@@ -426,10 +527,14 @@ class Trainer:
             done += (read_json(path) or {}).get("step", 0)
         return done
 
+    def _epoch_of(self, step: int, origin) -> int:
+        """Lockstep: the epoch of `step` (1-based) when epoch origin[0] began after step origin[1]."""
+        return origin[0] + max(0, step - 1 - origin[1]) // self.steps_per_epoch
+
     def _epoch(self, step: int) -> int:
         """The epoch this rank's `step` belongs to (asynchronous training: of all ranks' steps)."""
         if not self.budget_in_data:
-            return (step - 1) // self.steps_per_epoch
+            return self._epoch_of(step, self._origin)
         done = max(self.strategy.global_steps, step * self.size)
         return min(self.last_epoch - 1, done // (self.steps_per_epoch * self.size))
 

@@ -42,6 +42,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
         "max_steps": args.max_steps,
         "experiment": args.experiment,
         "data_service": args.data_service,
+        "elastic": args.elastic or None,
         "strategy": {
             "name": args.strategy,
             "gossip": args.gossip,
@@ -87,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gossip-compression", choices=["none", "fp16"], help="adpsgd: exchange weights as fp16")
     p.add_argument(
         "--data-service", metavar="grpc://HOST:PORT", help="read batches from this tf.data service dispatcher"
+    )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="Horovod elastic: survive lost workers and take new ones (horovodrun --min-np/--max-np "
+        "--host-discovery-script; allreduce only)",
     )
     p.add_argument("--experiment", help="MLflow experiment name (default speechflow)")
     p.add_argument("--mlflow-parent-run-id", help="nest the training run under this MLflow run (the DAG's)")

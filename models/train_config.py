@@ -44,6 +44,11 @@ class TrainConfig:
     data_service: str = ""
     max_steps: int = 0  # 0: no step limit
     checkpoint_every: int = 200  # steps between checkpoints (and one at the end)
+    # Horovod elastic (`--elastic`, allreduce): the job survives lost workers and takes new ones;
+    # every rank commits its state (weights, optimizer, position) every commit_every steps, and a
+    # reset goes back to the last commit
+    elastic: bool = False
+    commit_every: int = 20
     log_every: int = 10  # steps between metric logs
     # steps between evaluations on the dev split (loss; CER for the acoustic model), which keep the
     # best weights as the saved model (models/validation.py); 0: none, the last weights are saved

@@ -73,6 +73,21 @@ def shard_paths(out_dir: Path, manifest: dict, split: str) -> list[str]:
     return [str(Path(out_dir) / shard["file"]) for shard in manifest["splits"][split]["shards"]]
 
 
+def check_shards(out_dir: Path, manifest: dict, split: str, content: bool = False) -> None:
+    """ValueError naming the first shard of `split` whose size (and with `content`, sha256) is not
+    what the manifest recorded: a truncated, corrupted or replaced file."""
+    for shard in manifest["splits"][split]["shards"]:
+        path = Path(out_dir) / shard["file"]
+        fix = f"rewrite the shards: `{rewrite_command(Path(out_dir), manifest)}` (after deleting {path})"
+        if not path.is_file():
+            raise FileNotFoundError(f"shard {path} is missing; {fix}")
+        size = path.stat().st_size
+        if size != shard["bytes"]:
+            raise ValueError(f"shard {path} has {size} bytes, the manifest recorded {shard['bytes']}: {fix}")
+        if content and fsutil.file_sha256(path) != shard["sha256"]:
+            raise ValueError(f"shard {path} is corrupted: its sha256 is not the manifest's: {fix}")
+
+
 def compression_type(manifest: dict) -> str:
     return COMPRESSION[manifest["compression"]]
 
