@@ -33,7 +33,7 @@ mlflow-ui: setup
 	  --backend-store-uri "$(MLFLOW_TRACKING_URI)" --artifacts-destination "$(RUNS)/mlartifacts"
 
 # All benchmarks at full size (about an hour on 2 cores); tables on stdout, JSON in benchmarks/results/.
-BENCHMARKS := input_pipeline throughput straggler speedup_model convergence
+BENCHMARKS := input_pipeline throughput straggler speedup_model convergence faults
 bench: setup
 	@mkdir -p benchmarks/results
 	@for b in $(BENCHMARKS); do \

@@ -54,6 +54,17 @@ EXPECTED = {
         "allreduce_half_speed_job_minutes",
         "best_gossip_variant",
     ],
+    "faults": [
+        "clean_cer",
+        "kill_worker_exit",
+        "kill_worker_detect_s",
+        "kill_worker_steps_lost",
+        "kill_worker_elastic_exit",
+        "kill_job_steps_lost",
+        "kill_shard_writer_rerun_exit",
+        "corrupt_shard_named",
+        "mlflow_down_none_lost",
+    ],
     "speedup_model": [
         "tcalc_s",
         "ttransmit_s",

@@ -1,0 +1,389 @@
+"""Fault injection: what happens to a real job when things break, and what it costs.
+
+    python benchmarks/faults.py [--json out.json] [--tiny] [--utterances 400] [--epochs 6]
+
+On a small demo corpus (espeak-ng voices, the real feature and shard stages) and the tiny acoustic
+model, each fault is injected into a real run and the outcome measured:
+- `kill_worker`: SIGKILL of rank 1 of `horovodrun -np 2` (not elastic): the launcher's exit code and
+  the seconds from the kill to its exit; then the same command again (the Airflow retry), which
+  resumes from the last checkpoint: the steps lost (reached before the kill, minus resumed from).
+- `kill_worker_elastic`: the same under Horovod elastic (two hosts of one slot, `localhost` and
+  `127.0.0.1`): the job goes on with one worker; seconds until the survivor has reset, steps lost
+  (reached before the kill, minus the last commit it went back to), exit code.
+- `kill_job`: SIGKILL of the whole job (launcher and ranks), then the command again: steps lost.
+- `kill_shard_writer`: SIGKILL of the shard stage while it writes, then a re-run: its exit code and
+  whether the manifest is the one an undisturbed run writes.
+- `corrupt_shard`: one flipped byte in a training shard: exit code, seconds to the error, and
+  whether the error names the file.
+- `mlflow_down`: the MLflow server stopped for 30 s during training, then started again: whether
+  every logged loss point arrived.
+The final test CER of each finished training is reported beside an undisturbed run of the same budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import PYTHON, ROOT, print_table, write_json  # noqa: E402
+from workflow import commands  # noqa: E402
+
+
+def env(**extra: str) -> dict:
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
+
+
+def build_corpus(work: Path, utterances: int, tiny: bool) -> Path:
+    """Demo corpus -> features -> shards, through the stages' command lines."""
+    data, out = work / "data", work / "shards"
+    stage = lambda module, *args: subprocess.run(  # noqa: E731
+        [PYTHON, "-m", module, *args], cwd=ROOT, env=env(), check=True, capture_output=True
+    )
+    stage(commands.CORPUS, "--out", str(data), "--num-utterances", str(utterances))
+    for split in ("train", "test"):
+        stage(commands.FEATURES, "--data-dir", str(data / split), "--no-progress")
+    stage(
+        commands.SHARDS,
+        "--split",
+        f"train={data / 'train'}",
+        "--split",
+        f"test={data / 'test'}",
+        "--out",
+        str(out),
+        "--num-shards",
+        "4" if tiny else "8",
+        "--no-progress",
+    )
+    return out
+
+
+def rank_pid(rank: int, timeout: float = 180) -> int:
+    """The pid of the training process of Horovod rank `rank` (its environment names it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                b"models.train" in cmdline
+                and b"horovodrun" not in cmdline
+                and f"HOROVOD_RANK={rank}".encode() in environ
+            ):
+                return int(pid)
+        time.sleep(0.2)
+    raise RuntimeError(f"no training process of rank {rank}")
+
+
+class Job:
+    """A training command run in the background, its output collected line by line; its progress
+    read from the loss points rank 0 logs (log_every=1) into its MLflow run."""
+
+    def __init__(self, argv: list[str], environment: dict, workdir: Path):
+        self.workdir, self.uri = workdir, environment["MLFLOW_TRACKING_URI"]
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        import threading
+
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def step(self) -> int:
+        """The last training step rank 0 logged."""
+        import mlflow
+
+        run = self.workdir / "mlflow_run.json"
+        if not run.is_file():
+            return 0
+        history = mlflow.MlflowClient(self.uri).get_metric_history(json.loads(run.read_text())["run_id"], "loss")
+        return max((m.step for m in history), default=0)
+
+    def wait_for_step(self, step: int, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while self.step() < step:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = "".join(self.lines[-40:])
+                raise RuntimeError(f"the job ended before step {step}:\n{tail}")
+            time.sleep(0.5)
+
+    def wait(self, timeout: float = 1200) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return code
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def evaluate_cer(workdir: Path, shards: Path) -> float:
+    args = ["--model-dir", str(workdir), "--shards", str(shards), "--split", "test", "--no-mlflow", "--beam-width", "1"]
+    subprocess.run(
+        commands.module_command(PYTHON, commands.EVALUATE, args), cwd=ROOT, env=env(), check=True, capture_output=True
+    )
+    return json.loads((workdir / "eval.json").read_text())["test_cer"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--utterances", type=int, default=400)
+    parser.add_argument("--epochs", type=int, default=6)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="faults-"))
+    utterances, epochs, kill_at = (60, 3, 3) if args.tiny else (args.utterances, args.epochs, 20)
+    config = ROOT / "tests" / "configs" / "tiny_asr.yaml"
+    sets = ["checkpoint_every=5", "commit_every=5", "log_every=1", "log_model=false"]
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    results: dict = {"tiny": args.tiny, "epochs": epochs, "kill_at_step": kill_at}
+    rows = []
+    try:
+        shards = build_corpus(work, utterances, args.tiny)
+
+        def train_args(name: str, *extra: str) -> list[str]:
+            return commands.train_args(shards, work / name, config=config, epochs=epochs, sets=sets, extra=extra)
+
+        def launch(name: str, *extra: str, environment: dict | None = None) -> Job:
+            environment = environment or env(MLFLOW_TRACKING_URI=uri)
+            argv = commands.horovodrun_local(PYTHON, 2, commands.TRAIN, train_args(name, *extra))
+            return Job(argv, environment, work / name)
+
+        # The undisturbed run of the same budget.
+        clean = launch("clean")
+        results["clean_exit"] = clean.wait()
+        results["clean_cer"] = evaluate_cer(work / "clean", shards)
+        rows.append(["none (undisturbed)", results["clean_exit"], "", "", results["clean_cer"]])
+
+        # A worker killed, not elastic; then the command again (the Airflow retry).
+        job = launch("kill_worker")
+        job.wait_for_step(kill_at)
+        reached = job.step()
+        os.kill(rank_pid(1), signal.SIGKILL)
+        killed = time.monotonic()
+        code = job.wait()
+        detect = time.monotonic() - killed
+        retry = launch("kill_worker")
+        retry_code = retry.wait()
+        resumed = json.loads((work / "kill_worker" / "train_summary.json").read_text())["resumed_from_step"]
+        results.update(
+            kill_worker_exit=code,
+            kill_worker_detect_s=detect,
+            kill_worker_rank_named="Process name: 1" in job.output() or "Process 1 exit" in job.output(),
+            kill_worker_retry_exit=retry_code,
+            kill_worker_steps_lost=max(0, reached - resumed),
+            kill_worker_cer=evaluate_cer(work / "kill_worker", shards),
+        )
+        rows.append(["SIGKILL rank 1", code, detect, results["kill_worker_steps_lost"], results["kill_worker_cer"]])
+
+        # The same under Horovod elastic: two hosts of one slot on this machine.
+        hosts = work / "hosts.txt"
+        hosts.write_text("localhost:1\n127.0.0.1:1\n")
+        elastic_argv = [
+            str(Path(PYTHON).with_name("horovodrun")),
+            "-np", "2", "--min-np", "1", "--max-np", "2",
+            "--host-discovery-script", str(ROOT / "scripts" / "discover_hosts.sh"),
+            "--network-interface", "lo", "--gloo",
+            PYTHON, "-m", commands.TRAIN, *train_args("elastic", "--elastic"),
+        ]  # fmt: skip
+        job = Job(elastic_argv, env(MLFLOW_TRACKING_URI=uri, SPEECHFLOW_HOSTS_FILE=str(hosts)), work / "elastic")
+        job.wait_for_step(kill_at)
+        reached = job.step()
+        os.kill(rank_pid(1), signal.SIGKILL)
+        killed = time.monotonic()
+        while "the job now has 1 workers" not in job.output() and job.proc.poll() is None:
+            time.sleep(0.1)
+        reset = time.monotonic() - killed
+        match = re.search(r"going on from step (\d+)", job.output())
+        code = job.wait()
+        results.update(
+            kill_worker_elastic_exit=code,
+            kill_worker_elastic_reset_s=reset,
+            kill_worker_elastic_steps_lost=max(0, reached - int(match.group(1))) if match else None,
+            kill_worker_elastic_cer=evaluate_cer(work / "elastic", shards) if code == 0 else None,
+        )
+        rows.append(
+            [
+                "SIGKILL rank 1, elastic",
+                code,
+                reset,
+                results["kill_worker_elastic_steps_lost"],
+                results["kill_worker_elastic_cer"],
+            ]
+        )
+
+        # The whole job killed, then the command again.
+        job = launch("kill_job")
+        job.wait_for_step(kill_at)
+        reached = job.step()
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.wait()
+        retry = launch("kill_job")
+        retry_code = retry.wait()
+        resumed = json.loads((work / "kill_job" / "train_summary.json").read_text())["resumed_from_step"]
+        results.update(
+            kill_job_retry_exit=retry_code,
+            kill_job_steps_lost=max(0, reached - resumed),
+            kill_job_cer=evaluate_cer(work / "kill_job", shards),
+        )
+        rows.append(
+            ["SIGKILL the job, then rerun", retry_code, "", results["kill_job_steps_lost"], results["kill_job_cer"]]
+        )
+
+        # The shard stage killed while writing, then re-run: the same manifest as an undisturbed run.
+        data = work / "data"
+
+        def shard_argv(out: Path) -> list[str]:
+            split = ["--split", f"train={data / 'train'}"]
+            return commands.module_command(
+                PYTHON, commands.SHARDS, [*split, "--out", str(out), "--num-shards", "4", "--no-progress"]
+            )
+
+        writer = subprocess.Popen(shard_argv(work / "reshard"), cwd=ROOT, env=env(), start_new_session=True)
+        while not list((work / "reshard").glob(".*.tmp")) and writer.poll() is None:
+            time.sleep(0.05)
+        killed_writer = writer.poll() is None
+        if killed_writer:
+            os.killpg(writer.pid, signal.SIGKILL)
+        writer.wait()
+        rerun = subprocess.run(shard_argv(work / "reshard"), cwd=ROOT, env=env(), capture_output=True)
+        reference = subprocess.run(shard_argv(work / "reshard-clean"), cwd=ROOT, env=env(), capture_output=True)
+        same = [
+            [s["sha256"] for s in json.loads((work / d / "manifest.json").read_text())["splits"]["train"]["shards"]]
+            for d in ("reshard", "reshard-clean")
+        ]
+        results.update(
+            kill_shard_writer_killed_while_writing=killed_writer,
+            kill_shard_writer_rerun_exit=rerun.returncode,
+            kill_shard_writer_same_shards=same[0] == same[1] and reference.returncode == 0,
+        )
+        rows.append(
+            ["SIGKILL shard writer, rerun", rerun.returncode, "", "", "same shards" if same[0] == same[1] else "DIFFER"]
+        )
+
+        # A corrupted shard.
+        broken = work / "broken"
+        shutil.copytree(shards, broken)
+        victim = sorted(broken.glob("train-*.tfrecord"))[1]
+        data_bytes = bytearray(victim.read_bytes())
+        data_bytes[len(data_bytes) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data_bytes))
+        started = time.monotonic()
+        argv = commands.horovodrun_local(
+            PYTHON, 2, commands.TRAIN,
+            commands.train_args(broken, work / "corrupt", config=config, epochs=epochs, sets=sets),
+        )  # fmt: skip
+        proc = subprocess.run(argv, cwd=ROOT, env=env(MLFLOW_TRACKING_URI=uri), capture_output=True, text=True)
+        results.update(
+            corrupt_shard_exit=proc.returncode,
+            corrupt_shard_detect_s=time.monotonic() - started,
+            corrupt_shard_named=victim.name in proc.stdout + proc.stderr,
+        )
+        rows.append(
+            [
+                "corrupted shard",
+                proc.returncode,
+                results["corrupt_shard_detect_s"],
+                "",
+                f"named: {results['corrupt_shard_named']}",
+            ]
+        )
+
+        # MLflow down for 30 s (the tiny run: 10 s) in the middle of training.
+        port = free_port()
+        server_argv = [
+            str(Path(PYTHON).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{work / 'server.db'}", "--artifacts-destination", str(work / "artifacts"),
+        ]  # fmt: skip
+        server = subprocess.Popen(
+            server_argv,
+            cwd=work,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        http = f"http://127.0.0.1:{port}"
+        _wait_http(http)
+        job = launch("mlflow_down", environment=env(MLFLOW_TRACKING_URI=http))
+        job.wait_for_step(kill_at)
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait()
+        time.sleep(10 if args.tiny else 30)
+        server = subprocess.Popen(
+            server_argv,
+            cwd=work,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        _wait_http(http)
+        code = job.wait()
+        summary = json.loads((work / "mlflow_down" / "train_summary.json").read_text())
+        import mlflow
+
+        points = mlflow.MlflowClient(http).get_metric_history(summary["run_id"], "loss")
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait()
+        results.update(
+            mlflow_down_exit=code,
+            mlflow_down_loss_points=len(points),
+            mlflow_down_steps=summary["steps"],
+            mlflow_down_none_lost=len(points) == summary["steps"],
+        )
+        rows.append(["MLflow down, then back", code, "", "", f"{len(points)}/{summary['steps']} loss points"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(["fault", "exit code", "seconds to detect", "steps lost", "final test CER / outcome"], rows)
+    write_json(args.json, results)
+    return 0
+
+
+def _wait_http(url: str, timeout: float = 120) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
