@@ -71,6 +71,7 @@ EXPECTED = {
         "tmerge_s",
         "allreduce_predicted_speedup_n2",
         "adpsgd_measured_speedup_n2",
+        "adpsgd_job_speedup_n2",
         "allreduce_predicted_speedup_n128",
         "mlflow_run_id",
     ],
