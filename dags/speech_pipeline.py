@@ -6,7 +6,8 @@
 
 `prepare_corpus` runs only when `data_dir` is empty. Each task runs one stage's command line, from
 the training environment (`execution_mode=local`; training under `horovodrun -np num_workers`) or
-as a pod of the training image (`kubernetes`; training as an MPIJob). Every stage skips work that
+as a pod of the training image (`kubernetes`; training as an MPIJob). With `data_service_workers`,
+training reads its batches from a tf.data service started beside it. Every stage skips work that
 is already done, so a retried or cleared task picks up where it stopped. MLflow: one parent run per
 DAG run, a child run per stage; the registry's alias `champion` moves only to a better model.
 What the tasks run lives in the `workflow` package (plan, command lines, runners); this file wires.
@@ -127,6 +128,18 @@ PARAMS = {
         section=TRAINING,
         description="Horovod processes (local: horovodrun -np N on this machine) or MPI "
         "worker pods (kubernetes: one per GPU node).",
+    ),
+    "data_service_workers": Param(
+        0,
+        type="integer",
+        minimum=0,
+        maximum=256,
+        title="tf.data service workers",
+        section=TRAINING,
+        description="Input workers of a tf.data service that makes the training batches for the ranks, "
+        "started for each training and stopped after it (local: processes on 127.0.0.1; kubernetes: a "
+        "dispatcher and a Deployment of CPU worker pods beside the MPIJob). 0: off, each rank reads its "
+        "own shards. Feeds the acoustic model, and the synthesis model under adpsgd.",
     ),
     "epochs": Param(
         None,

@@ -100,6 +100,8 @@ RUN useradd --create-home --uid 10001 --user-group --shell /bin/bash mpiuser \
 COPY --from=build /opt/venv /opt/venv
 # Model configs: the DAG's cluster mode passes --config /opt/speechflow/configs/<file>.
 COPY configs/ /opt/speechflow/configs/
+# Horovod elastic's host discovery (workflow/cluster.py DISCOVER_HOSTS_SCRIPT).
+COPY --chmod=0755 scripts/discover_hosts.sh /opt/speechflow/scripts/discover_hosts.sh
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes side without a cluster, with the tools of .venv-k8s (requirements/k8s.in):
-#   1. renders k8s/base and every overlay with `kubectl kustomize`, and the pods and MPIJobs that
-#      workflow/manifests.py renders for each overlay's cluster.yaml;
+#   1. renders k8s/base and every overlay with `kubectl kustomize`, and the pods, MPIJobs (fixed-size
+#      and Horovod elastic) and tf.data service objects that workflow/manifests.py renders for each
+#      overlay's cluster.yaml;
 #   2. kubernetes-validate (strict: unknown fields are errors) on every manifest of a built-in kind;
 #   3. the MPIJobs (k8s/mpijob/ and the rendered ones) against the MPIJob CRD schema of the MPI
 #      Operator (made strict), its controller's own rules, and their pod templates against Kubernetes;
@@ -51,10 +52,18 @@ render() {
     "$KUBECTL" kustomize "k8s/overlays/$overlay" > "$OUT/kustomize-$overlay.yaml" || return 1
     local settings="k8s/overlays/$overlay/cluster.yaml"
     local k8s=("$PY" -m workflow.manifests --settings "$settings")
-    # The DAG's training job and each kind of stage pod, as the DAG would submit them.
-    "${k8s[@]}" mpijob --name "train-$overlay" --num-workers 2 -- \
-      --model asr --strategy allreduce --shards /data/shards --workdir /data/runs/train \
-      > "$OUT/mpijob-$overlay.yaml" || return 1
+    # The DAG's training job (reading from a tf.data service), an elastic one, the data service and
+    # each kind of stage pod, as the DAG would submit them.
+    {
+      "${k8s[@]}" mpijob --name "train-$overlay" --num-workers 2 -- \
+        --model asr --strategy allreduce --shards /data/shards --workdir /data/runs/train \
+        --data-service "grpc://data-$overlay-dispatcher:5050" &&
+        echo --- &&
+        "${k8s[@]}" mpijob --name "elastic-$overlay" --num-workers 3 --min-workers 1 -- \
+          --model asr --strategy allreduce --shards /data/shards --workdir /data/runs/elastic
+    } > "$OUT/mpijob-$overlay.yaml" || return 1
+    "${k8s[@]}" data-service --name "data-$overlay" --num-workers 2 \
+      --work-dir /data/runs/train/data-service/asr/try-1 > "$OUT/data-service-$overlay.yaml" || return 1
     {
       "${k8s[@]}" stage-pod --name corpus --module pipeline.corpus -- --out /data/corpus &&
         echo --- &&
@@ -76,9 +85,9 @@ kube_validate() {
   # Source manifests (not the Kustomization files), every rendering, the stage pods. MPIJobs are
   # not a built-in kind: kubernetes-validate skips them with a warning, step 3 validates them.
   local sources
-  mapfile -t sources < <(find k8s/base -name '*.yaml' ! -name kustomization.yaml | sort)
+  mapfile -t sources < <(find k8s/base k8s/elastic -name '*.yaml' ! -name kustomization.yaml | sort)
   "$VENV/bin/kubernetes-validate" --kubernetes-version "$K8S_VERSION" --strict --quiet \
-    "${sources[@]}" "$OUT"/kustomize-*.yaml "$OUT"/stage-pods-*.yaml
+    "${sources[@]}" "$OUT"/kustomize-*.yaml "$OUT"/stage-pods-*.yaml "$OUT"/data-service-*.yaml
 }
 step "kubernetes-validate --strict (Kubernetes $K8S_VERSION)" kube_validate
 
@@ -105,6 +114,8 @@ checkov_rendered() {
       cat "$OUT/kustomize-$overlay.yaml"
       echo ---
       cat "$OUT/stage-pods-$overlay.yaml"
+      echo ---
+      cat "$OUT/data-service-$overlay.yaml"
       echo ---
       cat "$OUT/mpijob-pods-$overlay.yaml"
     } > "$OUT/all-$overlay.yaml"
@@ -144,9 +155,9 @@ for manifest in sys.argv[2:]:
             if container.get("command", [])[:2] == ["/bin/sh", "-c"]:
                 (out / f"{name}-{container['name']}.sh").write_text("#!/bin/sh\n" + container["args"][0])
 PYTHON
-  "$VENV/bin/shellcheck" "$OUT"/*.sh scripts/validate_k8s.sh
+  "$VENV/bin/shellcheck" "$OUT"/*.sh scripts/validate_k8s.sh scripts/discover_hosts.sh
 }
-step "shellcheck: scripts embedded in manifests, and this one" shell_scripts
+step "shellcheck: scripts embedded in manifests, this one, and elastic host discovery" shell_scripts
 step "yamllint k8s/" "$VENV/bin/yamllint" --strict -c k8s/.yamllint k8s
 
 if [ ${#failed[@]} -gt 0 ]; then

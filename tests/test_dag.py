@@ -43,6 +43,7 @@ DEFAULTS = {
     "strategy": "allreduce",
     "gossip": "fixed-ring",
     "num_workers": 2,
+    "data_service_workers": 0,
     "epochs": None,
     "max_steps": None,
     "asr_config": "configs/demo_asr.yaml",
@@ -153,7 +154,8 @@ def dag_info(tmp_path_factory):
         rejected = {{}}
         for key, value in [("strategy", "sgd"), ("gossip", "ring"), ("num_workers", 0), ("models", []),
                            ("models", ["asr", "wavenet"]), ("execution_mode", "cloud"), ("epochs", 0),
-                           ("experiment", ""), ("demo_utterances", 5), ("max_steps", "ten")]:
+                           ("experiment", ""), ("demo_utterances", 5), ("max_steps", "ten"),
+                           ("data_service_workers", -1)]:
             params = copy.deepcopy(dag.params)
             try:
                 params[key] = value
@@ -278,6 +280,7 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         ({"execution_mode": "cloud"}, "execution_mode"),
         ({"asr_config": "configs/missing.yaml"}, "asr_config"),
         ({"data_dir": "MISSING"}, "test"),
+        ({"data_service_workers": -1}, "data_service_workers"),
     ],
 )
 def test_plan_rejects_params_that_do_not_fit(change, message, tmp_path):
@@ -322,6 +325,35 @@ def test_command_lines_of_the_stages():
     assert commands.corpus_args(allreduce) == ["--out", allreduce.data_root, "--num-utterances", "40"]
 
 
+def test_command_lines_of_the_data_service():
+    off = make_plan({**DEFAULTS, **TINY}, "speech_pipeline", "r")
+    on = make_plan({**DEFAULTS, **TINY, "data_service_workers": 2}, "speech_pipeline", "r")
+    gossip = make_plan({**DEFAULTS, **TINY, "data_service_workers": 2, "strategy": "adpsgd"}, "speech_pipeline", "r")
+    # The service feeds the acoustic model; the synthesis model only the shared batches of adpsgd.
+    assert [commands.uses_data_service(p, m) for p in (off, on, gossip) for m in ("asr", "tts")] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
+    args = commands.plan_train_args(on, "asr", "p", data_service="grpc://127.0.0.1:5050")
+    assert args[args.index("--data-service") + 1] == "grpc://127.0.0.1:5050"
+    assert "--data-service" not in commands.plan_train_args(on, "asr", "p")
+    assert commands.dispatcher_args(5050) == ["dispatcher", "--port", "5050"]
+    assert commands.dispatcher_args(5050, "/data/j")[-2:] == ["--work-dir", "/data/j"]
+    assert commands.worker_args("d:5050", 5051, "10.0.0.7:5051") == [
+        "worker",
+        "--dispatcher",
+        "d:5050",
+        "--port",
+        "5051",
+        "--address",
+        "10.0.0.7:5051",
+    ]
+
+
 # ---- running a command with its output in the log -------------------------------------------------
 
 
@@ -361,6 +393,115 @@ def test_run_command_ends_the_whole_process_group_when_interrupted(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"process {grandchild} survived the task")
+
+
+# ---- local mode: a tf.data service for the duration of the training ------------------------------
+
+
+FAKE_SERVER = """
+import json, os, socket, sys, time
+args = sys.argv[1:]
+assert args[:2] == ["-m", "pipeline.data_service"], args
+with open(os.environ["FAKE_RECORD"], "a") as f:
+    f.write(json.dumps({"pid": os.getpid(), "args": args[2:]}) + "\\n")
+if args[2] == os.environ.get("FAKE_CRASH"):
+    print("cannot start: the port is taken", flush=True)
+    sys.exit(3)
+server = socket.socket()
+server.bind(("127.0.0.1", int(args[args.index("--port") + 1])))
+server.listen()
+while True:
+    time.sleep(1)
+"""
+# horovodrun: checks that the dispatcher it is given answers, records its command, exits as told.
+FAKE_HOROVODRUN = """
+import json, os, socket, sys
+args = sys.argv[1:]
+answered = None
+if "--data-service" in args:
+    host, port = args[args.index("--data-service") + 1].removeprefix("grpc://").split(":")
+    socket.create_connection((host, int(port)), timeout=5).close()
+    answered = True
+json.dump({"args": args, "answered": answered}, open(os.environ["FAKE_TRAIN"], "w"))
+os.makedirs(args[args.index("--workdir") + 1], exist_ok=True)  # as the trainer makes it
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def fake_training_env(tmp_path, monkeypatch):
+    """A training environment whose python runs fake tf.data servers and whose horovodrun records."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("python", FAKE_SERVER), ("horovodrun", FAKE_HOROVODRUN)):
+        (bin_dir / name).write_text(f"#!{sys.executable}\n{body}")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("SPEECHFLOW_PYTHON", str(bin_dir / "python"))
+    monkeypatch.setenv("SPEECHFLOW_WORK_ROOT", str(tmp_path / "work"))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "servers.jsonl"))
+    monkeypatch.setenv("FAKE_TRAIN", str(tmp_path / "train.json"))
+    return tmp_path
+
+
+def servers_started(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "servers.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_local_training_reads_from_a_data_service_that_lives_as_long_as_it(fake_training_env):
+    from workflow import runner
+
+    plan = make_plan({**DEFAULTS, **TINY, "data_service_workers": 2}, "speech_pipeline", "r")
+    runner.run_training(plan, {}, "asr", "parent")
+    servers = sorted(servers_started(fake_training_env), key=lambda s: s["args"][0])  # they start at once
+    assert [s["args"][0] for s in servers] == ["dispatcher", "worker", "worker"]
+    dispatcher_port = servers[0]["args"][servers[0]["args"].index("--port") + 1]
+    for worker in servers[1:]:
+        args = worker["args"]
+        port = args[args.index("--port") + 1]
+        assert args[args.index("--dispatcher") + 1] == f"127.0.0.1:{dispatcher_port}"
+        assert args[args.index("--address") + 1] == f"127.0.0.1:{port}"
+    train = json.loads((fake_training_env / "train.json").read_text())
+    assert train["args"][train["args"].index("--data-service") + 1] == f"grpc://127.0.0.1:{dispatcher_port}"
+    assert train["answered"] and train["args"][:2] == ["-np", "2"]  # the service answered during training
+    assert not any(alive(s["pid"]) for s in servers)  # and is gone after it
+    assert (Path(runner.data_service_dir(plan, "asr")) / "worker-1.log").exists()
+
+    # A finished training is not repeated, and starts no service; the synthesis model (allreduce) has none.
+    runner.run_training(plan, {}, "asr", "parent")
+    runner.run_training(plan, {}, "tts", "parent")
+    assert len(servers_started(fake_training_env)) == 3
+    assert "--data-service" not in json.loads((fake_training_env / "train.json").read_text())["args"]
+
+
+def test_local_data_service_is_stopped_when_training_fails(fake_training_env, monkeypatch):
+    from workflow import runner
+
+    monkeypatch.setenv("FAKE_EXIT", "1")
+    plan = make_plan({**DEFAULTS, **TINY, "data_service_workers": 1}, "speech_pipeline", "r")
+    with pytest.raises(local.StageError, match="exited with 1"):
+        runner.run_training(plan, {}, "asr", "parent")
+    servers = servers_started(fake_training_env)
+    assert len(servers) == 2 and not any(alive(s["pid"]) for s in servers)
+
+
+def test_local_data_service_that_does_not_start_fails_the_task_with_its_log(fake_training_env, monkeypatch):
+    from workflow import runner
+
+    monkeypatch.setenv("FAKE_CRASH", "worker")
+    plan = make_plan({**DEFAULTS, **TINY, "data_service_workers": 2}, "speech_pipeline", "r")
+    with pytest.raises(local.StageError, match=r"worker-\d exited with 3(.|\n)*the port is taken"):
+        runner.run_training(plan, {}, "asr", "parent")
+    assert not (fake_training_env / "train.json").exists()  # training never started
+    assert not any(alive(s["pid"]) for s in servers_started(fake_training_env))
 
 
 # ---- the MPIJob life cycle against a fake cluster ------------------------------------------------
@@ -459,6 +600,7 @@ CLUSTER_PARAMS = {
     "gpus_per_worker": 2,
     "max_steps": 500,
     "experiment": "prod",
+    "data_service_workers": 2,
 }
 
 
@@ -466,7 +608,9 @@ CLUSTER_PARAMS = {
 @pytest.mark.airflow
 def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_path):
     """The DAG with execution_mode=kubernetes, end to end under dag.test(); the pod operator and the
-    Kubernetes APIs are replaced by recorders, so what it would submit is checked, not run."""
+    Kubernetes APIs are replaced by recorders, so what it would submit is checked, not run. The
+    acoustic model trains through a tf.data service of 2 workers, created before its MPIJob and
+    deleted after it."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
@@ -489,11 +633,13 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
     script = f"""
         import json, sys
         import workflow.mpijob
+        import workflow.runner
         from airflow.dag_processing.dagbag import BundleDagBag
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
         from kubernetes.client import ApiClient
 
-        pods, jobs = [], []
+        pods, jobs, objects, events = [], [], [], []
+        NotFound = type("NotFound", (Exception,), {{"status": 404}})
 
         def fake_execute(self, context):
             pod = ApiClient().sanitize_for_serialization(self.build_pod_request_obj(context))
@@ -511,23 +657,42 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
 
         class Cluster:
             def delete_namespaced_custom_object(self, *a, **k):
-                raise type("NotFound", (Exception,), {{"status": 404}})()
+                raise NotFound()
             def create_namespaced_custom_object(self, group, version, namespace, plural, body):
                 jobs.append(body)
+                events.append(("create", "MPIJob", body["metadata"]["name"]))
+            def create_namespaced_service(self, namespace, body):
+                objects.append(body)
+                events.append(("create", "Service", body["metadata"]["name"]))
+            def delete_namespaced_service(self, name, namespace):
+                events.append(("delete", "Service", name))
+                if not any(o["metadata"]["name"] == name and o["kind"] == "Service" for o in objects):
+                    raise NotFound()
             def get_namespaced_custom_object(self, *a):
                 return {{"status": {{"conditions": [{{"type": "Succeeded", "status": "True"}}]}}}}
             def list_namespaced_pod(self, namespace, label_selector):
                 return type("L", (), {{"items": []}})()
 
+        class Apps:
+            def create_namespaced_deployment(self, namespace, body):
+                objects.append(body)
+                events.append(("create", "Deployment", body["metadata"]["name"]))
+            def delete_namespaced_deployment(self, name, namespace, propagation_policy):
+                events.append(("delete", "Deployment", name))
+                if not any(o["metadata"]["name"] == name and o["kind"] == "Deployment" for o in objects):
+                    raise NotFound()
+
         KubernetesPodOperator.execute = fake_execute
         workflow.mpijob.kubernetes_apis = lambda: (Cluster(), Cluster())
+        workflow.runner.kubernetes_apps_api = lambda: Apps()
         bag = BundleDagBag(dag_folder={str(DAGS)!r}, bundle_path={str(DAGS)!r}, bundle_name="dags-folder")
         dag = bag.dags["speech_pipeline"]
         for task in dag.tasks:
             task.retries = 0  # a failure shows at once instead of after the retry delays
         run = dag.test(run_conf={CLUSTER_PARAMS!r})
         states = {{ti.task_id: str(ti.state) for ti in run.get_task_instances()}}
-        print("RESULT " + json.dumps({{"state": str(run.state), "states": states, "pods": pods, "jobs": jobs}}))
+        print("RESULT " + json.dumps({{"state": str(run.state), "states": states, "pods": pods, "jobs": jobs,
+                                       "objects": objects, "events": events}}))
     """
     result = airflow_python(script, env, timeout=600)
     assert result["state"] == "success", result["states"]
@@ -575,6 +740,24 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         assert train[train.index("--workdir") + 1] == f"{run_dir}/{model}"
         assert train[train.index("--max-steps") + 1] == "500"
         assert train[train.index("--mlflow-parent-run-id") + 1] == "p" * 32
+    # The acoustic model's tf.data service: created before its MPIJob, deleted after it, and named
+    # in its training arguments; the synthesis model (allreduce) reads its own input.
+    service, dispatcher, workers = result["objects"]
+    assert [o["kind"] for o in result["objects"]] == ["Service", "Deployment", "Deployment"]
+    address = f"grpc://{service['metadata']['name']}:5050"
+    for model, job in jobs.items():
+        command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+        served = command[command.index("--data-service") + 1] if "--data-service" in command else None
+        assert served == (address if model == "asr" else None), model
+    assert workers["spec"]["replicas"] == 2 and workers["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    journal = dispatcher["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert journal[journal.index("--work-dir") + 1] == f"{run_dir}/data-service/asr/try-1"
+    events = [tuple(e) for e in result["events"]]
+    submitted = events.index(("create", "MPIJob", jobs["asr"]["metadata"]["name"]))
+    for obj in result["objects"]:
+        name = (obj["kind"], obj["metadata"]["name"])
+        assert events.index(("create", *name)) < submitted < len(events) - events[::-1].index(("delete", *name)) - 1
+    assert not any(e[1] != "MPIJob" and "tts" in e[2] for e in events)
     # What the DAG would submit meets the MPIJob CRD's schema and the operator's own rules.
     from tests.test_k8s import crd_schema, validate_mpijob
 

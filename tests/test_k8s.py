@@ -240,6 +240,91 @@ def test_committed_mpijob_template_is_the_renderer_output():
     assert validate_mpijob.validate_mpijob(committed, schema) == []
 
 
+# ---- Horovod elastic -----------------------------------------------------------------------------
+
+
+def test_elastic_mpijob_discovers_its_workers_through_the_api():
+    settings = settings_of("gpu")
+    job = manifests.render_mpijob("asr-el", TRAIN_ARGS, num_workers=4, settings=settings, min_workers=2)
+    command = container(job, "Launcher")["command"]
+    # 4 pods x 4 slots at most, 2 pods x 4 slots at least; hosts come from the discovery script.
+    assert command[:7] == ["horovodrun", "-np", "16", "--min-np", "8", "--max-np", "16"]
+    assert command[command.index("--host-discovery-script") + 1] == cluster.DISCOVER_HOSTS_SCRIPT
+    assert "--hostfile" not in command and "--mpi" not in command and "--gloo" in command
+    assert command[command.index("--blacklist-cooldown-range") + 1 :][:2] == ["30", "300"]
+    assert command[command.index("python") :] == ["python", "-m", "models.train", *TRAIN_ARGS, "--elastic"]
+
+    env = env_of(container(job, "Launcher"))
+    # What scripts/discover_hosts.sh reads: the operator's labels of this job's workers, their slots.
+    assert env["SPEECHFLOW_WORKER_SELECTOR"] == (
+        "training.kubeflow.org/job-name=asr-el,training.kubeflow.org/job-role=worker"
+    )
+    assert env["SPEECHFLOW_SLOTS"] == "4"
+    script = (ROOT / "scripts" / "discover_hosts.sh").read_text()
+    assert "SPEECHFLOW_WORKER_SELECTOR" in script and "SPEECHFLOW_SLOTS" in script
+
+    # The launcher alone holds an API token, of the pod-reading account; workers hold none.
+    launcher = replica(job, "Launcher")["template"]
+    assert launcher["spec"]["serviceAccountName"] == settings.elastic_service_account
+    assert launcher["spec"]["automountServiceAccountToken"] is True
+    assert any(v.startswith("CKV_K8S_38=") for v in launcher["metadata"]["annotations"].values())
+    worker = replica(job, "Worker")
+    assert worker["template"]["spec"]["automountServiceAccountToken"] is False
+    assert worker["template"]["spec"]["serviceAccountName"] == settings.service_account
+    assert worker["restartPolicy"] == "OnFailure" and worker["replicas"] == 4
+    assert validate_mpijob.validate_mpijob(yaml.safe_load(manifests.to_yaml(job)), crd_schema()) == []
+
+    # A fixed-size job keeps the hostfile and mounts no token.
+    fixed = manifests.render_mpijob("asr-fixed", TRAIN_ARGS, num_workers=4, settings=settings)
+    assert "--hostfile" in container(fixed, "Launcher")["command"]
+    assert replica(fixed, "Launcher")["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(
+    ("min_workers", "args", "message"),
+    [
+        (0, TRAIN_ARGS, "min_workers must be between 1 and num_workers"),
+        (3, TRAIN_ARGS, "min_workers must be between 1 and num_workers"),
+        (1, ["--strategy", "adpsgd", "--shards", "/data/s"], "allreduce only"),
+    ],
+)
+def test_elastic_mpijob_rejects_what_horovod_elastic_cannot_run(min_workers, args, message):
+    with pytest.raises(ValueError, match=message):
+        manifests.render_mpijob("asr-el", args, num_workers=2, min_workers=min_workers)
+
+
+def test_committed_elastic_mpijob_is_the_renderer_output():
+    path = ROOT / "k8s" / "mpijob" / "train-asr-elastic.yaml"
+    committed = yaml.safe_load(path.read_text())
+    rendered = manifests.render_mpijob(
+        "speechflow-train-asr-elastic",
+        ["--model", "asr", "--strategy", "allreduce", "--shards", "/data/shards"]
+        + ["--workdir", "/data/runs/speechflow-train-asr-elastic"],
+        num_workers=4,
+        gpus_per_worker=4,
+        settings=settings_of("gpu"),
+        min_workers=2,
+    )
+    assert committed == rendered, f"{path} is stale: regenerate it with the command in its header"
+
+
+def test_elastic_rbac_lets_the_launcher_read_pods_and_nothing_else():
+    docs = [d for d in yaml.safe_load_all((ROOT / "k8s" / "elastic" / "rbac.yaml").read_text()) if d]
+    name = cluster.ClusterSettings().elastic_service_account
+    account = find(docs, "ServiceAccount", name)
+    assert account["automountServiceAccountToken"] is False  # mounted only where a pod asks (the launcher)
+    binding = find(docs, "RoleBinding", "speechflow-elastic-discovery")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "speechflow"}]
+    role = find(docs, "Role", binding["roleRef"]["name"])
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    # No other binding reaches the launcher's account: the base binds MPIJob rights to Airflow's
+    # task pods by name, not to every account of the namespace.
+    for doc in base_docs():
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            for subject in doc["subjects"]:
+                assert subject["kind"] != "Group" and subject["name"] != name, doc["metadata"]["name"]
+
+
 # ---- stage pods ------------------------------------------------------------------------------
 
 
@@ -340,6 +425,80 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
     assert {v["name"] for v in spec["volumes"]} == {"tmp", "home", "data"}
 
 
+# ---- tf.data service -------------------------------------------------------------------------
+
+
+def test_data_service_renders_a_dispatcher_service_and_workers_on_the_data_claim():
+    settings = dataclasses.replace(
+        settings_of("gpu"), data_service_worker_cpu="6", data_service_node_selector=(("pool", "cpu"),)
+    )
+    service, dispatcher, workers = manifests.render_data_service(
+        "data-asr", 3, settings, work_dir="/data/runs/r1/data-service/asr/try-1"
+    )
+    assert manifests.data_service_address("data-asr") == "grpc://data-asr-dispatcher:5050"
+    assert service["kind"] == "Service" and service["metadata"]["name"] == "data-asr-dispatcher"
+    assert service["spec"]["ports"] == [{"name": "grpc", "port": 5050, "targetPort": "grpc", "protocol": "TCP"}]
+    # The Service selects the dispatcher's pods, and only this run's.
+    assert service["spec"]["selector"].items() <= dispatcher["spec"]["template"]["metadata"]["labels"].items()
+    assert not service["spec"]["selector"].items() <= workers["spec"]["template"]["metadata"]["labels"].items()
+
+    assert dispatcher["spec"]["replicas"] == 1 and dispatcher["spec"]["strategy"] == {"type": "Recreate"}
+    d = dispatcher["spec"]["template"]["spec"]["containers"][0]
+    assert d["command"] == ["python", "-m", "pipeline.data_service"]
+    assert d["args"] == ["dispatcher", "--port", "5050", "--work-dir", "/data/runs/r1/data-service/asr/try-1"]
+    assert {"name": "data", "mountPath": "/data"} in d["volumeMounts"]  # its journal: read-write
+
+    assert workers["spec"]["replicas"] == 3
+    pod = workers["spec"]["template"]["spec"]
+    w = pod["containers"][0]
+    # Each worker advertises its own pod IP, expanded by Kubernetes from the downward API.
+    assert w["args"] == [
+        "worker",
+        "--dispatcher",
+        "data-asr-dispatcher:5050",
+        "--port",
+        "5051",
+        "--address",
+        "$(POD_IP):5051",
+    ]
+    assert env_of(w)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    # The shards, read-only, where the trainers see them.
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in w["volumeMounts"]
+    assert w["resources"]["limits"] == {"cpu": "6", "memory": settings.data_service_worker_memory}
+    assert pod["nodeSelector"] == {"pool": "cpu"} and "nvidia.com/gpu" not in w["resources"]["limits"]
+    for deployment in (dispatcher, workers):
+        spec = deployment["spec"]
+        assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+        assert spec["template"]["spec"]["automountServiceAccountToken"] is False
+        c = spec["template"]["spec"]["containers"][0]
+        assert c["readinessProbe"]["tcpSocket"]["port"] == c["ports"][0]["containerPort"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+    # Without a journal the dispatcher only reads the claim.
+    _, plain, _ = manifests.render_data_service("data-asr", 1, settings)
+    assert "--work-dir" not in plain["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in plain["spec"]["template"]["spec"]["containers"][
+        0
+    ]["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    ("workers", "work_dir", "message"),
+    [(0, None, "num_workers must be at least 1"), (1, "/tmp/journal", "must be on the data claim")],
+)
+def test_data_service_rejects_bad_input(workers, work_dir, message):
+    with pytest.raises(ValueError, match=message):
+        manifests.render_data_service("data-asr", workers, work_dir=work_dir)
+
+
+def test_cli_prints_the_data_service(capsys):
+    settings = ROOT / "k8s" / "overlays" / "gpu" / "cluster.yaml"
+    assert manifests.main(["--settings", str(settings), "data-service", "--name", "d", "--num-workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "--data-service grpc://d-dispatcher:5050" in out.splitlines()[0]
+    assert list(yaml.safe_load_all(out)) == manifests.render_data_service("d", 2, settings_of("gpu"))
+
+
 # ---- MPIJob status ---------------------------------------------------------------------------
 
 
@@ -433,10 +592,21 @@ def test_renderer_defaults_match_the_kustomize_base():
     assert find(docs, "Service", "mlflow")["spec"]["ports"][0]["port"] == 5000
     assert settings.mlflow_tracking_uri == "http://mlflow:5000"
 
-    # The NetworkPolicies select the labels the renderer puts on pipeline pods.
-    pod_labels = manifests.render_stage_pod("x", "pipeline.corpus", [])["metadata"]["labels"]
+    # The NetworkPolicies select the labels the renderer puts on pipeline pods: stage pods, MPIJob
+    # pods and the tf.data service's, so the ranks reach the dispatcher and the workers.
     pipeline_policy = find(docs, "NetworkPolicy", "pipeline")["spec"]
-    assert pipeline_policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    job = manifests.render_mpijob("j", TRAIN_ARGS, 1)
+    templates = [
+        {"metadata": manifests.render_stage_pod("x", "pipeline.corpus", [])["metadata"]},
+        replica(job, "Launcher")["template"],
+        replica(job, "Worker")["template"],
+        *(d["spec"]["template"] for d in manifests.render_data_service("d", 1)[1:]),
+    ]
+    for template in templates:
+        assert pipeline_policy["podSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        assert pipeline_policy["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items() <= (
+            template["metadata"]["labels"].items()
+        )
 
     # MLflow serves its artifacts from its own volume (proxied artifacts) and reaches only DNS and
     # PostgreSQL: there is no object store to reach, and no pod needs object-store credentials.
@@ -461,15 +631,24 @@ def test_renderer_defaults_match_the_kustomize_base():
     assert find(docs, "PersistentVolumeClaim", "airflow-logs")["spec"]["accessModes"] == ["ReadWriteMany"]
     assert "remote_logging" not in values["config"].get("logging", {})
 
-    # The RoleBinding lets the namespace's accounts (Airflow's task pods) manage MPIJobs.
+    # The RoleBinding lets Airflow's task pods, whose account airflow-values.yaml names, manage
+    # MPIJobs and the tf.data service's Deployments and Services.
     role = find(docs, "Role", "mpijob-submitter")
-    assert any("mpijobs" in r["resources"] and "create" in r["verbs"] and "delete" in r["verbs"] for r in role["rules"])
+    for resource in ("mpijobs", "deployments", "services"):
+        assert any(resource in r["resources"] and {"create", "delete"} <= set(r["verbs"]) for r in role["rules"]), (
+            resource
+        )
     binding = find(docs, "RoleBinding", "mpijob-submitter")
-    assert binding["subjects"][0]["name"] == f"system:serviceaccounts:{settings.namespace}"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": values["workers"]["serviceAccount"]["name"], "namespace": settings.namespace}
+    ]
 
 
 def test_renderer_defaults_match_the_training_image():
     dockerfile = (ROOT / "docker" / "train.Dockerfile").read_text()
+    # The elastic launcher's discovery script is in the image where the renderer says.
+    assert f"scripts/discover_hosts.sh {cluster.DISCOVER_HOSTS_SCRIPT}" in dockerfile
+    assert "!scripts/discover_hosts.sh" in (ROOT / ".dockerignore").read_text().splitlines()
     settings = cluster.ClusterSettings()
     assert f"--uid {settings.run_as_user} " in dockerfile
     assert f"USER {settings.run_as_user}:{settings.run_as_user}" in dockerfile
@@ -528,6 +707,9 @@ def test_kustomize_renders_namespaced_limited_unprivileged_objects(path):
                 assert not c["image"].endswith(":latest") and ":" in c["image"]
     secrets = [d for d in docs if d["kind"] == "Secret"]
     assert secrets == [], "no Secret (and no secret value) is committed"
+    if "overlays" in path:  # with the elastic component: the launcher's account and its binding
+        account = cluster.ClusterSettings().elastic_service_account
+        assert find(docs, "ServiceAccount", account) and find(docs, "RoleBinding", "speechflow-elastic-discovery")
 
 
 @needs_kubectl

@@ -24,6 +24,12 @@ MPIJOB_API_VERSION = f"{MPIJOB_GROUP}/{MPIJOB_VERSION}"
 MPIJOB_KIND = "MPIJob"
 # Where the MPI Operator mounts the hostfile it writes for the launcher.
 MPI_HOSTFILE = "/etc/mpi/hostfile"
+# Horovod elastic's host discovery in the training image (docker/train.Dockerfile copies
+# scripts/discover_hosts.sh there): it lists the job's ready worker pods through the API.
+DISCOVER_HOSTS_SCRIPT = "/opt/speechflow/scripts/discover_hosts.sh"
+# Ports of the tf.data service (pipeline/data_service.py): the dispatcher's, and each worker's.
+DATA_SERVICE_DISPATCHER_PORT = 5050
+DATA_SERVICE_WORKER_PORT = 5051
 # KubernetesPodOperator follows the logs of the container with this name.
 STAGE_CONTAINER = "base"
 # Labels the kustomize base relies on (k8s/base/network-policies.yaml): pods named
@@ -31,6 +37,7 @@ STAGE_CONTAINER = "base"
 PART_OF_LABEL = ("app.kubernetes.io/part-of", "speechflow")
 PIPELINE_POD_LABEL = ("app.kubernetes.io/name", "speechflow-pipeline")
 COMPONENT_LABEL = "app.kubernetes.io/component"
+INSTANCE_LABEL = "app.kubernetes.io/instance"  # tells one run's data service pods from another's
 # Labels the MPI Operator puts on the pods it creates (training.kubeflow.org/...).
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
@@ -60,6 +67,9 @@ class ClusterSettings:
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "Always"
     image_pull_secrets: tuple[str, ...] = ()  # Secrets for a private registry
     service_account: str = "speechflow-pipeline"  # pipeline pods' ServiceAccount (no API token is mounted)
+    # The elastic MPIJob's launcher: the one pipeline pod with an API token, allowed only to read
+    # pods (k8s/elastic/), which its host discovery lists
+    elastic_service_account: str = "speechflow-elastic-launcher"
     priority_class: str = ""  # PriorityClass of training and stage pods; "" for the cluster default
     data_claim: str = "speechflow-data"  # ReadWriteMany claim holding corpora, features, shards, runs
     data_mount: str = "/data"  # where that claim is mounted in every pipeline pod
@@ -88,14 +98,30 @@ class ClusterSettings:
     backoff_limit: int = 0  # launcher retries inside one MPIJob; 0 leaves retries to Airflow
     active_deadline_s: int = 0  # wall-clock limit of the launcher; 0 for none
     ttl_after_finished_s: int = 86400  # the finished MPIJob (and its launcher log) is deleted after this
+    # Horovod elastic (an MPIJob rendered with min_workers): how long horovodrun waits for enough
+    # hosts after a change, and the range of seconds a host whose ranks failed sits out before it is
+    # tried again (a worker pod whose container restarted comes back under the same address)
+    elastic_timeout_s: int = 600
+    elastic_cooldown_s: tuple[int, int] = (30, 300)
+    # tf.data service (DAG param data_service_workers, `python -m workflow.manifests data-service`):
+    # CPU pods that make the acoustic model's batches for the GPU ranks
+    data_service_worker_cpu: str = "8"  # each input worker: reading, parsing, decoding, batching
+    data_service_worker_memory: str = "16Gi"
+    data_service_dispatcher_cpu: str = "1"  # the dispatcher only hands out work and keeps its journal
+    data_service_dispatcher_memory: str = "2Gi"
+    # Node labels the data service pods require, e.g. [[node-pool, cpu]]; none: any node without taints
+    data_service_node_selector: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         # (name, value) pairs are tuples of strings rather than a mapping so that the settings stay
         # hashable and load from YAML as lists of two-item lists.
-        for field in ("gpu_node_selector", "nccl_env"):
+        for field in ("gpu_node_selector", "nccl_env", "data_service_node_selector"):
             for pair in getattr(self, field):
                 if len(pair) != 2:
                     raise ValueError(f"ClusterSettings.{field}: expected [name, value] pairs, got {list(pair)!r}")
+        low, high = self.elastic_cooldown_s
+        if not 0 <= low <= high:
+            raise ValueError(f"ClusterSettings.elastic_cooldown_s: expected [min, max] seconds, got {[low, high]}")
 
 
 def load_settings(path: str | Path | None = None, assignments: Sequence[str] = ()) -> ClusterSettings:
@@ -121,12 +147,16 @@ def check_name(name: str, max_len: int) -> None:
         )
 
 
-def labels(component: str) -> dict[str, str]:
-    return {
+def labels(component: str, instance: str = "") -> dict[str, str]:
+    """Labels of a pipeline pod: the NetworkPolicies' (pipeline pods reach each other), its role, its run."""
+    out = {
         PIPELINE_POD_LABEL[0]: PIPELINE_POD_LABEL[1],
         PART_OF_LABEL[0]: PART_OF_LABEL[1],
         COMPONENT_LABEL: component,
     }
+    if instance:
+        out[INSTANCE_LABEL] = instance
+    return out
 
 
 # Checks of checkov (the manifest scanner CI runs) that do not fit a pipeline pod, with the reason;
@@ -141,6 +171,11 @@ SKIP_PULL_POLICY = (
 )
 SKIP_LIVENESS = ("CKV_K8S_8", "a run-to-completion process: a hang is bounded by the DAG's task timeout")
 SKIP_READINESS = ("CKV_K8S_9", "a run-to-completion process serves no traffic")
+SKIP_TOKEN = (
+    "CKV_K8S_38",
+    "Horovod elastic's host discovery lists this job's worker pods through the API; the account may "
+    "only read pods (k8s/elastic/)",
+)
 
 
 def skip_annotations(settings: ClusterSettings, *skips: tuple[str, str]) -> dict[str, str]:

@@ -14,6 +14,7 @@ from workflow.plan import POD_XCOM_FILE, Plan
 
 CORPUS, FEATURES, SHARDS = "pipeline.corpus", "pipeline.features", "pipeline.shards"
 TRAIN, EVALUATE, REGISTRY = "models.train", "models.evaluate", "models.registry"
+DATA_SERVICE = "pipeline.data_service"
 
 
 def module_command(python: str, module: str, args: Sequence[str]) -> list[str]:
@@ -67,9 +68,11 @@ def train_args(
     experiment: str | None = None,
     parent_run_id: str | None = None,
     run_name: str | None = None,
+    data_service: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Arguments of `python -m models.train`; None leaves a flag out (the config's value holds)."""
+    """Arguments of `python -m models.train`; None leaves a flag out (the config's value holds).
+    `data_service` is a tf.data service dispatcher (grpc://HOST:PORT) the ranks read their batches from."""
     args: list[str] = []
     for flag, value in (("--model", model), ("--strategy", strategy), ("--gossip", gossip)):
         if value is not None:
@@ -82,6 +85,7 @@ def train_args(
         ("--experiment", experiment),
         ("--mlflow-parent-run-id", parent_run_id),
         ("--run-name", run_name),
+        ("--data-service", data_service),
     ):
         if value is not None:
             args += [flag, str(value)]
@@ -90,8 +94,16 @@ def train_args(
     return [*args, *extra]
 
 
-def plan_train_args(plan: Plan, model: str, parent_run_id: str) -> list[str]:
-    """`models.train` for one model of a DAG run (local horovodrun or the MPIJob's launcher)."""
+def uses_data_service(plan: Plan, model: str) -> bool:
+    """Whether `model` reads its batches from a tf.data service in this run: with data_service_workers,
+    the acoustic model always; the synthesis model only under adpsgd (models/loop.py serves it only the
+    shared batches of asynchronous training)."""
+    return plan.data_service_workers > 0 and (model == "asr" or plan.strategy == "adpsgd")
+
+
+def plan_train_args(plan: Plan, model: str, parent_run_id: str, data_service: str | None = None) -> list[str]:
+    """`models.train` for one model of a DAG run (local horovodrun or the MPIJob's launcher);
+    `data_service`: the dispatcher's grpc://HOST:PORT when `uses_data_service`."""
     return train_args(
         plan.shards_dir,
         plan.workdirs[model],
@@ -104,7 +116,21 @@ def plan_train_args(plan: Plan, model: str, parent_run_id: str) -> list[str]:
         experiment=plan.experiment,
         parent_run_id=parent_run_id,
         run_name=f"train-{model}",
+        data_service=data_service,
     )
+
+
+def dispatcher_args(port: int, work_dir: str | None = None) -> list[str]:
+    """`pipeline.data_service dispatcher`: serves on `port`; with `work_dir` it journals its state there
+    and picks it up again after a restart (fault-tolerant mode)."""
+    args = ["dispatcher", "--port", str(port)]
+    return [*args, "--work-dir", work_dir] if work_dir else args
+
+
+def worker_args(dispatcher: str, port: int, address: str) -> list[str]:
+    """`pipeline.data_service worker`: registers with `dispatcher` (HOST:PORT), serves on `port`, and
+    tells the trainers to reach it at `address` (HOST:PORT as seen from the training ranks)."""
+    return ["worker", "--dispatcher", dispatcher, "--port", str(port), "--address", address]
 
 
 def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) -> list[str]:

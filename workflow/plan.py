@@ -55,6 +55,9 @@ class Plan:
     # the shard stage): data_root itself, or a directory of its own for read-only corpora
     features_root: str = ""
     allow_pipes: bool = False  # run wav.scp/feats.scp commands other than the recognized decoders
+    # tf.data service input workers for training (commands.uses_data_service says which models);
+    # 0: every rank runs its own input pipeline
+    data_service_workers: int = 0
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -112,6 +115,9 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
     num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    data_service_workers = int(params.get("data_service_workers") or 0)
+    if data_service_workers < 0:
+        raise ValueError(f"data_service_workers must be 0 (off) or more, got {data_service_workers}")
     if num_shards < num_workers:
         raise ValueError(
             f"num_shards ({num_shards}) must be at least num_workers ({num_workers}): "
@@ -173,4 +179,5 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         python=training_python(),
         features_root=features_root,
         allow_pipes=bool(params.get("allow_pipes", False)),
+        data_service_workers=data_service_workers,
     )

@@ -2,24 +2,30 @@
 
 Each runs a command line from workflow/commands.py either as a child process of the training
 environment (local mode, workflow/local.py) or as a pod of the training image (cluster mode; training
-as an MPIJob, workflow/mpijob.py). Nothing here imports TensorFlow or MLflow: MLflow work goes
+as an MPIJob, workflow/mpijob.py). With `data_service_workers`, training reads its batches from a
+tf.data service that lives as long as the training: child processes on 127.0.0.1 (local), or a
+dispatcher and worker Deployments beside the MPIJob (cluster). Nothing here imports TensorFlow or MLflow: MLflow work goes
 through `python -m models.registry` in the training environment, and Airflow and Kubernetes are
 imported inside the functions that need them, so the tests load this module from either environment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import socket
+import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from common.fsutil import atomic_write_json, read_json
 from workflow import commands
-from workflow.local import run_command
+from workflow.local import REPO, StageError, _end_group, child_env, run_command
 from workflow.plan import Plan, cluster_settings
 
 log = logging.getLogger(__name__)
@@ -51,18 +57,165 @@ def stage_operator(
     return KubernetesPodOperator(task_id=task_id, do_xcom_push=xcom, **manifests.stage_pod_operator_kwargs(pod))
 
 
-def training_job(plan: Plan, model: str, parent_run_id: str, settings=None) -> dict:
-    """The MPIJob manifest that trains `model` for this run."""
+def training_job(plan: Plan, model: str, parent_run_id: str, settings=None, data_service: str | None = None) -> dict:
+    """The MPIJob manifest that trains `model` for this run (reading from `data_service` when given)."""
     from workflow import manifests
     from workflow.cluster import safe_name
 
     return manifests.render_mpijob(
         safe_name(f"train-{model}", plan.dag_run_id),
-        commands.plan_train_args(plan, model, parent_run_id),
+        commands.plan_train_args(plan, model, parent_run_id, data_service=data_service),
         plan.num_workers,
         plan.gpus_per_worker,
         settings or cluster_settings(),
     )
+
+
+# ---- tf.data service for the duration of a training ----------------------------------------------
+
+
+def data_service_dir(plan: Plan, model: str) -> str:
+    """Where a training's tf.data service keeps its files: logs (local), the dispatcher's journals (cluster)."""
+    return f"{plan.run_dir}/data-service/{model}"
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free TCP ports of 127.0.0.1 (held together while chosen, so they differ)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+@contextlib.contextmanager
+def local_data_service(
+    plan: Plan, model: str, emit: Callable[[str], None] = log.info, start_timeout_s: float = 180
+) -> Iterator[str]:
+    """A dispatcher and `plan.data_service_workers` workers on 127.0.0.1, child processes of the training
+    environment (`python -m pipeline.data_service`), for the duration of the `with` block.
+
+    Yields the dispatcher's grpc://127.0.0.1:PORT once every server listens. Each server's output goes
+    to DIR/NAME.log (`data_service_dir`); each runs in a process group of its own, ended (SIGTERM, then
+    SIGKILL) when the block ends, whether the training succeeded or not. Raises StageError, with the
+    log's last lines, when a server exits or does not listen within `start_timeout_s`.
+    """
+    log_dir = Path(data_service_dir(plan, model))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    dispatcher, *workers = _free_ports(1 + plan.data_service_workers)
+    servers = {"dispatcher": (dispatcher, commands.dispatcher_args(dispatcher))}
+    for i, port in enumerate(workers):
+        servers[f"worker-{i}"] = (port, commands.worker_args(f"127.0.0.1:{dispatcher}", port, f"127.0.0.1:{port}"))
+    with contextlib.ExitStack() as stack:
+        started = {}
+        for name, (port, args) in servers.items():
+            out = stack.enter_context(open(log_dir / f"{name}.log", "wb"))
+            proc = subprocess.Popen(
+                commands.module_command(plan.python, commands.DATA_SERVICE, args),
+                cwd=REPO,
+                env=child_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            stack.callback(_end_group, proc)  # runs before the log file closes (last in, first out)
+            started[name] = (port, proc)
+        _wait_until_listening(started, log_dir, start_timeout_s)
+        address = f"grpc://127.0.0.1:{dispatcher}"
+        emit(f"tf.data service: dispatcher {address}, {len(workers)} worker(s); logs in {log_dir}")
+        yield address
+        emit("stopping the tf.data service")
+
+
+def _wait_until_listening(started: Mapping[str, tuple[int, subprocess.Popen]], log_dir: Path, timeout_s: float) -> None:
+    waiting = dict(started)
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        for name, (port, proc) in list(waiting.items()):
+            if proc.poll() is not None:
+                tail = (log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-20:]
+                raise StageError(
+                    f"tf.data service {name} exited with {proc.returncode}; the end of {log_dir / name}.log:\n"
+                    + "\n".join(tail)
+                )
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                del waiting[name]
+        if waiting and time.monotonic() > deadline:
+            raise StageError(
+                f"tf.data service {', '.join(waiting)} not listening after {timeout_s:.0f} s; see {log_dir}/*.log"
+            )
+        if waiting:
+            time.sleep(0.5)
+
+
+def kubernetes_apps_api():
+    """AppsV1Api of Airflow's Kubernetes connection (the data service's Deployments)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook().apps_v1_client
+
+
+def data_service_name(plan: Plan, model: str) -> str:
+    """Base name of the data service objects beside `model`'s MPIJob (NAME-dispatcher, NAME-worker)."""
+    from workflow.cluster import safe_name
+
+    return safe_name(f"data-{model}", plan.dag_run_id)
+
+
+def data_service_objects(plan: Plan, model: str, attempt: int = 1, settings=None) -> list[dict]:
+    """The tf.data service (Service, dispatcher and worker Deployments) beside `model`'s MPIJob; the
+    dispatcher journals into a directory of this task attempt's own on the data claim."""
+    from workflow import manifests
+
+    return manifests.render_data_service(
+        data_service_name(plan, model),
+        plan.data_service_workers,
+        settings or cluster_settings(),
+        work_dir=f"{data_service_dir(plan, model)}/try-{attempt}",
+    )
+
+
+def _delete_object(obj: Mapping[str, Any], core_api, apps_api) -> bool:
+    name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+    try:
+        if obj["kind"] == "Service":
+            core_api.delete_namespaced_service(name, namespace)
+        else:
+            # Background: the Deployment goes at once (a retry may create it again under its name),
+            # its pods follow.
+            apps_api.delete_namespaced_deployment(name, namespace, propagation_policy="Background")
+    except Exception as err:
+        if getattr(err, "status", None) == 404:
+            return False
+        raise
+    return True
+
+
+@contextlib.contextmanager
+def cluster_data_service(
+    objects: Sequence[Mapping[str, Any]], core_api, apps_api, emit: Callable[[str], None] = log.info
+) -> Iterator[None]:
+    """Creates the data service's objects (after deleting an earlier attempt's) for the duration of the
+    `with` block, and deletes them when it ends, whether the training succeeded or not. The training
+    ranks wait for the dispatcher to answer, so the MPIJob need not wait for its pods."""
+    for obj in objects:
+        if _delete_object(obj, core_api, apps_api):
+            emit(f"deleted {obj['kind']} {obj['metadata']['name']} of an earlier attempt")
+    try:
+        for obj in objects:
+            namespace = obj["metadata"]["namespace"]
+            if obj["kind"] == "Service":
+                core_api.create_namespaced_service(namespace, obj)
+            else:
+                apps_api.create_namespaced_deployment(namespace, obj)
+            emit(f"created {obj['kind']} {namespace}/{obj['metadata']['name']}")
+        yield
+    finally:
+        for obj in objects:
+            _delete_object(obj, core_api, apps_api)
+        emit(f"deleted the tf.data service ({', '.join(o['metadata']['name'] for o in objects)})")
 
 
 def run_stage(
@@ -89,23 +242,38 @@ def registry(plan: Plan, context: Mapping[str, Any], stage: str, args: Sequence[
 
 
 def run_training(plan: Plan, context: Mapping[str, Any], model: str, parent_run_id: str) -> dict:
-    """Trains `model`: horovodrun here, or an MPIJob on the cluster. Returns what is known of the run."""
+    """Trains `model`: horovodrun here, or an MPIJob on the cluster, each with its tf.data service when
+    `commands.uses_data_service`. Returns what is known of the run."""
     args = commands.plan_train_args(plan, model, parent_run_id)
     workdir = Path(plan.workdirs[model])
+    with_service = commands.uses_data_service(plan, model)
     if plan.mode != "local":
-        from workflow import mpijob
+        from workflow import manifests, mpijob
 
-        manifest = training_job(plan, model, parent_run_id)
+        settings = cluster_settings()
         custom_api, core_api = mpijob.kubernetes_apis()
-        mpijob.run_mpijob(manifest, custom_api, core_api)
-        return {"model": model, "workdir": str(workdir), "mpijob": manifest["metadata"]["name"]}
+        result = {"model": model, "workdir": str(workdir)}
+        service, address = contextlib.nullcontext(), None
+        if with_service:
+            objects = data_service_objects(plan, model, context["ti"].try_number, settings)
+            address = manifests.data_service_address(data_service_name(plan, model))
+            service = cluster_data_service(objects, core_api, kubernetes_apps_api())
+            result["data_service"] = address
+        with service:
+            manifest = training_job(plan, model, parent_run_id, settings, data_service=address)
+            mpijob.run_mpijob(manifest, custom_api, core_api)
+        return {**result, "mpijob": manifest["metadata"]["name"]}
     # A finished training of the same command is not repeated (the trainer would resume at its
-    # last step and log the model once more).
+    # last step and log the model once more). The data service's address changes from run to run
+    # and is not part of the key.
     marker = workdir / ".dag_train.done.json"
     key = hashlib.sha256(json.dumps(args).encode()).hexdigest()
     done = read_json(marker)
     if done is None or done.get("key") != key:
-        run_command(commands.horovodrun_local(plan.python, plan.num_workers, commands.TRAIN, args))
+        with local_data_service(plan, model) if with_service else contextlib.nullcontext() as address:
+            if address:
+                args = commands.plan_train_args(plan, model, parent_run_id, data_service=address)
+            run_command(commands.horovodrun_local(plan.python, plan.num_workers, commands.TRAIN, args))
         summary = read_json(workdir / "train_summary.json") or {}
         done = {"key": key, "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}
         atomic_write_json(marker, done)  # whole or absent, never half written
