@@ -44,7 +44,7 @@ def service_dataset(
     manifest: dict,
 ):
     """The infinite stream of sub-batches the workers serve: rounds of `num_consumers` batches of one
-    class, epochs first_epoch..last_epoch-1 (then again)."""
+    class, pass after pass over the shards (`last_epoch` is unused: the trainers stop the stream)."""
     import tensorflow as tf
 
     plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
@@ -53,21 +53,21 @@ def service_dataset(
     largest = num_consumers * max(plan.chunks_per_batch)
     class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
 
-    def one_epoch(epoch: int):
-        files = tf.data.Dataset.from_tensor_slices(dataset.rank_files(paths, 0, 1, epoch, cfg.seed))
-        stream = files.interleave(
+    # ONE source of files, repeated forever and reshuffled every pass: under distributed_epoch the
+    # dispatcher hands its files, one by one, to whichever worker asks (several sources, one per
+    # epoch, left a worker without files and its round-robin stream ended: seen with 2 workers).
+    files = tf.data.Dataset.from_tensor_slices(paths).shuffle(
+        len(paths), seed=cfg.seed * 100003 + first_epoch, reshuffle_each_iteration=True
+    )
+    stream = (
+        files.repeat()
+        .interleave(
             lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
-            cycle_length=len(paths),
+            cycle_length=min(len(paths), 4),
             num_parallel_calls=dataset.AUTOTUNE,
         )
-        return stream.shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch)
-
-    # Epochs are chained with Python seeds (see dataset.chain_epochs); the chain repeats forever.
-    epochs = [one_epoch(e) for e in range(first_epoch, max(last_epoch, first_epoch + 1))]
-    stream = epochs[0]
-    for more in epochs[1:]:
-        stream = stream.concatenate(more)
-    stream = stream.repeat()
+        .shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + first_epoch)
+    )
     # The class of each chunk comes from the record itself (a worker's share of the files is only
     # known to the dispatcher, so the manifest's sequence does not apply here).
     keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))

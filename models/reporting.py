@@ -1,0 +1,77 @@
+"""What a training run reports at its end: every rank's figures gathered, and the final MLflow record."""
+
+from __future__ import annotations
+
+import json
+import resource
+
+
+class Reporting:
+    """Mixed into models.loop.Trainer: the end-of-run summary and its MLflow record."""
+
+    def _gather(self, summary: dict) -> dict:
+        """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
+        mine = {
+            "frames_per_s": summary.get("frames_per_s", 0.0),
+            "peak_memory_mb": self._peak_memory_mb(),
+            "steps": summary["steps"],
+            "trained": {k: summary[f"trained_{k}"] for k in ("batches", "utterances", "frames")},
+            "weights_digest": self._weights_digest(),
+        }
+        # Horovod: collect one small record per rank on every rank.
+        everyone = self.hvd.allgather_object(mine)
+        return {
+            "frames_per_s_total": sum(r["frames_per_s"] for r in everyone),
+            "per_rank_frames_per_s": [r["frames_per_s"] for r in everyone],
+            "per_rank_steps": [r["steps"] for r in everyone],
+            "per_rank_trained": [r["trained"] for r in everyone],
+            "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
+            "per_rank_weights_digest": [r["weights_digest"] for r in everyone],
+            "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,
+        }
+
+    def _peak_memory_mb(self) -> float:
+        """This process's peak memory: the GPU allocator's peak when on a GPU, else the resident set."""
+        if self.tf.config.list_logical_devices("GPU"):
+            return self.tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def _weights_digest(self) -> str:
+        """A hash of this rank's trainable weights: equal on every rank when they hold the same model."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for variable in self.model.trainable_variables:
+            digest.update(variable.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    def _log_final(self, mlflow, summary: dict) -> None:
+        from models import plots
+
+        scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k not in ("rank",)}
+        mlflow.log_metrics({f"final_{k}": float(v) for k, v in scalars.items()})
+        if "consensus_distance_before_final_average" in summary:
+            # The last point of the consensus-distance curve: the gossip thread measures every
+            # `consensus_every` rounds and may lag the last metrics record, so the curve always
+            # ends with the distance measured just before the final average.
+            mlflow.log_metric(
+                "consensus_distance",
+                float(summary["consensus_distance_before_final_average"]),
+                step=int(summary["steps"]),
+            )
+        for rank, (fps, mem) in enumerate(zip(summary["per_rank_frames_per_s"], summary["per_rank_peak_memory_mb"])):
+            mlflow.log_metrics({f"rank{rank}_frames_per_s": fps, f"rank{rank}_peak_memory_mb": mem})
+        plot_dir = self.workdir / "plots"
+        plot_dir.mkdir(exist_ok=True)
+        for path in plots.training_plots(summary["history"], summary, plot_dir):
+            mlflow.log_artifact(str(path), artifact_path="plots")
+        mlflow.log_artifact(str(self.workdir / "config.yaml"))
+        if not self.config.log_model:
+            return
+        from models import serving
+
+        serving.log_model(
+            self.workdir / "model",
+            self.config,
+            json.loads((self.workdir / "model" / "data.json").read_text()),
+        )

@@ -1,0 +1,120 @@
+"""Which batches a rank trains on, and where its steps fall in the epochs: the Trainer's schedule.
+
+Allreduce steps in lockstep through exact epochs, each rank over its own shards (the epochs counted
+from an origin, which an elastic job moves when its world size changes); asynchronous training
+shares one job of the epochs' batches among the ranks (a budget counted in data). Both read either
+this rank's own tf.data pipeline or a tf.data service.
+"""
+
+from __future__ import annotations
+
+from common.fsutil import read_json
+
+
+class Schedule:
+    """Mixed into models.loop.Trainer: the methods that plan its input."""
+
+    def _steps_per_epoch(self) -> int:
+        """Steps of one rank per epoch; asynchronous training: the whole epoch's batches divided by
+        the ranks (an estimate: a faster rank takes more)."""
+        from pipeline import data_service
+        from pipeline.dataset import batch_plan
+
+        if self.budget_in_data:
+            batches = batch_plan(self.manifest, "train", 1, self.config.input, training=True).batches
+            return max(1, round(batches / self.size))
+        if self.config.data_service:
+            if self.config.model != "asr":
+                raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
+            return max(1, round(data_service.steps_per_epoch(self.manifest, "train", self.config.input, self.size)))
+        return batch_plan(self.manifest, "train", self.size, self.config.input, training=True).batches
+
+    def _total_steps(self) -> int:
+        """Steps of the whole run; also sets `last_epoch`, the epochs needed to reach them."""
+        total = self.config.epochs * self.steps_per_epoch
+        if self.config.max_steps:
+            total = min(total, self.config.max_steps) if self.config.epochs else self.config.max_steps
+        self.last_epoch = -(-total // max(1, self.steps_per_epoch))
+        return total
+
+    def _service_batches(self, first_epoch: int):
+        """This rank's batches from the tf.data service (coordinated reads: one per rank per round)."""
+        import uuid
+
+        from pipeline import data_service
+
+        # Horovod: every rank must read under the same job name; rank 0 makes a new one per run, so a
+        # resumed run starts a new job instead of rejoining the rounds of a dead one.
+        job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
+        served = data_service.service_dataset(
+            self.shards, "train", self.config.input, self.size, first_epoch, self.last_epoch, self.manifest
+        )
+        return data_service.distribute(served, self.config.data_service, job, self.rank, self.size)
+
+    def _batches(self):
+        """This rank's batches from its position on: lockstep epochs of its own shards, or
+        asynchronous training's share of a job all ranks read (the tf.data service: an outside one,
+        or a dispatcher in rank 0 and a worker in every rank)."""
+        c = self.config
+        if not self.budget_in_data:
+            first_epoch, start = self._origin  # the epoch `first_epoch` began at step `start`
+            skip = self.position["step"] - start
+            first_epoch, skip = first_epoch + skip // self.steps_per_epoch, skip % self.steps_per_epoch
+            if c.data_service:
+                return iter(self._service_batches(first_epoch))
+            from pipeline.dataset import chain_epochs
+
+            dataset = chain_epochs(
+                lambda e: self.task.dataset(
+                    self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest
+                )[0],
+                first_epoch,
+                self.last_epoch,
+                skip,
+                c.input.prefetch_batches,
+            )
+            return iter(dataset)
+        import uuid
+
+        from pipeline import data_service
+
+        address = c.data_service
+        if not address:
+            self._local_service = data_service.LocalService(self.hvd)
+            address = self._local_service.address
+        # Horovod: every rank reads the same job; a new name per run (a resumed run starts afresh).
+        job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
+        # A resumed run starts its interrupted epoch again: the ranks' shares of it are not known.
+        first_epoch = self.position.get("epoch", 0)
+        shared = data_service.shared_dataset(
+            c.model, self.shards, "train", c.input, first_epoch, self.last_epoch, self.manifest
+        )
+        if c.max_steps:  # max_steps per rank, counted for all ranks together (exact with one worker)
+            shared = shared.take(max(0, c.max_steps * self.size - self._global_steps_done()))
+        return iter(data_service.distribute_shared(shared, address, job))
+
+    def _global_steps_done(self) -> int:
+        """Asynchronous training: the steps all ranks took before this run (their position files)."""
+        done = 0
+        for path in (self.workdir / "positions").glob("rank-*.json"):
+            done += (read_json(path) or {}).get("step", 0)
+        return done
+
+    def _epoch_of(self, step: int, origin) -> int:
+        """Lockstep: the epoch of `step` (1-based) when epoch origin[0] began after step origin[1]."""
+        return origin[0] + max(0, step - 1 - origin[1]) // self.steps_per_epoch
+
+    def _epoch(self, step: int) -> int:
+        """The epoch this rank's `step` belongs to (asynchronous training: of all ranks' steps)."""
+        if not self.budget_in_data:
+            return self._epoch_of(step, self._origin)
+        done = max(self.strategy.global_steps, step * self.size)
+        return min(self.last_epoch - 1, done // (self.steps_per_epoch * self.size))
+
+    def _sample_batch(self, epoch: int):
+        """One fixed batch for the per-module profile (read once, outside the training pipeline)."""
+        dataset, _ = self.task.dataset(
+            self.shards, "train", self.config.input, self.rank, self.size, epoch, True, self.manifest
+        )
+        self._profile_sample = next(iter(dataset.take(1)))
+        return self._profile_sample
