@@ -1,12 +1,21 @@
-"""Training throughput of both models at np=1 and np=2, and the acoustic model's FLOP/s.
+"""Training throughput of both models at np=1 and np=2, the acoustic model's FLOP/s, and the
+synthesis model's per-module profile and batch-size curve.
 
-    python benchmarks/throughput.py [--json out.json] [--tiny] [--shards DIR]
+    python benchmarks/throughput.py [--json out.json] [--tiny] [--shards DIR] [--only tts]
 
 Runs the real trainer (`python -m models.train`, and `horovodrun -np 2` for np=2) for a fixed
 number of steps and reads its summary: frames/s over all ranks with the warm-up steps excluded,
 and the step-time breakdown (input / compute / communication). It measures this machine's float32
 (and bfloat16) matrix-multiply peak with `tf.matmul`, and reports the acoustic model's achieved
-FLOP/s (analytic FLOPs per frame x frames/s) against it, in float32 and mixed bfloat16.
+FLOP/s (analytic FLOPs per frame x frames/s) against it, in float32 and mixed bfloat16. For the
+synthesis model the trainer's per-module profile (encoder, decoder, post-net; forward and backward
+apart, warm-up excluded) at np=1 and np=2.
+
+Synthesis batch-size curve (`tts_curve`): one process, the shapes of ../shared/gpu-calibration.md
+(60 characters, 600 frames, r=3, the demo model), a training step (forward, backward, Adam) at
+batch 16, 32 and 64, with the decoder loop compiled as a graph and with XLA: frames/s and the
+per-module times, printed beside the GPU calibration's rows. Frames/s that grow with the batch say
+the step is bound by per-step latency (launches, the recurrence), not by arithmetic.
 """
 
 from __future__ import annotations
@@ -36,12 +45,115 @@ def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
+# ../shared/gpu-calibration.md, synthesis model on one H100 (PyTorch eager, fp32): batch ->
+# (encoder, decoder, post-net forward, backward + Adam) in ms, and frames/s.
+GPU_CALIBRATION_TTS = {
+    16: (1.4, 112.0, 0.5, 235.0, 27.5e3),
+    64: (1.5, 106.0, 0.6, 215.0, 119e3),
+    256: (1.6, 101.0, 1.4, 245.0, 441e3),
+}
+
+
+def tts_curve(batches: tuple[int, ...], tiny: bool, repeats: int) -> dict:
+    """Synthesis training-step time and frames/s at each batch size, decoder as a graph and with
+    XLA, and the per-module forward/backward times (TtsTask.profile), on random inputs of the GPU
+    calibration's shapes. The first steps (tracing, XLA compilation) are not counted."""
+    import dataclasses
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from models import tts
+    from models.tasks import TtsTask
+
+    chars, frames = (12, 30) if tiny else (60, 600)
+    base = tts.TtsConfig(vocab_size=40)
+    if tiny:
+        base = dataclasses.replace(
+            base, embedding_dim=16, encoder_conv_filters=16, encoder_lstm_units=8, attention_dim=8,
+            prenet_units=(16,), decoder_lstm_units=16, postnet_filters=16, location_filters=4,
+        )  # fmt: skip
+    results = {}
+    for xla in (False, True):
+        config = dataclasses.replace(base, xla=xla)
+        task = TtsTask(config)
+        model = task.build()
+        optimizer = keras.optimizers.Adam(1e-4)
+
+        def step(batch, model=model, optimizer=optimizer, task=task):
+            with tf.GradientTape() as tape:
+                loss, _ = task.loss(model, batch, training=True)
+            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            return loss
+
+        compiled = tf.function(step, reduce_retracing=True)
+        forward = tf.function(lambda b, model=model, task=task: task.loss(model, b, training=True)[0])
+        mode = "xla" if xla else "graph"
+        for batch_size in batches:
+            rng = np.random.default_rng(batch_size)
+            batch = {
+                "tokens": tf.constant(rng.integers(1, 40, [batch_size, chars]), tf.int32),
+                "token_lengths": tf.fill([batch_size], chars),
+                "mels": tf.constant(rng.normal(size=[batch_size, frames, 80]), tf.float32),
+                "mel_lengths": tf.fill([batch_size], frames),
+                "stop_targets": tf.one_hot(tf.fill([batch_size], frames - 1), frames),
+            }
+            for _ in range(2):  # tracing and compilation
+                compiled(batch).numpy()
+                forward(batch).numpy()
+            task.profile(model, batch)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                compiled(batch).numpy()
+            step_s = (time.perf_counter() - start) / repeats
+            start = time.perf_counter()
+            for _ in range(repeats):
+                forward(batch).numpy()
+            forward_s = (time.perf_counter() - start) / repeats
+            profile = task.profile(model, batch)
+            key = f"tts_curve_{mode}_b{batch_size}"
+            results[f"{key}_step_ms"] = 1000 * step_s
+            results[f"{key}_forward_ms"] = 1000 * forward_s
+            results[f"{key}_backward_adam_ms"] = 1000 * (step_s - forward_s)
+            results[f"{key}_frames_per_s"] = batch_size * frames / step_s
+            for name, seconds in profile.items():
+                results[f"{key}_profile_{name[:-2]}_ms"] = 1000 * seconds
+    return results
+
+
+def print_tts_curve(results: dict, batches: tuple[int, ...]) -> None:
+    rows = []
+    for mode in ("graph", "xla"):
+        for b in batches:
+            key = f"tts_curve_{mode}_b{b}"
+            rows.append(
+                [
+                    f"this machine, {mode}, batch {b}",
+                    results[f"{key}_profile_encoder_forward_ms"],
+                    results[f"{key}_profile_decoder_forward_ms"],
+                    results[f"{key}_profile_postnet_forward_ms"],
+                    results[f"{key}_backward_adam_ms"],
+                    results[f"{key}_frames_per_s"],
+                ]
+            )
+    for b, (enc, dec, post, back, fps) in GPU_CALIBRATION_TTS.items():
+        rows.append([f"H100 calibration, PyTorch eager, batch {b}", enc, dec, post, back, fps])
+    print("synthesis training step, 60 characters x 600 frames, r=3 (forward per module; ms):")
+    print_table(["", "encoder", "decoder", "post-net", "backward + Adam", "frames/s"], rows)
+    for mode in ("graph", "xla"):
+        k = f"tts_curve_{mode}_b"
+        growth = results[f"{k}{batches[-1]}_frames_per_s"] / results[f"{k}{batches[0]}_frames_per_s"]
+        print(f"{mode}: frames/s at batch {batches[-1]} / batch {batches[0]} = {growth:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true", help="tiny models and data (for tests)")
     parser.add_argument("--shards", type=Path, help="shards to train on (default: synthetic, demo-sized)")
     parser.add_argument("--steps", type=int, default=40, help="training steps per measurement")
+    parser.add_argument("--only", choices=("asr", "tts"), help="measure one model only")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="throughput-"))
     if args.tiny:
@@ -74,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.tiny:  # the test only needs every kind of run once; np=2 bfloat16 adds nothing new there
         runs.remove(("asr", 2, "mixed_bfloat16"))
+    if args.only:
+        runs = [run for run in runs if run[0] == args.only]
     from common import config as configlib
     from models import asr
     from models.tasks import resolve_asr
@@ -105,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             row += [flops / 1e9, flops / peak]
         else:
             for module in ("encoder", "decoder", "postnet"):
-                results[f"{key}_profile_{module}_ms"] = summary.get(f"profile_{module}_ms", float("nan"))
+                for part in ("", "_forward", "_backward"):
+                    name = f"profile_{module}{part}_ms"
+                    results[f"{key}_{name}"] = summary.get(name, float("nan"))
             row += ["", ""]
         rows.append(row)
     print(
@@ -113,12 +229,18 @@ def main(argv: list[str] | None = None) -> int:
         f"bfloat16 {results['matmul_peak_flops_bfloat16'] / 1e9:.0f} GFLOP/s"
     )
     print_table(["run", "frames/s", "steps/s", "input share", "comm share", "GFLOP/s", "of fp32 peak"], rows)
-    tts = [results.get(f"tts_np1_profile_{m}_ms") for m in ("encoder", "decoder", "postnet")]
-    print(
-        "synthesis per-module time per step (np=1, forward+backward, ms): encoder {:.1f}, decoder {:.1f}, post-net {:.1f}".format(
-            *tts
-        )
-    )
+    if args.only != "asr":
+        profile_rows = [
+            [f"np={n}, {part}"]
+            + [results[f"tts_np{n}_profile_{m}_{part}_ms"] for m in ("encoder", "decoder", "postnet")]
+            for n in (1, 2)
+            for part in ("forward", "backward")
+        ]
+        print("synthesis per-module time per step in training (ms, the trainer's profile, warm-up excluded):")
+        print_table(["", "encoder", "decoder", "post-net"], profile_rows)
+        batches = (4, 8) if args.tiny else (16, 32, 64)
+        results.update(tts_curve(batches, args.tiny, repeats=1 if args.tiny else 3))
+        print_tts_curve(results, batches)
     write_json(args.json, results)
     return 0
 

@@ -37,6 +37,9 @@ class EvalConfig:
     # tts: smaller, as free-running synthesis holds up to 1.5 times each reference and an attention
     # row per decoder step for every sentence of the batch
     tts_frames_per_batch: int = 12000
+    # tts: a training voice to speak every sentence in; empty: each recording's own voice (dev), or
+    # for voices training never heard (test), the nearest training voice (models/tasks.py TtsTask.voices)
+    voice: str = ""
 
 
 def _input(config, frames_per_batch: int):
@@ -71,17 +74,17 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
                 evaluate_asr.evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width)
             )
             continue
-        dataset, _ = TtsTask(config.tts).dataset(
+        dataset, _ = TtsTask(config.tts, cfg.voice).dataset(
             shards, split, _input(config, cfg.tts_frames_per_batch), 0, 1, 0, False, manifest
         )
-        if split == "dev":  # selection only: the teacher-forced mel L1, no synthesis
-            metrics["dev_mel_l1"] = teacher_forced_l1(model, dataset)
-            continue
+        # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
         spoken = list(evaluate_tts.synthesize(model, config, data, dataset, cfg.max_utterances))
         metrics.update(evaluate_tts.tts_metrics(spoken, split))
+        if split == "dev":  # selection: the teacher-forced mel L1 of all of dev
+            metrics["dev_mel_l1"] = teacher_forced_l1(model, dataset)
         if asr_model_dir is not None:
             metrics.update(evaluate_tts.intelligibility(spoken, data["vocabulary"], asr_model_dir, split, out_dir))
-        evaluate_tts.write_samples(spoken, out_dir, cfg.num_plots, cfg.num_audio)
+        evaluate_tts.write_samples(spoken, data["vocabulary"], out_dir, split, cfg.num_plots, cfg.num_audio)
     # The champion is chosen on dev (the test split is only reported); without dev, on the first split.
     if config.model == "asr":
         metrics["primary_metric"] = f"{splits[0]}_cer"
@@ -101,8 +104,11 @@ def teacher_forced_l1(model, dataset) -> float:
     import tensorflow as tf
 
     total = count = 0.0
+    forced = tf.function(
+        lambda b: model.teacher_forced(b, training=False), reduce_retracing=True
+    )  # a graph, not a Python step per frame
     for batch in dataset:
-        out = model.teacher_forced(batch, training=False)
+        out = forced(batch)
         mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mels"])[1], tf.float32)[..., None]
         total += float(tf.reduce_sum(tf.abs(out["mel_after"] - batch["mels"]) * mask))
         count += float(tf.reduce_sum(mask)) * int(batch["mels"].shape[-1])
@@ -161,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")
     p.add_argument("--max-utterances", type=int, help="tts: utterances to synthesize (default 100)")
     p.add_argument("--num-audio", type=int, help="tts: sentences to render as audio with Griffin-Lim (default 3)")
+    p.add_argument("--voice", help="tts: speak every sentence in this training voice (default: see EvalConfig.voice)")
     cli.add_config_arguments(p, "EvalConfig")
     p.add_argument("--mlflow-parent-run-id", help="also log to a child run of this MLflow run (the DAG's)")
     p.add_argument("--no-mlflow", action="store_true", help="only write eval.json")
@@ -177,6 +184,7 @@ def _main(args: argparse.Namespace) -> None:
         "beam_width": args.beam_width,
         "max_utterances": args.max_utterances,
         "num_audio": args.num_audio,
+        "voice": args.voice,
     }
     cfg = configlib.load(EvalConfig, args.config, args.set, flags=flags)
     metrics = evaluate(args.model_dir, args.shards, cfg, args.asr_model_dir)

@@ -1,11 +1,15 @@
 """Evaluating the synthesis model, in three steps that `models.evaluate` runs in order:
 
 1. `synthesize`: inference only. Each test sentence is spoken twice, teacher-forced (for the mel L1
-   and the attention's diagonality) and free-running (what a listener hears), and kept as a `Spoken`.
+   and the attention's diagonality) and free-running (what a listener hears), and kept as a `Spoken`
+   with the voice it was spoken in: the recording's own speaker when training heard that voice (the
+   dev split: held-out sentences in training voices), otherwise the training voice nearest to it
+   (the test split's voices are new; see `TtsTask.voices`), or one voice asked for by name.
 2. `tts_metrics`: numbers from the `Spoken`s (mel L1, filterbank cepstral distance after DTW, attention
    monotonicity and diagonality), and `intelligibility`: our acoustic model transcribes the
    synthesized mels, and its CER says how understandable they are.
-3. `write_samples`: attention and mel plots and Griffin-Lim WAVs of the first few sentences.
+3. `write_samples`: attention and mel plots and Griffin-Lim WAVs of the first few sentences, each
+   file named with its voice, and `SPLIT_samples.tsv` saying who speaks what.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ class Spoken:
     """One test sentence spoken by the model; mels are raw log-mel fbank [frames, dim]."""
 
     utt_id: str
+    speaker: str  # who recorded the reference
+    voice: str  # the training voice the model spoke it in ("" for a model with one voice)
     tokens: np.ndarray  # [N] token ids of the sentence
     reference: np.ndarray  # [T, D] the recording's features
     teacher_forced: np.ndarray  # [T, D] post-net output with the reference frames fed back
@@ -33,21 +39,26 @@ class Spoken:
 
 
 def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Iterator[Spoken]:
-    """Speaks the sentences of `dataset` (the synthesis input pipeline, in evaluation mode)."""
+    """Speaks the sentences of `dataset` (`TtsTask.dataset` in evaluation mode: its `speaker_ids`
+    say in which voice) with compiled functions: the decoder loops run as graphs."""
     import tensorflow as tf
 
     mean, std = np.asarray(data["mel_mean"], np.float32), np.asarray(data["mel_std"], np.float32)
     r = config.tts.reduction_factor
-    infer = tf.function(model.infer, reduce_retracing=True)
+    voices = list(config.tts.speakers) if config.tts.multi_speaker else [""]
+    forced_pass = tf.function(lambda b: model.teacher_forced(b, training=False), reduce_retracing=True)
+    infer = model.compiled_infer()
     count = 0
     for batch in dataset:
-        forced = model.teacher_forced(batch, training=False)
+        forced = forced_pass(batch)
         reference = batch["mels"].numpy() * std + mean  # [B, T, D] log-mel
         lengths = batch["mel_lengths"].numpy()
         predicted = forced["mel_after"].numpy() * std + mean
         token_lengths = batch["token_lengths"].numpy()
+        ids = batch.get("speaker_ids", tf.zeros_like(batch["token_lengths"]))
         # Free-running synthesis may run up to 1.5 times the reference's length before it is cut.
-        free = infer(batch["tokens"], batch["token_lengths"], int(1.5 * reference.shape[1] / r) + 10)
+        steps = tf.constant(int(1.5 * reference.shape[1] / r) + 10)
+        free = infer(batch["tokens"], batch["token_lengths"], steps, tf.constant(0.5), ids)
         free_mels = free["mels"].numpy() * std + mean
         free_lengths = np.maximum(free["lengths"].numpy(), 1)
         for i, utt in enumerate(batch["utt_id"].numpy()):
@@ -56,6 +67,8 @@ def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Itera
             n, t, f = int(token_lengths[i]), int(lengths[i]), int(free_lengths[i])
             yield Spoken(
                 utt_id=utt.decode(),
+                speaker=batch["speaker"][i].numpy().decode(),
+                voice=voices[int(ids[i])],
                 tokens=batch["tokens"][i, :n].numpy(),
                 reference=reference[i, :t],
                 teacher_forced=predicted[i, :t],
@@ -87,48 +100,78 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
         f"{split}_attention_monotonicity_teacher_forced": attention(tts.attention_monotonicity, "forced_alignment"),
         f"{split}_attention_diagonality_teacher_forced": attention(tts.attention_diagonality, "forced_alignment"),
         f"{split}_utterances": len(spoken),
+        f"{split}_voices": len({s.voice for s in spoken}),
+        # how many sentences were spoken in the voice that recorded them (the rest: a nearest or chosen voice)
+        f"{split}_own_voice_fraction": float(np.mean([s.voice == s.speaker for s in spoken])) if spoken else 0.0,
     }
 
 
 def intelligibility(
     spoken: list[Spoken], vocabulary: list[str], asr_model_dir: Path, split: str, out_dir: Path
 ) -> dict:
-    """CER of an acoustic model on the synthesized log-mels.
-
-    The synthesizer is treated as one more speaker: its utterances are normalized with the mean and
-    variance of all of them (speaker CMVN, as the acoustic model was trained with)."""
+    """CER of an acoustic model on the synthesized log-mels, normalized as that model was trained:
+    each utterance by its own statistics (`input.cmvn: utterance`), or each synthesized voice as one
+    speaker, by the mean and variance of all its utterances (speaker CMVN and the others)."""
     from models.evaluate_asr import error_rates
     from models.serving import load_model_dir
+    from pipeline import frontend
 
-    asr_model, _, asr_data = load_model_dir(Path(asr_model_dir) / "model")
-    mels = [s.synthesized for s in spoken]
-    frames = np.concatenate(mels)
-    mean, std = frames.mean(0), np.maximum(frames.std(0), 1e-4)
+    asr_model, asr_config, asr_data = load_model_dir(Path(asr_model_dir) / "model")
+    per_utterance = asr_config.input.cmvn == "utterance"
+    stats = {}
+    for voice in {s.voice for s in spoken}:
+        frames = np.concatenate([s.synthesized for s in spoken if s.voice == voice])
+        stats[voice] = frames.mean(0), np.maximum(frames.std(0), 1e-4)
     refs = ["".join(vocabulary[t] for t in s.tokens) for s in spoken]
     hyps = []
-    for start in range(0, len(mels), 16):
-        chunk = mels[start : start + 16]
-        lengths = np.asarray([len(m) for m in chunk], np.int32)
-        feats = np.zeros([len(chunk), lengths.max(), frames.shape[1]], np.float32)
-        for i, m in enumerate(chunk):
-            feats[i, : len(m)] = (m - mean) / std
+    for start in range(0, len(spoken), 16):
+        chunk = spoken[start : start + 16]
+        lengths = np.asarray([len(s.synthesized) for s in chunk], np.int32)
+        feats = np.zeros([len(chunk), lengths.max(), chunk[0].synthesized.shape[1]], np.float32)
+        for i, s in enumerate(chunk):
+            mean, std = (0.0, 1.0) if per_utterance else stats[s.voice]
+            feats[i, : len(s.synthesized)] = (s.synthesized - mean) / std
+        if per_utterance:
+            feats = frontend.utterance_normalize(feats, lengths).numpy()
         hyps += asr.transcribe(asr_model, feats, lengths, asr_data["vocabulary"])
     rates = error_rates(refs, hyps)
-    rows = ["utt_id\treference\tasr_on_synthesis"] + [f"{s.utt_id}\t{r}\t{h}" for s, r, h in zip(spoken, refs, hyps)]
+    rows = ["utt_id\tspeaker\tvoice\treference\tasr_on_synthesis"] + [
+        f"{s.utt_id}\t{s.speaker}\t{s.voice}\t{r}\t{h}" for s, r, h in zip(spoken, refs, hyps)
+    ]
     (out_dir / f"{split}_intelligibility.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     return {f"{split}_intelligibility_cer": rates["cer"], f"{split}_intelligibility_wer": rates["wer"]}
 
 
-def write_samples(spoken: list[Spoken], out_dir: Path, num_plots: int, num_audio: int) -> None:
-    """Attention and mel plots of the first `num_plots` sentences, Griffin-Lim WAVs of the first `num_audio`."""
-    for s in spoken[:num_plots]:
+def write_samples(
+    spoken: list[Spoken], vocabulary: list[str], out_dir: Path, split: str, num_plots: int, num_audio: int
+) -> None:
+    """Attention and mel plots of the first `num_plots` sentences, Griffin-Lim WAVs of the first
+    `num_audio`, each named `UTT_in_VOICE_...`, and `SPLIT_samples.tsv`: file, recorded speaker,
+    synthesized voice, text. Sentences in different voices come first, so the samples show several."""
+    firsts = {}
+    for s in spoken:
+        firsts.setdefault(s.voice, s)
+    ordered = list(firsts.values()) + [s for s in spoken if firsts[s.voice] is not s]
+    rows = ["file\tspeaker\tvoice\ttext"]
+
+    def stem(s: Spoken) -> str:
+        return f"{s.utt_id}_in_{s.voice}" if s.voice else s.utt_id
+
+    for s in ordered[:num_plots]:
+        title = f"{s.utt_id} in {s.voice or 'the model voice'}"
         audio.plot_alignment(
-            s.forced_alignment, out_dir / f"{s.utt_id}_attention_teacher_forced.png", f"{s.utt_id}: teacher-forced"
+            s.forced_alignment, out_dir / f"{stem(s)}_attention_teacher_forced.png", f"{title}: teacher-forced"
         )
         audio.plot_alignment(
-            s.free_alignment, out_dir / f"{s.utt_id}_attention_synthesis.png", f"{s.utt_id}: while synthesizing"
+            s.free_alignment, out_dir / f"{stem(s)}_attention_synthesis.png", f"{title}: while synthesizing"
         )
-        audio.plot_mels(s.synthesized, s.reference, out_dir / f"{s.utt_id}_mels.png", s.utt_id)
-    for s in spoken[:num_audio]:
-        audio.write_wav(out_dir / f"{s.utt_id}_synthesized.wav", audio.griffin_lim(s.synthesized))
+        audio.plot_mels(s.synthesized, s.reference, out_dir / f"{stem(s)}_mels.png", title)
+    for s in ordered[:num_audio]:
+        text = "".join(vocabulary[t] for t in s.tokens)
+        audio.write_wav(out_dir / f"{stem(s)}_synthesized.wav", audio.griffin_lim(s.synthesized))
         audio.write_wav(out_dir / f"{s.utt_id}_reference_griffin_lim.wav", audio.griffin_lim(s.reference))
+        rows += [
+            f"{stem(s)}_synthesized.wav\t{s.speaker}\t{s.voice}\t{text}",
+            f"{s.utt_id}_reference_griffin_lim.wav\t{s.speaker}\t{s.speaker}\t{text}",
+        ]
+    (out_dir / f"{split}_samples.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")

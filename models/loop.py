@@ -1,5 +1,9 @@
 """The training loop behind `models.train`: one Trainer per process (one per Horovod rank).
 
+Longer than our other modules (about 500 lines) because the step loop, an elastic job's reset and
+rank 0's MLflow run share the Trainer's state; which batches a rank reads is models/schedule.py,
+what a run reports at its end models/reporting.py, the step-time breakdown models/timing.py.
+
 Every place Horovod touches a training run, listed from here so a reader finds them all:
 - common/runtime.py `configure_tensorflow`: each rank's share of the cores and its local GPU.
 - models/strategies.py `init_horovod`: `hvd.init` (dynamic process sets when gossip needs them).
@@ -17,8 +21,6 @@ Every place Horovod touches a training run, listed from here so a reader finds t
 from __future__ import annotations
 
 import dataclasses
-import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -29,6 +31,8 @@ from common.fsutil import atomic_write_json, read_json
 from common.progress import progress as progress_bar
 from models import checkpoint, tracking
 from models.hooks import TrainHooks
+from models.reporting import Reporting
+from models.schedule import Schedule
 from models.timing import StepTimes
 from models.train_config import TrainConfig, check_workdir, learning_rate
 
@@ -48,7 +52,7 @@ class _Progress:
     world_sizes: list = dataclasses.field(default_factory=list)  # (step, size) at every elastic reset
 
 
-class Trainer:
+class Trainer(Schedule, Reporting):
     def __init__(
         self,
         config: TrainConfig,
@@ -133,29 +137,6 @@ class Trainer:
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
-    def _steps_per_epoch(self) -> int:
-        """Steps of one rank per epoch; asynchronous training: the whole epoch's batches divided by
-        the ranks (an estimate: a faster rank takes more)."""
-        from pipeline import data_service
-        from pipeline.dataset import batch_plan
-
-        if self.budget_in_data:
-            batches = batch_plan(self.manifest, "train", 1, self.config.input, training=True).batches
-            return max(1, round(batches / self.size))
-        if self.config.data_service:
-            if self.config.model != "asr":
-                raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
-            return max(1, round(data_service.steps_per_epoch(self.manifest, "train", self.config.input, self.size)))
-        return batch_plan(self.manifest, "train", self.size, self.config.input, training=True).batches
-
-    def _total_steps(self) -> int:
-        """Steps of the whole run; also sets `last_epoch`, the epochs needed to reach them."""
-        total = self.config.epochs * self.steps_per_epoch
-        if self.config.max_steps:
-            total = min(total, self.config.max_steps) if self.config.epochs else self.config.max_steps
-        self.last_epoch = -(-total // max(1, self.steps_per_epoch))
-        return total
-
     def _compile_steps(self):
         tf, task, model, optimizer = self.tf, self.task, self.model, self.optimizer
         variables = model.trainable_variables
@@ -181,7 +162,7 @@ class Trainer:
 
         self._compute = tf.function(compute, reduce_retracing=True)
         self._apply = tf.function(apply, reduce_retracing=True)
-        self._fused = tf.function(fused, reduce_retracing=True)
+        self._fused_fn, self._fused = fused, None
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -194,6 +175,13 @@ class Trainer:
         with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
             start = time.perf_counter()
             if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
+                if self._fused is None:
+                    # Horovod: one trace with every dimension unknown, the same graph on every rank.
+                    # Traces that follow each rank's own batch shapes (reduce_retracing) name their
+                    # allreduce ops differently on ranks that retraced at different steps, and the
+                    # ranks then wait for each other's tensors forever.
+                    spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
+                    self._fused = tf.function(self._fused_fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)])
                 loss, aux, frames = self._fused(batch, seed)
                 loss = float(loss)  # waits for the step
                 times["compute"], times["communication"] = time.perf_counter() - start, 0.0
@@ -464,80 +452,6 @@ class Trainer:
             except Exception as err:  # MLflow down: the metric above waits in the log's spool; the tag is lost
                 print(f"rank {self.rank}: could not tag the MLflow run ({err})", file=sys.stderr)
 
-    def _service_batches(self, first_epoch: int):
-        """This rank's batches from the tf.data service (coordinated reads: one per rank per round)."""
-        import uuid
-
-        from pipeline import data_service
-
-        # Horovod: every rank must read under the same job name; rank 0 makes a new one per run, so a
-        # resumed run starts a new job instead of rejoining the rounds of a dead one.
-        job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
-        served = data_service.service_dataset(
-            self.shards, "train", self.config.input, self.size, first_epoch, self.last_epoch, self.manifest
-        )
-        return data_service.distribute(served, self.config.data_service, job, self.rank, self.size)
-
-    def _batches(self):
-        """This rank's batches from its position on: lockstep epochs of its own shards, or
-        asynchronous training's share of a job all ranks read (the tf.data service: an outside one,
-        or a dispatcher in rank 0 and a worker in every rank)."""
-        c = self.config
-        if not self.budget_in_data:
-            first_epoch, start = self._origin  # the epoch `first_epoch` began at step `start`
-            skip = self.position["step"] - start
-            first_epoch, skip = first_epoch + skip // self.steps_per_epoch, skip % self.steps_per_epoch
-            if c.data_service:
-                return iter(self._service_batches(first_epoch))
-            from pipeline.dataset import chain_epochs
-
-            dataset = chain_epochs(
-                lambda e: self.task.dataset(
-                    self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest
-                )[0],
-                first_epoch,
-                self.last_epoch,
-                skip,
-                c.input.prefetch_batches,
-            )
-            return iter(dataset)
-        import uuid
-
-        from pipeline import data_service
-
-        address = c.data_service
-        if not address:
-            self._local_service = data_service.LocalService(self.hvd)
-            address = self._local_service.address
-        # Horovod: every rank reads the same job; a new name per run (a resumed run starts afresh).
-        job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
-        # A resumed run starts its interrupted epoch again: the ranks' shares of it are not known.
-        first_epoch = self.position.get("epoch", 0)
-        shared = data_service.shared_dataset(
-            c.model, self.shards, "train", c.input, first_epoch, self.last_epoch, self.manifest
-        )
-        if c.max_steps:  # max_steps per rank, counted for all ranks together (exact with one worker)
-            shared = shared.take(max(0, c.max_steps * self.size - self._global_steps_done()))
-        return iter(data_service.distribute_shared(shared, address, job))
-
-    def _global_steps_done(self) -> int:
-        """Asynchronous training: the steps all ranks took before this run (their position files)."""
-        done = 0
-        for path in (self.workdir / "positions").glob("rank-*.json"):
-            done += (read_json(path) or {}).get("step", 0)
-        return done
-
-    def _epoch_of(self, step: int, origin) -> int:
-        """Lockstep: the epoch of `step` (1-based) when epoch origin[0] began after step origin[1]."""
-        return origin[0] + max(0, step - 1 - origin[1]) // self.steps_per_epoch
-
-    def _epoch(self, step: int) -> int:
-        """The epoch this rank's `step` belongs to (asynchronous training: of all ranks' steps)."""
-        if not self.budget_in_data:
-            return self._epoch_of(step, self._origin)
-        done = max(self.strategy.global_steps, step * self.size)
-        return min(self.last_epoch - 1, done // (self.steps_per_epoch * self.size))
-
     def _set_learning_rate(self, step: int) -> None:
         """Sets the rate that step `step` (1-based) will use; asynchronous training counts all ranks'
         steps together (as the gossip rounds last reported them), divided by the ranks."""
@@ -547,50 +461,6 @@ class Trainer:
         workers = self.size if strategy.name == "allreduce" or strategy.gossip_scale_lr else 1
         self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
         self.optimizer.learning_rate.assign(self.current_lr)
-
-    def _sample_batch(self, epoch: int):
-        """One fixed batch for the per-module profile (read once, outside the training pipeline)."""
-        dataset, _ = self.task.dataset(
-            self.shards, "train", self.config.input, self.rank, self.size, epoch, True, self.manifest
-        )
-        self._profile_sample = next(iter(dataset.take(1)))
-        return self._profile_sample
-
-    def _gather(self, summary: dict) -> dict:
-        """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
-        mine = {
-            "frames_per_s": summary.get("frames_per_s", 0.0),
-            "peak_memory_mb": self._peak_memory_mb(),
-            "steps": summary["steps"],
-            "trained": {k: summary[f"trained_{k}"] for k in ("batches", "utterances", "frames")},
-            "weights_digest": self._weights_digest(),
-        }
-        # Horovod: collect one small record per rank on every rank.
-        everyone = self.hvd.allgather_object(mine)
-        return {
-            "frames_per_s_total": sum(r["frames_per_s"] for r in everyone),
-            "per_rank_frames_per_s": [r["frames_per_s"] for r in everyone],
-            "per_rank_steps": [r["steps"] for r in everyone],
-            "per_rank_trained": [r["trained"] for r in everyone],
-            "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
-            "per_rank_weights_digest": [r["weights_digest"] for r in everyone],
-            "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,
-        }
-
-    def _peak_memory_mb(self) -> float:
-        """This process's peak memory: the GPU allocator's peak when on a GPU, else the resident set."""
-        if self.tf.config.list_logical_devices("GPU"):
-            return self.tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    def _weights_digest(self) -> str:
-        """A hash of this rank's trainable weights: equal on every rank when they hold the same model."""
-        import hashlib
-
-        digest = hashlib.sha256()
-        for variable in self.model.trainable_variables:
-            digest.update(variable.numpy().tobytes())
-        return digest.hexdigest()[:16]
 
     def _save_checkpoint(self, step: int) -> None:
         """Rank 0 writes the weights and optimizer state; asynchronous training's ranks, whose step
@@ -618,6 +488,7 @@ class Trainer:
         model_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.save(model_dir, summary["steps"], self.model.weights, [], {"final": True}, 1, (self.model.name,))
         configlib.save(self.config, model_dir / "config.yaml")
+        from models.serving import recorded_feature_config
         from pipeline.dataset import mel_stats
 
         mean, std = mel_stats(self.manifest)
@@ -630,37 +501,9 @@ class Trainer:
                 "feature_dim": self.manifest["feature_dim"],
                 "mel_mean": mean.tolist(),
                 "mel_std": std.tolist(),
+                # the fbank settings serving computes features from audio with (null: Kaldi made them)
+                "features": recorded_feature_config(self.manifest),
+                "voices": list(self.config.tts.speakers) if self.config.model == "tts" else [],  # synthesis: by name
             },
         )
         atomic_write_json(self.workdir / "train_summary.json", {k: v for k, v in summary.items() if k != "history"})
-
-    def _log_final(self, mlflow, summary: dict) -> None:
-        from models import plots
-
-        scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k not in ("rank",)}
-        mlflow.log_metrics({f"final_{k}": float(v) for k, v in scalars.items()})
-        if "consensus_distance_before_final_average" in summary:
-            # The last point of the consensus-distance curve: the gossip thread measures every
-            # `consensus_every` rounds and may lag the last metrics record, so the curve always
-            # ends with the distance measured just before the final average.
-            mlflow.log_metric(
-                "consensus_distance",
-                float(summary["consensus_distance_before_final_average"]),
-                step=int(summary["steps"]),
-            )
-        for rank, (fps, mem) in enumerate(zip(summary["per_rank_frames_per_s"], summary["per_rank_peak_memory_mb"])):
-            mlflow.log_metrics({f"rank{rank}_frames_per_s": fps, f"rank{rank}_peak_memory_mb": mem})
-        plot_dir = self.workdir / "plots"
-        plot_dir.mkdir(exist_ok=True)
-        for path in plots.training_plots(summary["history"], summary, plot_dir):
-            mlflow.log_artifact(str(path), artifact_path="plots")
-        mlflow.log_artifact(str(self.workdir / "config.yaml"))
-        if not self.config.log_model:
-            return
-        from models import serving
-
-        serving.log_model(
-            self.workdir / "model",
-            self.config,
-            json.loads((self.workdir / "model" / "data.json").read_text()),
-        )

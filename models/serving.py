@@ -1,12 +1,47 @@
-"""Loading a trained model directory, and the MLflow pyfunc model that serves it.
+"""Loading a trained model directory, and the MLflow pyfunc model that serves it: audio in, text out
+(acoustic model); text in, WAV audio and log-mels out (synthesis model).
 
 A model directory (`WORKDIR/model`) holds the weights (`ckpt-*.npz`), the resolved `config.yaml`
-and `data.json` (vocabulary, feature dimension, the synthesis model's mel normalization).
+and `data.json` (vocabulary, feature dimension, the training split's mel statistics, and the
+feature stage's `FeatureConfig` under `features`).
+
+No skew between training and serving. The served acoustic model takes audio and runs what training
+ran on it: the feature stage's reading and resampling (`pipeline.features.prepare_waveform`) and
+fbank (`compute_fbank`) with the training data's FeatureConfig, straight to float log-mel (no
+8-bit storage in between), then the training step's normalization itself (`AsrTask.features` ->
+`pipeline.frontend.normalize`) on a batch built as the input pipeline builds it. Per-speaker
+statistics do not exist for a speaker heard in one request, so the models meant for serving train
+with `input.cmvn: utterance` (configs/demo_asr.yaml): each utterance normalized by the mean and
+variance of its own frames, in training, evaluation and serving alike. A model trained with
+`cmvn: global` is served with the training split's statistics (what its training used; note that
+`models.evaluate` normalizes each split by its own), one with `cmvn: none` without normalization.
+A model trained with per-speaker CMVN has no exact counterpart for a new speaker: it is served with
+per-utterance statistics, and loading it warns that this differs from its training.
+
+Acoustic model: rows (a pandas DataFrame, or JSON `dataframe_records` / `dataframe_split` over
+HTTP) whose `audio` is
+  a path of an audio file on the serving machine (WAV, FLAC, SPHERE: what the feature stage reads;
+  any sample rate, resampled; several channels are averaged), or the base64-encoded bytes of such a
+  file, or a waveform: a list of floats in [-1, 1] with the row's `sample_rate` (Hz);
+returns one transcript per utterance (greedy CTC decoding; param `beam_width` > 0: beam search).
+
+Synthesis model: rows with `text` (a sentence, or a list of them) and an optional `voice`: the name
+of a training voice (the model's `voices`, recorded in its data.json; empty: the first); a name the
+model lacks is refused with the list of its voices. Returns `audio` (base64-encoded 16-bit WAV
+files, one per sentence, Griffin-Lim from the predicted mels), `voices` (the voice of each
+sentence), `sample_rate`, `mels` float32 [B, T, D] (log-mel as the feature stage computes it, zero
+after each sentence's length) and `lengths` int32 [B]. Params
+`max_steps` (decoder steps, default 400) and `griffin_lim_iters` (default 48; 0: no audio).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
 import json
+import math
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -14,8 +49,10 @@ import mlflow
 import numpy as np
 
 from common import config as configlib
+from common.fsutil import read_json
 from models import checkpoint
-from pipeline import text
+
+FRAMES_PER_BATCH = 40000  # padded input frames per batch of a request (the evaluation's batch size)
 
 
 def load_model_dir(model_dir: Path):
@@ -40,63 +77,296 @@ def load_model_dir(model_dir: Path):
     return model, config, data
 
 
-def utterance_cmvn(feats: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Per-utterance mean/variance normalization [B, T, D], for speakers without statistics."""
-    out = np.zeros_like(feats, dtype=np.float32)
-    for i, n in enumerate(lengths):
-        x = feats[i, :n]
-        out[i, :n] = (x - x.mean(0)) / np.maximum(x.std(0), 1e-4)
+def recorded_feature_config(manifest: dict, split: str = "train") -> dict | None:
+    """The FeatureConfig (as a dict) that the feature stage used for `split` of a shard manifest,
+    from the done-marker in the split's data directory; None when the stage did not make those
+    features (Kaldi made them) or the directory is not readable from here. For `data.json`."""
+    from pipeline import features
+
+    data_dir = manifest.get("splits", {}).get(split, {}).get("data_dir")
+    marker = read_json(Path(data_dir) / features.MARKER) if data_dir else None
+    if not marker or marker.get("state") != "done":
+        return None
+    return (marker.get("fingerprint") or {}).get("config")
+
+
+def feature_config(data: dict):
+    """The FeatureConfig that made the training features, from a model's `data.json`.
+
+    A model directory written before `features` was recorded gets the feature stage's defaults at
+    its feature dimension; one whose features Kaldi made (`features: null`) cannot take audio."""
+    from pipeline import features
+
+    if "features" not in data:
+        return features.FeatureConfig(num_mel_bins=data["feature_dim"])
+    if data["features"] is None:
+        raise ValueError(
+            "data.json records no feature-stage settings: the training features were made by Kaldi (or "
+            "their data directory was not readable when the model was saved), so audio cannot be featurized "
+            "as they were. Train on features from `python -m pipeline.features` to serve a model on audio"
+        )
+    known = {f.name for f in dataclasses.fields(features.FeatureConfig)}
+    cfg = configlib.from_dict(features.FeatureConfig, {k: v for k, v in data["features"].items() if k in known})
+    if cfg.num_mel_bins != data["feature_dim"]:
+        raise ValueError(f"data.json: features has {cfg.num_mel_bins} mel bins, the model {data['feature_dim']}")
+    return cfg
+
+
+# ---- acoustic model: audio -> log-mel -> the training normalization -> text -----------------------
+
+
+def _missing(value) -> bool:
+    """A DataFrame cell left empty (None, or NaN where pandas filled a column)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _rows(model_input) -> list[dict]:
+    """The request's rows as dicts (a DataFrame, a dict of columns, or a list of dicts)."""
+    if hasattr(model_input, "to_dict"):
+        return model_input.to_dict(orient="records")
+    if isinstance(model_input, dict):
+        return [model_input]
+    return list(model_input)
+
+
+def utterances(model_input) -> list[tuple[object, object]]:
+    """The request's utterances in order: (audio, sample rate or None) for each.
+
+    A row's `audio` is a string (a file path or base64 file bytes), a waveform (a list or array of
+    floats, with the row's `sample_rate`), or a list of strings (MLflow makes one row of a dict
+    `{"audio": ["a.wav", "b.wav"]}`)."""
+    out = []
+    for i, row in enumerate(_rows(model_input)):
+        audio, rate = row.get("audio"), row.get("sample_rate")
+        if isinstance(audio, str):
+            out.append((audio, None))
+        elif isinstance(audio, (list, tuple, np.ndarray)) and len(audio) and all(isinstance(a, str) for a in audio):
+            out += [(a, None) for a in audio]
+        elif isinstance(audio, (list, tuple, np.ndarray)):
+            out.append((audio, None if _missing(rate) else rate))
+        else:
+            raise ValueError(f"row {i}: `audio` must be a file path, base64 file bytes or a waveform, got {audio!r}")
     return out
 
 
+def read_audio_cell(value: str) -> tuple[int, np.ndarray]:
+    """An `audio` string: a file path on this machine, or base64 of a file's bytes. Returns (rate,
+    float32 [samples, channels] on the int16 scale), read as the feature stage reads files."""
+    from pipeline import audio_io
+
+    try:
+        is_file = Path(value).is_file()
+    except (OSError, ValueError):  # a long base64 string is no file name
+        is_file = False
+    if is_file:
+        return audio_io.read_file(Path(value))
+    encoded = value.split(",", 1)[1] if value.startswith("data:") else value  # a data: URI's payload
+    try:
+        raw = base64.b64decode("".join(encoded.split()), validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ValueError(f"`audio` is neither a file on the serving machine nor base64: {value[:80]!r}") from err
+    with tempfile.TemporaryDirectory() as tmp:  # read_file checks and decodes files, so the bytes become one
+        path = Path(tmp) / "audio"
+        path.write_bytes(raw)
+        return audio_io.read_file(path)
+
+
+def audio_features(audio, sample_rate, cfg) -> np.ndarray:
+    """One utterance (see `utterances`) -> log-mel fbank float32 [frames, D], as the feature stage
+    computes it: read, mixed down and resampled by `prepare_waveform`, then `compute_fbank`."""
+    from pipeline import features
+    from pipeline.audio_io import AudioError
+
+    try:
+        if isinstance(audio, str):
+            rate, waveform = read_audio_cell(audio)
+        else:
+            if sample_rate is None or float(sample_rate) <= 0:
+                raise ValueError("a waveform needs its `sample_rate` (Hz)")
+            rate, waveform = int(sample_rate), np.asarray(audio, np.float32)
+            if waveform.ndim != 1:
+                raise ValueError(f"a waveform is one list of samples, got an array of shape {waveform.shape}")
+            waveform = waveform[:, None] * 32768.0  # [samples, 1]; [-1, 1] -> the int16 scale
+        wave = features.prepare_waveform(rate, waveform, None, cfg)
+    except AudioError as err:
+        raise ValueError(f"unusable audio ({err.reason}): {err}") from err
+    feats = features.compute_fbank(wave, cfg)  # [frames, D]
+    if len(feats) == 0:
+        raise ValueError(
+            f"{len(wave) / cfg.sample_rate:.3f} s of audio give no frame ({cfg.frame_length_ms} ms needed)"
+        )
+    return feats
+
+
+def asr_batch(feats: list[np.ndarray], cmvn: str, data: dict) -> dict:
+    """Float log-mels [T_i, D] -> the batch the training input pipeline would assemble from float
+    storage: `feats` [B, T, D] zero-padded, `feat_lengths`, the affine map of `cmvn` ("global": the
+    training split's statistics; otherwise the identity) and `utterance_cmvn` ("utterance", and
+    "speaker", whose statistics a new speaker does not have)."""
+    dim = feats[0].shape[1]
+    lengths = np.asarray([len(f) for f in feats], np.int32)
+    padded = np.zeros([len(feats), lengths.max(), dim], np.float32)  # [B, T, D]
+    for i, f in enumerate(feats):
+        padded[i, : len(f)] = f
+    scale, offset = np.ones([len(feats), dim], np.float32), np.zeros([len(feats), dim], np.float32)
+    if cmvn == "global":
+        inv_std = (1.0 / np.asarray(data["mel_std"], np.float64)).astype(np.float32)
+        scale *= inv_std
+        offset -= np.asarray(data["mel_mean"], np.float32) * inv_std
+    return {
+        "feats": padded,
+        "feat_lengths": lengths,
+        "feat_scale": scale,
+        "feat_offset": offset,
+        "utterance_cmvn": np.full([len(feats)], cmvn in ("utterance", "speaker")),
+    }
+
+
+def transcribe_features(model, config, data: dict, feats: list[np.ndarray], beam_width: int = 0) -> list[str]:
+    """Transcripts of float log-mels [T_i, D] (in order), normalized as `config.input.cmvn` trained
+    the model, in batches of about FRAMES_PER_BATCH padded frames of similar lengths."""
+    from models import asr
+    from models.tasks import AsrTask
+
+    order = sorted(range(len(feats)), key=lambda i: len(feats[i]))
+    out = [""] * len(feats)
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * len(feats[order[end]]) <= FRAMES_PER_BATCH:
+            end += 1
+        chunk = order[start:end]
+        batch = asr_batch([feats[i] for i in chunk], config.input.cmvn, data)
+        hyps = asr.transcribe(
+            model, AsrTask.features(batch), batch["feat_lengths"], data["vocabulary"], beam_width=beam_width
+        )
+        for i, hyp in zip(chunk, hyps):
+            out[i] = hyp
+        start = end
+    return out
+
+
+# ---- synthesis model: text -> log-mel -> Griffin-Lim audio ----------------------------------------
+
+
+def wav_base64(log_mel: np.ndarray, iterations: int) -> str:
+    """Griffin-Lim audio of one sentence's log-mel [T, D] as a base64-encoded 16-bit WAV file."""
+    from models import audio
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "synthesized.wav"
+        audio.write_wav(path, audio.griffin_lim(log_mel, n_iter=iterations))
+        return base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def texts_and_voices(model_input) -> tuple[list[str], list[str | None]]:
+    """The `text` column's sentences (one cell may hold a list of them) and each one's `voice` (the
+    row's; None where the column or the cell is missing)."""
+    cells = list(model_input["text"])
+    column = model_input.get("voice") if hasattr(model_input, "get") else None
+    row_voices = list(column) if column is not None else [None] * len(cells)
+    texts, voices = [], []
+    for cell, voice in zip(cells, row_voices):
+        sentences = list(cell) if isinstance(cell, (list, tuple, np.ndarray)) else [cell]
+        texts += [str(t) for t in sentences]
+        voices += [None if _missing(voice) or not str(voice) else str(voice)] * len(sentences)
+    return texts, voices
+
+
 class SpeechModel(mlflow.pyfunc.PythonModel):
-    """ASR: {"feats": float32 [B, T, D] log-mel, "lengths": int32 [B]} -> transcripts (per-utterance CMVN).
-    TTS: {"text": [str]} -> {"mels": float32 [B, T, D] log-mel, "lengths": int32 [B]}."""
+    """The pyfunc model of a model directory (see the module docstring for inputs and outputs)."""
 
     def load_context(self, context):
         self.model, self.config, self.data = load_model_dir(context.artifacts["model_dir"])
+        if self.config.model == "asr" and self.config.input.cmvn == "speaker":
+            warnings.warn(
+                "this acoustic model was trained with per-speaker CMVN, which a new speaker has no "
+                "statistics for: it is served with per-utterance statistics, unlike its training "
+                "(train with input.cmvn=utterance for a served model)",
+                stacklevel=2,
+            )
 
     def predict(self, context, model_input, params=None):
-        from models import asr
-
+        params = params or {}
         if self.config.model == "asr":
-            feats = np.asarray(model_input["feats"], np.float32)
-            lengths = np.asarray(model_input["lengths"], np.int32)
-            logits, out_lengths = self.model(utterance_cmvn(feats, lengths), lengths)
-            hyps = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
-            return [text.decode(h, self.data["vocabulary"]) for h in hyps]
-        # MLflow hands the text column as a DataFrame; one cell may hold a whole list of sentences.
-        texts = [
-            t for cell in model_input["text"] for t in (cell if isinstance(cell, (list, tuple, np.ndarray)) else [cell])
-        ]
-        tokens, lengths = text.encode_batch(texts, self.data["vocabulary"], self.data.get("lowercase", True))
-        out = self.model.infer(tokens, lengths, max_steps=int((params or {}).get("max_steps", 400)))
-        mels = out["mels"].numpy() * np.asarray(self.data["mel_std"]) + np.asarray(self.data["mel_mean"])
-        return {"mels": mels.astype(np.float32), "lengths": out["lengths"].numpy()}
+            cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
+            feats = []
+            for i, (audio, rate) in enumerate(utterances(model_input)):
+                try:
+                    feats.append(audio_features(audio, rate, cfg))
+                except ValueError as err:
+                    raise ValueError(f"utterance {i}: {err}") from err
+            if not feats:
+                return []
+            beam = int(params.get("beam_width") or 0)
+            return transcribe_features(self.model, self.config, self.data, feats, beam)
+        from models import audio, tasks
+
+        texts, voices = texts_and_voices(model_input)
+        # Raises ValueError naming the model's voices for a voice it lacks (models/tts.py speaker_ids).
+        out = tasks.speak(self.model, self.data, texts, voices, max_steps=int(params.get("max_steps") or 400))
+        iterations = int(params.get("griffin_lim_iters", 48))
+        mels, lengths = out["mels"], out["lengths"]
+        return {
+            "audio": [wav_base64(m[:n], iterations) if iterations > 0 else "" for m, n in zip(mels, lengths)],
+            "voices": out["voices"],
+            "sample_rate": audio.SAMPLE_RATE,
+            "mels": mels,
+            "lengths": lengths,
+        }
 
 
 def signature(config, data: dict):
-    """Inputs and outputs with a free batch and time axis (inferring it from an example would fix them)."""
+    """Inputs, outputs and params; the time axes are free (inferring from an example would fix them)."""
     from mlflow.models import ModelSignature
-    from mlflow.types.schema import ColSpec, Schema, TensorSpec
+    from mlflow.types import DataType
+    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
-    mels = TensorSpec(np.dtype(np.float32), (-1, -1, data["feature_dim"]), "mels" if config.model == "tts" else "feats")
-    lengths = TensorSpec(np.dtype(np.int32), (-1,), "lengths")
     if config.model == "asr":
-        return ModelSignature(inputs=Schema([mels, lengths]), outputs=Schema([ColSpec("string")]))
-    return ModelSignature(inputs=Schema([ColSpec("string", "text")]), outputs=Schema([mels, lengths]))
+        # Any: a cell holds a string (path or base64) or a waveform; MLflow's typed columns take
+        # neither both kinds nor a missing sample rate beside a file.
+        inputs = Schema([ColSpec(AnyType(), "audio"), ColSpec(AnyType(), "sample_rate", required=False)])
+        params = ParamSchema([ParamSpec("beam_width", DataType.long, 0)])
+        return ModelSignature(inputs=inputs, outputs=Schema([ColSpec(DataType.string)]), params=params)
+    outputs = Schema(
+        [
+            TensorSpec(np.dtype(np.float32), (-1, -1, data["feature_dim"]), "mels"),
+            TensorSpec(np.dtype(np.int32), (-1,), "lengths"),
+        ]
+    )
+    inputs = Schema([ColSpec(DataType.string, "text"), ColSpec(DataType.string, "voice", required=False)])
+    params = ParamSchema(
+        [ParamSpec("max_steps", DataType.long, 400), ParamSpec("griffin_lim_iters", DataType.long, 48)]
+    )
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def input_example(config) -> dict:
+    """A small valid request: half a second of a tone (acoustic model), or a sentence."""
+    if config.model == "asr":
+        tone = 0.1 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)
+        return {"audio": [tone.round(4).tolist()], "sample_rate": [16000]}
+    return {"text": ["hello world"]}
 
 
 def log_model(model_dir: Path, config, data: dict, name: str = "model"):
     """Logs the model directory as an MLflow pyfunc model with its signature and an input example."""
     root = Path(__file__).resolve().parents[1]
-    if config.model == "asr":
-        example = {"feats": np.zeros([1, 40, data["feature_dim"]], np.float32), "lengths": np.asarray([40], np.int32)}
-    else:
-        example = {"text": ["hello world"]}
+    import kaldi_native_fbank
     import keras
+    import scipy
+    import soundfile
     import tensorflow as tf
 
+    requirements = [
+        f"tensorflow-cpu=={tf.__version__}",
+        f"keras=={keras.__version__}",
+        f"kaldi-native-fbank=={kaldi_native_fbank.__version__}",
+        f"soundfile=={soundfile.__version__}",
+        f"scipy=={scipy.__version__}",
+        "numpy<2",
+        "pyyaml",
+    ]
     with warnings.catch_warnings():
         # MLflow suggests typed predict() signatures; ours is given explicitly (`signature` above).
         warnings.filterwarnings("ignore", message=".*type hint.*")
@@ -106,6 +376,6 @@ def log_model(model_dir: Path, config, data: dict, name: str = "model"):
             artifacts={"model_dir": str(model_dir)},
             code_paths=[str(root / "common"), str(root / "models"), str(root / "pipeline")],
             signature=signature(config, data),
-            input_example=example,
-            pip_requirements=[f"tensorflow-cpu=={tf.__version__}", f"keras=={keras.__version__}", "numpy<2", "pyyaml"],
+            input_example=input_example(config),
+            pip_requirements=requirements,
         )

@@ -5,18 +5,35 @@ location-sensitive attention (Chorowski et al. 2015, as in Tacotron 2) -> `r` me
 stop logits per step -> convolutional post-net residual. Keras 3 runs no AutoGraph on `call`, so
 both decoder loops are explicit `tf.while_loop`s in plain methods; whatever does not depend on
 the recurrence (pre-net over all teacher frames, memory keys, output projections) runs outside.
-Batch keys: tokens [B, N] int32 (0 = padding), token_lengths [B], mels [B, T, 80],
-mel_lengths [B], stop_targets [B, T] (1.0 from the last real frame on).
+
+Voices: with `config.speakers` (the training split's speakers, filled in by models/tasks.py) the
+model has a speaker embedding table, one row per training voice, as multi-speaker Tacotron and
+Deep Voice 2 (Arik et al. 2017) have: each utterance's embedding is projected into the encoder
+output (so the attention memory knows the voice), into the decoder LSTM's input and onto the output
+frames. Without it, a corpus of many voices is learned as their average: smeared spectra.
+
+Compiled decoder: both loops are `tf.while_loop`s, so inside `tf.function` a decoder pass is one
+graph op, not one Python step per frame; `config.xla` also compiles the loop with XLA (one fused
+program per shape, what a GPU needs to be rid of per-op launches). `compiled_infer` is synthesis
+as one such function.
+
+Batch keys: tokens [B, N] int32 (0 = padding), token_lengths [B], mels [B, T, 80], mel_lengths [B],
+stop_targets [B, T] (1.0 from the last real frame on), and speaker_ids [B] int32 (rows of the
+speaker table) for a model with voices.
 
 Use: `model = build_tts(config)`; training `outputs = model.teacher_forced(batch, training=True)`
 and `model.compute_losses(batch, outputs)["total"]` inside `tf.function(reduce_retracing=True)`;
-synthesis `model.infer(tokens, token_lengths, max_steps)`. `encode`, `decode` and `postnet` are
-the three stages of `teacher_forced`, callable on their own to time each one.
+synthesis `model.infer(tokens, token_lengths, max_steps, speaker_ids=...)`. `encode`, `decode` and
+`postnet` are the three stages of `teacher_forced`, callable on their own to time each one.
+
+One file for the model (about 580 lines): its layers, both decoder loops and their XLA forms share
+the step function and the weights' layout; split, each part would import the others' internals.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Literal
 
 import keras
@@ -54,6 +71,13 @@ class TtsConfig:
     guided_attention: bool = True  # add the guided-attention loss (Tachibana et al. 2017)
     guided_attention_sigma: float = 0.2  # width g of the tolerated band around the diagonal
     guided_attention_weight: float = 1.0  # weight of the guided-attention loss in the total
+    # The training voices, one speaker-embedding row each, in this order (models/tasks.py fills them
+    # in from the training split); empty: one voice, no speaker input.
+    speakers: tuple[str, ...] = ()
+    speaker_dim: int = 64  # width of the speaker embedding (0: no speaker input even with speakers)
+    # Compile the decoder loops with XLA (jit_compile): one fused program per batch shape. Helps where
+    # each op is a kernel launch (a GPU); on 2 CPU cores see benchmarks/throughput.py.
+    xla: bool = False
 
     def __post_init__(self):
         if self.mel_loss not in ("l1", "l2"):
@@ -62,6 +86,30 @@ class TtsConfig:
             raise ValueError(f"TtsConfig needs reduction_factor, decoder_lstm_layers >= 1 and vocab_size >= 2: {self}")
         if self.location_kernel % 2 == 0 or self.postnet_kernel % 2 == 0 or self.encoder_conv_kernel % 2 == 0:
             raise ValueError("TtsConfig kernels must be odd so that 'same' convolutions stay centred")
+        if len(set(self.speakers)) != len(self.speakers):
+            raise ValueError("TtsConfig.speakers names a voice twice")
+
+    @property
+    def multi_speaker(self) -> bool:
+        """Whether the model has a speaker table (and batches need `speaker_ids`)."""
+        return bool(self.speakers) and self.speaker_dim > 0
+
+
+def speaker_ids(config: TtsConfig, voices: Sequence[str | None]) -> np.ndarray:
+    """Rows of the speaker table for voice names: int32 [len(voices)]. A missing voice (None or "")
+    is the default voice, the first training voice. ValueError naming the model's voices for a name
+    it does not have. What serving calls with a request's `voice` column."""
+    known = {name: i for i, name in enumerate(config.speakers)}
+    ids = []
+    for voice in voices:
+        if voice is None or voice == "":
+            ids.append(0)
+        elif voice in known:
+            ids.append(known[voice])
+        else:
+            have = f"these voices: {', '.join(config.speakers)}" if config.speakers else "one voice, not named"
+            raise ValueError(f"voice {voice!r} is not one this model was trained on; it has {have}")
+    return np.asarray(ids, np.int32)
 
 
 def _dropout(x, rate: float, on: bool):
@@ -134,6 +182,24 @@ class Tacotron(keras.Model):
         )
         self.post_norms = self._stack("post_norm", (layers.LayerNormalization(name=f"post_norm_{i}") for i in n_post))
         self.post_out = layers.Conv1D(c.n_mels, c.postnet_kernel, padding="same", name="post_out")
+        if c.multi_speaker:
+            # One row per training voice, projected to where the voice matters: the attention memory
+            # (softsign keeps the added term in the LSTM outputs' range), the decoder LSTM's gates
+            # (every step), and the output frames (the voice's spectral envelope).
+            # The table as a bias-free Dense over one-hot rows: its gradient is dense, and Horovod
+            # 0.28.1's grouped allreduce mismatches tensors when a step has two sparse gradients.
+            self.speaker_embedding = layers.Dense(
+                c.speaker_dim, use_bias=False, kernel_initializer="random_normal", name="speaker_embedding"
+            )
+            self.speaker_memory = layers.Dense(m, activation="softsign", name="speaker_memory")
+            self.speaker_decoder = layers.Dense(4 * u, name="speaker_decoder")
+            self.speaker_frames = layers.Dense(c.reduction_factor * c.n_mels, name="speaker_frames")
+        # XLA: the decoder loops as compiled functions (built once: a tf.function per instance).
+        self._loop = self._loop_teacher_xla if c.xla else self._loop_teacher
+        self._free_loop = tf.function(self._loop_free, jit_compile=True) if c.xla else self._loop_free
+        self._xla_forward = tf.function(self._loop_teacher, jit_compile=True)
+        self._xla_backward = tf.function(self._loop_teacher_gradients, jit_compile=True)
+        self._compiled_infer = None
         # Layers used only inside the loops are built here: variables cannot be made in a loop.
         builds = [
             (self.query, (None, u)),
@@ -156,8 +222,20 @@ class Tacotron(keras.Model):
     def call(self, batch, training=False):
         return self.teacher_forced(batch, training)
 
-    def encode(self, tokens, token_lengths, training=False):
-        """tokens [B, N] int32, token_lengths [B] -> memory [B, N, 2 * encoder_lstm_units], 0 at padding."""
+    def voice(self, speaker_ids, batch_size):
+        """Speaker embeddings [B, speaker_dim] of `speaker_ids` [B] int32 (None: the default voice,
+        row 0); None for a model without voices."""
+        if not self.config.multi_speaker:
+            return None
+        if speaker_ids is None:
+            speaker_ids = tf.zeros([batch_size], tf.int32)
+        return self.speaker_embedding(
+            tf.one_hot(speaker_ids, len(self.config.speakers), dtype=self.compute_dtype)
+        )  # [B, E]
+
+    def encode(self, tokens, token_lengths, training=False, speaker_ids=None):
+        """tokens [B, N] int32, token_lengths [B], speaker_ids [B] (a model with voices; None: the
+        default voice) -> memory [B, N, 2 * encoder_lstm_units], 0 at padding."""
         maskf = _mask(token_lengths, tf.shape(tokens)[1], self.compute_dtype)[..., None]  # [B, N, 1]
         x = self.embedding(tokens) * maskf  # [B, N, embedding_dim]
         for conv, norm in zip(self.enc_convs, self.enc_norms):
@@ -168,7 +246,11 @@ class Tacotron(keras.Model):
         fw = self.enc_fw(x, training=training)  # [B, N, units]
         bw = tf.reverse_sequence(x, token_lengths, seq_axis=1, batch_axis=0)
         bw = tf.reverse_sequence(self.enc_bw(bw, training=training), token_lengths, seq_axis=1, batch_axis=0)
-        return tf.concat([fw, bw], -1) * maskf  # [B, N, 2 * units]
+        memory = tf.concat([fw, bw], -1)  # [B, N, 2 * units]
+        voice = self.voice(speaker_ids, tf.shape(tokens)[0])
+        if voice is not None:
+            memory += self.speaker_memory(voice)[:, None, :]
+        return memory * maskf
 
     def _prenet(self, x, on):
         for dense in self.prenet:
@@ -218,8 +300,9 @@ class Tacotron(keras.Model):
                 context = tf.matmul(tf.cast(prev, dt)[:, None, :], memory)[:, 0, :]  # [B, M]
         return (context, new_h, new_c, prev, cum), tf.concat([below, context], -1)
 
-    def decode(self, memory, token_lengths, mels, training=False):
-        """Teacher-forced decoder. memory [B, N, M], mels [B, T, 80] (T need not divide by r).
+    def decode(self, memory, token_lengths, mels, training=False, speaker_ids=None):
+        """Teacher-forced decoder. memory [B, N, M], mels [B, T, 80] (T need not divide by r),
+        speaker_ids [B] (a model with voices; None: the default voice).
 
         Returns mel_before [B, T, 80], stop_logits [B, T] and alignments [B, ceil(T / r), N] (float32).
         """
@@ -231,9 +314,57 @@ class Tacotron(keras.Model):
         # Step s reads the last frame of group s - 1 (a zero "go" frame for s = 0).
         inputs = tf.concat([tf.zeros_like(grouped[:, :1, -c.n_mels :]), grouped[:, :-1, -c.n_mels :]], 1)  # [B, S, 80]
         on = training or c.prenet_dropout_at_inference
-        x0 = tf.transpose(self.lstm_in[0](self._prenet(inputs, on)), [1, 0, 2])  # [S, B, 4U]
+        x0 = self.lstm_in[0](self._prenet(inputs, on))  # [B, S, 4U]
+        voice = self.voice(speaker_ids, b)
+        if voice is not None:
+            x0 += self.speaker_decoder(voice)[:, None, :]
         pad_bias = _energy_mask(token_lengths, tf.shape(memory)[1])  # [B, N]
-        keys, w = self.memory_keys(memory), self._loop_weights()  # [B, N, A]
+        keys = self.memory_keys(memory)  # [B, N, A]
+        out, alignments = self._loop(tf.transpose(x0, [1, 0, 2]), memory, keys, pad_bias, self._loop_weights())
+        frames, stops = self.frame_proj(out), self.stop_proj(out)  # [B, S, r * 80], [B, S, r]
+        if voice is not None:
+            frames += self.speaker_frames(voice)[:, None, :]
+        return dict(
+            mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
+            stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
+            alignments=alignments,
+        )  # [B, S, N]
+
+    def _loop_teacher_xla(self, x0, memory, keys, pad_bias, w):
+        """`_loop_teacher` compiled by XLA, forward and backward each one program.
+
+        The gradient of a compiled while loop needs its per-step intermediates, which TensorFlow
+        cannot hand from an XLA program to the graph around it (TensorLists do not cross that
+        boundary); so the backward program runs the loop again and differentiates it inside XLA
+        (recomputation: one more forward pass, no stored activations)."""
+        flat = tf.nest.flatten(w)
+
+        @tf.custom_gradient
+        def run(x0, memory, keys, *flat_w):
+            weights = tf.nest.pack_sequence_as(w, list(flat_w))
+            outputs = self._xla_forward(x0, memory, keys, pad_bias, weights)
+
+            def grad(d_out, d_align):
+                return self._xla_backward(x0, memory, keys, pad_bias, weights, d_out, d_align)
+
+            return outputs, grad
+
+        return run(x0, memory, keys, *flat)
+
+    def _loop_teacher_gradients(self, x0, memory, keys, pad_bias, w, d_out, d_align):
+        """Gradients of `_loop_teacher`'s outputs with respect to x0, memory, keys and every loop
+        weight (flattened), given the outputs' gradients: the loop run again under a tape."""
+        inputs = [x0, memory, keys, *tf.nest.flatten(w)]
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out, align = self._loop_teacher(x0, memory, keys, pad_bias, w)
+        grads = tape.gradient([out, align], inputs, output_gradients=[d_out, d_align])
+        return [tf.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
+
+    def _loop_teacher(self, x0, memory, keys, pad_bias, w):
+        """The teacher-forced recurrence: x0 [S, B, 4U] (layer 0's input term of every step) ->
+        (outputs [B, S, U + M], alignments [B, S, N] float32). One while loop: with XLA one program."""
+        steps = tf.shape(x0)[0]
         x_ta = tf.TensorArray(x0.dtype, size=steps).unstack(x0)
         out_ta = tf.TensorArray(self.compute_dtype, size=steps)
         align_ta = tf.TensorArray(F32, size=steps)
@@ -242,16 +373,11 @@ class Tacotron(keras.Model):
             state, out = self._step(w, x_ta.read(s), state, memory, keys, pad_bias)
             return s + 1, state, out_ta.write(s, out), align_ta.write(s, state[3])
 
+        # maximum_iterations: the backward pass's accumulators need a fixed size under XLA.
         _, _, out_ta, align_ta = tf.while_loop(
-            lambda s, *_: s < steps, body, (0, self._initial_state(memory), out_ta, align_ta)
+            lambda s, *_: s < steps, body, (0, self._initial_state(memory), out_ta, align_ta), maximum_iterations=steps
         )
-        out = tf.transpose(out_ta.stack(), [1, 0, 2])  # [B, S, U + M]
-        frames, stops = self.frame_proj(out), self.stop_proj(out)  # [B, S, r * 80], [B, S, r]
-        return dict(
-            mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
-            stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
-            alignments=tf.transpose(align_ta.stack(), [1, 0, 2]),
-        )  # [B, S, N]
+        return tf.transpose(out_ta.stack(), [1, 0, 2]), tf.transpose(align_ta.stack(), [1, 0, 2])
 
     def postnet(self, mel_before, mel_lengths, training=False):
         """mel_before [B, T, 80] -> mel_after [B, T, 80] = mel_before + residual, 0 past mel_lengths."""
@@ -263,10 +389,22 @@ class Tacotron(keras.Model):
 
     def teacher_forced(self, batch, training=False):
         """Training/validation forward pass; see `decode` for the shapes. Adds mel_after [B, T, 80]."""
-        memory = self.encode(batch["tokens"], batch["token_lengths"], training)
-        outputs = self.decode(memory, batch["token_lengths"], batch["mels"], training)
+        ids = self.batch_speakers(batch)
+        memory = self.encode(batch["tokens"], batch["token_lengths"], training, ids)
+        outputs = self.decode(memory, batch["token_lengths"], batch["mels"], training, ids)
         outputs["mel_after"] = self.postnet(outputs["mel_before"], batch["mel_lengths"], training)
         return outputs
+
+    def batch_speakers(self, batch):
+        """The batch's `speaker_ids` [B] (a model with voices: required), else None."""
+        if not self.config.multi_speaker:
+            return None
+        if "speaker_ids" not in batch:
+            raise ValueError(
+                "this synthesis model has voices, and the batch has no `speaker_ids`: read batches with "
+                "models.tasks.TtsTask.dataset, which adds them"
+            )
+        return batch["speaker_ids"]
 
     def compute_losses(self, batch, outputs):
         """Masked losses (float32 scalars): total, mel, postnet, stop, guided_attention.
@@ -311,26 +449,71 @@ class Tacotron(keras.Model):
             total += c.guided_attention_weight * losses["guided_attention"]
         return dict(total=total, **losses)
 
-    def infer(self, tokens, token_lengths, max_steps, stop_threshold=0.5):
-        """Autoregressive synthesis. tokens [B, N] int32, token_lengths [B]; max_steps decoder steps.
+    def infer(self, tokens, token_lengths, max_steps, stop_threshold=0.5, speaker_ids=None):
+        """Autoregressive synthesis. tokens [B, N] int32, token_lengths [B]; max_steps decoder steps;
+        speaker_ids [B] int32: the voice of each sentence (a model with voices; None: the default voice).
 
         A sequence ends at the first frame whose stop probability exceeds `stop_threshold`; the loop
         ends when all have, or after `max_steps` steps (`max_steps * r` frames). Returns float32 mels
         [B, T, 80] (post-net output, 0 past each length), mels_before [B, T, 80], lengths [B] int32 and
-        alignments [B, steps, N]. Runs eagerly or inside `tf.function(..., reduce_retracing=True)`.
+        alignments [B, steps, N]. Runs eagerly or inside `tf.function(..., reduce_retracing=True)`
+        (`compiled_infer` is that function).
         """
         c, r = self.config, self.config.reduction_factor
-        memory = self.encode(tokens, token_lengths, training=False)  # [B, N, M]
+        memory = self.encode(tokens, token_lengths, training=False, speaker_ids=speaker_ids)  # [B, N, M]
         b = tf.shape(memory)[0]
         pad_bias = _energy_mask(token_lengths, tf.shape(memory)[1])
-        keys, w = self.memory_keys(memory), self._loop_weights()
-        tas = [tf.TensorArray(d, size=0, dynamic_size=True) for d in (self.compute_dtype, F32)]
-        max_steps = tf.convert_to_tensor(max_steps, tf.int32)
+        keys = self.memory_keys(memory)
+        voice = self.voice(speaker_ids, b)
+        zeros = tf.zeros([b, 1], self.compute_dtype)
+        # Per-voice terms of every step (zero without voices): decoder input [B, 4U], frames [B, r * 80].
+        voice_in = self.speaker_decoder(voice) if voice is not None else zeros
+        voice_out = self.speaker_frames(voice) if voice is not None else zeros
+        steps, lengths, finished, frames, alignments = self._free_loop(
+            memory, keys, pad_bias, self._loop_weights(), voice_in, voice_out,
+            tf.convert_to_tensor(max_steps, tf.int32), tf.convert_to_tensor(stop_threshold, F32),
+        )  # fmt: skip
+        frames, alignments = frames[:steps], alignments[:steps]
+        lengths = tf.where(finished, lengths, steps * r)
+        before = tf.reshape(tf.transpose(frames, [1, 0, 2]), [b, steps * r, c.n_mels])  # [B, T, 80]
+        before = before * _mask(lengths, steps * r, before.dtype)[..., None]
+        return dict(
+            mels=tf.cast(self.postnet(before, lengths), F32),
+            mels_before=tf.cast(before, F32),
+            lengths=lengths,
+            alignments=tf.transpose(alignments, [1, 0, 2]),
+        )  # [B, steps, N]
+
+    def compiled_infer(self):
+        """`infer` as one tf.function (the decoder loop a graph op; with `config.xla`, XLA-compiled),
+        traced once for any batch and sentence length."""
+        if self._compiled_infer is None:
+            self._compiled_infer = tf.function(
+                self.infer,
+                input_signature=[
+                    tf.TensorSpec([None, None], tf.int32),
+                    tf.TensorSpec([None], tf.int32),
+                    tf.TensorSpec([], tf.int32),
+                    tf.TensorSpec([], F32),
+                    tf.TensorSpec([None], tf.int32),
+                ],
+            )
+        return self._compiled_infer
+
+    def _loop_free(self, memory, keys, pad_bias, w, voice_in, voice_out, max_steps, stop_threshold):
+        """The free-running recurrence, each step fed its own last frame. Returns (steps, lengths [B],
+        finished [B], frames [steps, B, r * 80], alignments [steps, B, N])."""
+        c, r = self.config, self.config.reduction_factor
+        b = tf.shape(memory)[0]
+        # XLA needs a TensorArray's size when it compiles: max_steps (a compile-time constant there).
+        xla = c.xla
+        tas = [tf.TensorArray(d, size=max_steps if xla else 0, dynamic_size=not xla) for d in (self.compute_dtype, F32)]
 
         def body(s, frame, state, finished, lengths, frame_ta, align_ta):
-            x0 = self.lstm_in[0](self._prenet(frame, c.prenet_dropout_at_inference))  # [B, 4U]
+            x0 = self.lstm_in[0](self._prenet(frame, c.prenet_dropout_at_inference)) + voice_in  # [B, 4U]
             state, out = self._step(w, x0, state, memory, keys, pad_bias)
-            frames, stops = self.frame_proj(out), self.stop_proj(out)  # [B, r * 80], [B, r]
+            frames = self.frame_proj(out) + voice_out  # [B, r * 80]
+            stops = self.stop_proj(out)  # [B, r]
             hit = tf.sigmoid(tf.cast(stops, F32)) > stop_threshold  # [B, r]
             first = tf.argmax(tf.cast(hit, tf.int32), axis=-1, output_type=tf.int32)
             stop_now = tf.reduce_any(hit, -1) & ~finished
@@ -356,15 +539,8 @@ class Tacotron(keras.Model):
         steps, _, _, finished, lengths, frame_ta, align_ta = tf.while_loop(
             lambda s, _f, _st, finished, *_: (s < max_steps) & ~tf.reduce_all(finished), body, init
         )
-        lengths = tf.where(finished, lengths, steps * r)
-        before = tf.reshape(tf.transpose(frame_ta.stack(), [1, 0, 2]), [b, steps * r, c.n_mels])  # [B, T, 80]
-        before = before * _mask(lengths, steps * r, before.dtype)[..., None]
-        return dict(
-            mels=tf.cast(self.postnet(before, lengths), F32),
-            mels_before=tf.cast(before, F32),
-            lengths=lengths,
-            alignments=tf.transpose(align_ta.stack(), [1, 0, 2]),
-        )  # [B, steps, N]
+        # [steps or, under XLA, max_steps, B, ...]: the caller keeps the first `steps`
+        return steps, lengths, finished, frame_ta.stack(), align_ta.stack()
 
 
 def build_tts(config: TtsConfig) -> Tacotron:
@@ -376,6 +552,7 @@ def build_tts(config: TtsConfig) -> Tacotron:
         token_lengths=tf.constant([3]),
         mels=tf.zeros([1, r + 1, config.n_mels]),
         mel_lengths=tf.constant([r + 1]),
+        speaker_ids=tf.zeros([1], tf.int32),
     )
     model.teacher_forced(dummy, training=False)
     model.built = True  # every variable exists now; lets Keras count and summarize them

@@ -36,7 +36,9 @@ class InputConfig:
     frames_per_batch: int = 24000  # padded input frames per batch: a class's longest utterance x batch size
     max_batch_size: int = 64  # cap for classes of short utterances (a batch holds at least one chunk)
     shuffle_buffer: int = 64  # chunks (of about 8 utterances); also bounds the time to the first batch
-    cmvn: str = "speaker"  # "speaker" (Kaldi per-speaker CMVN), "global" (split-wide), "none"
+    # "speaker" (Kaldi per-speaker CMVN), "global" (split-wide), "utterance" (each utterance's own
+    # statistics, in the training step: what a served model can compute, see models/serving.py), "none"
+    cmvn: str = "speaker"
     # SpecAugment (Park et al. 2019), applied in the training step (pipeline/frontend.py):
     spec_augment: bool = False  # mask random bands of mel bins and runs of frames of each utterance
     freq_masks: int = 2  # bands of mel bins set to the mean, each up to freq_mask_width wide
@@ -132,9 +134,11 @@ def _speaker_stats(manifest: dict, split: str, mode: str):
     """`stats(speakers [N]) -> (mean [N, D], inverse std [N, D])`: each utterance's CMVN statistics."""
     import tensorflow as tf
 
-    if mode not in ("speaker", "global", "none"):
-        raise ValueError(f"cmvn must be 'speaker', 'global' or 'none', got {mode!r}")
-    names, means, inv_stds = cmvn_tables(manifest, split, mode)
+    if mode not in ("speaker", "global", "utterance", "none"):
+        raise ValueError(f"cmvn must be 'speaker', 'global', 'utterance' or 'none', got {mode!r}")
+    # "utterance": the batch's affine map only dequantizes; the training step normalizes each
+    # utterance by its own statistics (pipeline/frontend.py, flagged by `utterance_cmvn`).
+    names, means, inv_stds = cmvn_tables(manifest, split, "none" if mode == "utterance" else mode)
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(
             tf.constant(names or [""], tf.string), tf.range(max(1, len(names)), dtype=tf.int64)
@@ -239,6 +243,7 @@ def asr_assembler(manifest: dict, split: str, cfg: InputConfig):
             # log-mel -> CMVN, merged with the dequantization: normalized = stored * scale + offset
             "feat_scale": scale * inv_std,
             "feat_offset": (offset - mean) * inv_std,
+            "utterance_cmvn": tf.fill(tf.shape(chunk["lengths"]), cfg.cmvn == "utterance"),  # [N] bool
             "tokens": chunk["tokens"].to_tensor(),  # [N, L] 0-padded
             "token_lengths": tf.cast(chunk["tokens"].row_lengths(), tf.int32),
             "utt_id": chunk["utt_id"],
@@ -265,7 +270,8 @@ def asr_dataset(
     Each element: `feats` [B, T, D] the stored features as they are (uint8 codes or float log-mel,
     padded to the class's longest utterance), `feat_lengths` int32 [B], `feat_scale` and
     `feat_offset` float32 [B, D] (feats * scale + offset = the speaker-normalized log-mel: the
-    training step applies it with pipeline/frontend.py), `tokens` int32 [B, L] (0-padded),
+    training step applies it with pipeline/frontend.py), `utterance_cmvn` bool [B] (cmvn="utterance":
+    the step then normalizes each utterance by its own statistics), `tokens` int32 [B, L] (0-padded),
     `token_lengths` int32 [B], `utt_id` string [B], and `targets` int32 [B, T] (-1-padded) when the
     shards carry frame targets. `training=False`: this rank's share of the shards in order,
     unshuffled (evaluation).

@@ -1,10 +1,13 @@
 """The acoustic front end that runs inside the training step (on the accelerator), not in the input
-pipeline: speaker CMVN, SpecAugment and frame stacking.
+pipeline: CMVN, SpecAugment and frame stacking.
 
 The input pipeline hands over the stored features (8-bit codes or float16 log-mel, padded) with
-each utterance's affine map to normalized features beside them; the step casts, normalizes,
-augments and stacks. That keeps the CPU's work per frame to reading and decoding, shrinks what
-crosses to a GPU, and puts training, evaluation and serving on one normalization function.
+each utterance's affine map to normalized features beside them (dequantization merged with speaker
+or split-wide CMVN), and with `cmvn="utterance"` a flag that asks for each utterance's own
+statistics instead; the step casts, normalizes, augments and stacks. That keeps the CPU's work per
+frame to reading and decoding, shrinks what crosses to a GPU, and puts training, evaluation and
+serving (models/serving.py, which hands it float log-mel with the identity map) on one
+normalization function.
 """
 
 from __future__ import annotations
@@ -12,15 +15,33 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def normalize(feats, scale, offset, lengths):
+def normalize(feats, scale, offset, lengths, utterance_cmvn=None):
     """The stored features of a padded batch, normalized: `feats * scale + offset` per utterance and
-    dimension (dequantization and speaker CMVN in one), padding set to 0.
+    dimension (dequantization and speaker CMVN in one), then, for the utterances `utterance_cmvn`
+    flags, mean and variance normalization by the statistics of their own real frames; padding set
+    to 0.
 
-    feats [B, T, D] (uint8 codes or float), scale and offset float32 [B, D], lengths [B] -> float32
-    [B, T, D].
+    feats [B, T, D] (uint8 codes or float), scale and offset float32 [B, D], lengths [B],
+    utterance_cmvn bool [B] or None (none flagged) -> float32 [B, T, D].
     """
-    x = tf.cast(feats, tf.float32) * scale[:, None, :] + offset[:, None, :]
-    return x * tf.sequence_mask(lengths, tf.shape(x)[1], tf.float32)[..., None]
+    mask = tf.sequence_mask(lengths, tf.shape(feats)[1], tf.float32)[..., None]  # [B, T, 1]
+    x = (tf.cast(feats, tf.float32) * scale[:, None, :] + offset[:, None, :]) * mask
+    if utterance_cmvn is None:
+        return x
+    return tf.where(utterance_cmvn[:, None, None], utterance_normalize(x, lengths), x)
+
+
+def utterance_normalize(x, lengths):
+    """Each utterance of a padded float batch [B, T, D] minus the mean and over the standard deviation
+    (floored at 1e-4) of its own real frames, per dimension; padding 0. Two passes, so frames far
+    from zero (log-mel sits around 10 to 20) keep their precision. What `cmvn="utterance"` trains
+    with: the statistics a served model has of a speaker it never heard, one request."""
+    mask = tf.sequence_mask(lengths, tf.shape(x)[1], tf.float32)[..., None]  # [B, T, 1]
+    count = tf.maximum(tf.cast(lengths, tf.float32), 1.0)[:, None, None]  # [B, 1, 1]
+    mean = tf.reduce_sum(x * mask, axis=1, keepdims=True) / count  # [B, 1, D]
+    centered = (x - mean) * mask
+    var = tf.reduce_sum(centered * centered, axis=1, keepdims=True) / count  # [B, 1, D]
+    return centered * tf.math.rsqrt(tf.maximum(var, 1e-8))
 
 
 def stack_and_subsample(feats, lengths, stack: int, subsample: int):

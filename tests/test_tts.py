@@ -1,4 +1,5 @@
-"""Tacotron model (shapes, masking, tf.function, inference, overfitting, checkpoints) and audio utilities."""
+"""Tacotron model (shapes, masking, tf.function, inference, overfitting, checkpoints, voices, the compiled
+decoder) and audio utilities."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import scipy.signal
 import tensorflow as tf
 
 from models import audio
-from models.tts import TtsConfig, attention_diagonality, attention_monotonicity, build_tts
+from models.tasks import TtsTask, resolve_tts, speak
+from models.tts import TtsConfig, attention_diagonality, attention_monotonicity, build_tts, speaker_ids
 
 TINY = TtsConfig(
     vocab_size=16,
@@ -249,6 +251,149 @@ def test_guided_attention_makes_attention_monotonic():
     lengths = model.infer(held_out["tokens"], held_out["token_lengths"], 30)["lengths"].numpy()
     reference = held_out["mel_lengths"].numpy()
     assert np.all(np.abs(lengths - reference) <= np.maximum(6, 0.2 * reference)), (lengths, reference)
+
+
+# ---- voices ----
+
+VOICED = dataclasses.replace(TINY, speakers=("low", "high"), speaker_dim=8)
+VOICE_ENVELOPES = np.random.default_rng(99).normal(scale=1.5, size=[2, 80]).astype(np.float32)
+
+
+def voiced_batch(voices, lengths=(6, 8, 10, 12), seed=0):
+    """`synthetic_batch` spoken in `voices` [B] (rows of VOICED.speakers): each voice adds its own
+    spectral envelope to every real frame, as a voice's timbre shifts its log-mel."""
+    batch = synthetic_batch(VOICED, lengths, seed)
+    mask = tf.sequence_mask(batch["mel_lengths"], batch["mels"].shape[1], tf.float32)[..., None]
+    batch["mels"] += tf.constant(VOICE_ENVELOPES[list(voices)])[:, None, :] * mask
+    batch["speaker_ids"] = tf.constant(voices, tf.int32)
+    return batch
+
+
+def masked_l1(a, b, lengths):
+    mask = tf.sequence_mask(lengths, a.shape[1], tf.float32)[..., None]
+    return float(tf.reduce_sum(tf.abs(a - b) * mask) / (tf.reduce_sum(mask) * a.shape[-1]))
+
+
+@pytest.fixture(scope="module")
+def two_voice_model():
+    """A tiny model trained on sentences in two voices (new sentences, random voices every step)."""
+    tf.keras.utils.set_random_seed(0)
+    model, rng = build_tts(VOICED), np.random.default_rng(0)
+    step = make_train_step(model)
+    for i in range(150):
+        step(voiced_batch(rng.integers(0, 2, size=8), tuple(rng.integers(6, 13, size=8)), seed=i + 1))
+    return model
+
+
+def test_config_and_task_take_the_voices_from_the_training_split():
+    manifest = {"vocabulary": list("abc"), "feature_dim": 80, "splits": {"train": {"speakers": ["s1", "s2"]}}}
+    config = resolve_tts(TtsConfig(), manifest)
+    assert config.speakers == ("s1", "s2") and config.multi_speaker
+    assert resolve_tts(TtsConfig(speaker_dim=0), manifest).speakers == ()  # one voice, on request
+    assert resolve_tts(config, {**manifest, "splits": {}}).speakers == ("s1", "s2")  # a trained model keeps its own
+    with pytest.raises(ValueError, match="twice"):
+        TtsConfig(speakers=("a", "a"))
+    np.testing.assert_array_equal(speaker_ids(config, ["s2", None, "", "s1"]), [1, 0, 0, 0])
+    with pytest.raises(
+        ValueError, match="voice 'bob' is not one this model was trained on; it has these voices: s1, s2"
+    ):
+        speaker_ids(config, ["bob"])
+
+
+def cmvn(mean):
+    """Kaldi CMVN statistics [2, D + 1] of 10 frames with this mean (and variance 1)."""
+    mean = np.asarray(mean, float)
+    return [[*(10 * mean), 10.0], [*(10 * (mean**2 + 1)), 0.0]]
+
+
+def test_unseen_voices_are_spoken_in_the_nearest_training_voice():
+    manifest = {
+        "feature_dim": 2,
+        "splits": {
+            "train": {"speakers": ["a", "b"], "cmvn": {"a": cmvn([0, 0]), "b": cmvn([10, 10])}},
+            "test": {"speakers": ["a", "x", "y"], "cmvn": {"a": cmvn([0, 0]), "x": cmvn([9, 8]), "y": cmvn([1, -1])}},
+        },
+    }
+    config = TtsConfig(speakers=("a", "b"))
+    assert TtsTask(config).voices(manifest, "test") == {"a": 0, "x": 1, "y": 0}
+    assert TtsTask(config, voice="b").voices(manifest, "test") == {"a": 1, "x": 1, "y": 1}
+    with pytest.raises(ValueError, match="voice 'c'"):
+        TtsTask(config, voice="c")
+
+
+def test_speaker_embedding_learns_distinct_voices(two_voice_model):
+    model, sentences = two_voice_model, (7, 9, 11, 13)
+    for voice in (0, 1):
+        batch = voiced_batch([voice] * 4, sentences)
+        own = model.teacher_forced(batch)["mel_after"]
+        other = model.teacher_forced({**batch, "speaker_ids": tf.constant([1 - voice] * 4)})["mel_after"]
+        # Measured: 0.5 with its own voice, 2.2 with the other (the envelopes differ by 1.7 on average).
+        l1_own, l1_other = (
+            masked_l1(own, batch["mels"], batch["mel_lengths"]),
+            masked_l1(other, batch["mels"], batch["mel_lengths"]),
+        )
+        assert l1_own < 0.5 * l1_other, (voice, l1_own, l1_other)
+    # Free-running, the same sentences come out in each voice: their mean spectra differ as the
+    # voices' envelopes do.
+    tokens, lengths = batch["tokens"], batch["token_lengths"]
+    spoken = [
+        model.infer(tokens, lengths, 8, stop_threshold=1.0, speaker_ids=tf.constant([v] * 4))["mels"] for v in (0, 1)
+    ]
+    shift = (tf.reduce_mean(spoken[1], [0, 1]) - tf.reduce_mean(spoken[0], [0, 1])).numpy()  # [80]
+    expected = VOICE_ENVELOPES[1] - VOICE_ENVELOPES[0]
+    assert np.corrcoef(shift, expected)[0, 1] > 0.9
+
+
+def test_compiled_decoder_matches_eager():
+    """The decoder loop run eagerly (Python drives tf.while_loop step by step), as one graph
+    (tf.function) and XLA-compiled gives the same outputs and gradients on the same inputs."""
+    tf.keras.utils.set_random_seed(0)
+    eager_model, xla_model = build_tts(VOICED), build_tts(dataclasses.replace(VOICED, xla=True))
+    for ours, theirs in zip(eager_model.weights, xla_model.weights):
+        theirs.assign(ours + tf.random.normal(ours.shape, stddev=0.05))  # the same, non-initial weights
+        ours.assign(theirs)
+    batch = voiced_batch([0, 1, 1, 0])
+    assert tf.executing_eagerly()
+    outputs = {
+        "eager": eager_model.teacher_forced(batch),
+        "graph": tf.function(eager_model.teacher_forced)(batch),
+        "xla": xla_model.teacher_forced(batch),
+    }
+    for mode in ("graph", "xla"):
+        for key in ("mel_after", "stop_logits", "alignments"):
+            np.testing.assert_allclose(outputs[mode][key], outputs["eager"][key], atol=2e-5, err_msg=f"{mode} {key}")
+
+    def gradients(model):
+        with tf.GradientTape() as tape:
+            losses = model.compute_losses(batch, model.teacher_forced(batch))
+        return [tf.convert_to_tensor(g) for g in tape.gradient(losses["total"], model.trainable_variables)]
+
+    for ours, theirs in zip(tf.function(lambda: gradients(eager_model))(), tf.function(lambda: gradients(xla_model))()):
+        np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=1e-3)
+    args = (batch["tokens"], batch["token_lengths"], tf.constant(6), tf.constant(0.5), batch["speaker_ids"])
+    eager = eager_model.infer(*args)
+    for compiled in (eager_model.compiled_infer()(*args), xla_model.compiled_infer()(*args)):
+        np.testing.assert_array_equal(compiled["lengths"], eager["lengths"])
+        np.testing.assert_allclose(compiled["mels"], eager["mels"], atol=2e-5)
+        np.testing.assert_allclose(compiled["alignments"], eager["alignments"], atol=2e-5)
+
+
+def test_speak_returns_the_voice_asked_for(two_voice_model):
+    """What serving runs for a request's `text` and `voice` columns."""
+    model = two_voice_model
+    data = {"vocabulary": ["<blank>", "<unk>", *"abcdefghijklmn"], "mel_mean": [5.0] * 80, "mel_std": [2.0] * 80}
+    texts = ["abcdef", "abcdef", "cafe"]
+    out = speak(model, data, texts, ["high", "low", None], max_steps=8)
+    assert out["voices"] == ["high", "low", "low"] and out["mels"].shape[0] == 3
+    tokens, lengths = [tf.constant(x) for x in (np.array([[2, 3, 4, 5, 6, 7]] * 2), np.array([6, 6], np.int32))]
+    for i, voice in enumerate((1, 0)):
+        alone = model.infer(tokens[:1], lengths[:1], 8, speaker_ids=tf.constant([voice]))
+        n = int(alone["lengths"][0])
+        assert out["lengths"][i] == n
+        np.testing.assert_allclose(out["mels"][i, :n], alone["mels"][0, :n] * 2.0 + 5.0, atol=1e-4)
+    assert np.abs(out["mels"][0] - out["mels"][1]).mean() > 0.5, "the two voices sound different"
+    with pytest.raises(ValueError, match="voice 'alice'"):
+        speak(model, data, ["abc"], ["alice"])
 
 
 def test_attention_metrics_tell_diagonal_from_stuck_and_backwards():
