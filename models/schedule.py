@@ -15,19 +15,17 @@ class Schedule:
     """Mixed into models.loop.Trainer: the methods that plan its input."""
 
     def _steps_per_epoch(self) -> int:
-        """Steps of one rank per epoch; asynchronous training: the whole epoch's batches divided by
-        the ranks (an estimate: a faster rank takes more)."""
+        """Steps of one rank per epoch; asynchronous training: the epoch's batches divided by the
+        ranks (on average: a faster rank takes more), which are allreduce's batches with the
+        service in rank 0, and about as many with an outside one."""
         from pipeline import data_service
         from pipeline.dataset import batch_plan
 
-        if self.budget_in_data:
-            batches = batch_plan(self.manifest, "train", 1, self.config.input, training=True).batches
-            return max(1, round(batches / self.size))
-        if self.config.data_service:
-            if self.config.model != "asr":
-                raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
-            return max(1, round(data_service.steps_per_epoch(self.manifest, "train", self.config.input, self.size)))
-        return batch_plan(self.manifest, "train", self.size, self.config.input, training=True).batches
+        if self.config.data_service and self.config.model != "asr" and not self.budget_in_data:
+            raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
+        if self.budget_in_data or not self.config.data_service:
+            return batch_plan(self.manifest, "train", self.size, self.config.input, training=True).batches
+        return max(1, round(data_service.steps_per_epoch(self.manifest, "train", self.config.input, self.size)))
 
     def _total_steps(self) -> int:
         """Steps of the whole run; also sets `last_epoch`, the epochs needed to reach them."""
@@ -87,11 +85,20 @@ class Schedule:
         # A resumed run starts its interrupted epoch again: the ranks' shares of it are not known.
         first_epoch = self.position.get("epoch", 0)
         shared = data_service.shared_dataset(
-            c.model, self.shards, "train", c.input, first_epoch, self.last_epoch, self.manifest
+            c.model,
+            self.shards,
+            "train",
+            c.input,
+            first_epoch,
+            self.last_epoch,
+            self.manifest,
+            self.size,
+            one_worker=not c.data_service,
         )
         if c.max_steps:  # max_steps per rank, counted for all ranks together (exact with one worker)
             shared = shared.take(max(0, c.max_steps * self.size - self._global_steps_done()))
-        return iter(data_service.distribute_shared(shared, address, job))
+        # Task-side additions (the synthesis model's speaker rows) are made here, after the service.
+        return iter(self.task.prepare(data_service.distribute_shared(shared, address, job), self.manifest, "train"))
 
     def _global_steps_done(self) -> int:
         """Asynchronous training: the steps all ranks took before this run (their position files)."""

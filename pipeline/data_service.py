@@ -105,41 +105,56 @@ def shared_dataset(
     first_epoch: int,
     last_epoch: int,
     manifest: dict,
+    num_ranks: int,
+    one_worker: bool,
 ):
     """Batches of epochs first_epoch..last_epoch-1 for ranks that SHARE one job (asynchronous
     training): whichever rank asks next gets the next batch, so a faster rank takes more of them,
-    and the stream ends when the epochs are used up: a budget counted in data. Each worker groups
-    the chunks of the shards the dispatcher gave it into batches of one class (k chunks, the plan
-    of a single rank), so every utterance of every epoch goes into exactly one batch."""
+    and the stream ends when the epochs are used up: a budget counted in data.
+
+    `one_worker` (the service inside rank 0): the stream is exactly the batches that allreduce's
+    `num_ranks` ranks would take in those epochs (their pipelines, round robin), so both strategies
+    train on the same batches and differ only in who takes which. Several workers (an outside
+    service): the dispatcher hands out each shard `last_epoch - first_epoch` times, one at a time,
+    to whichever worker asks, and each worker groups its chunks into batches; every utterance is
+    still in exactly one batch per pass over the shards."""
     import tensorflow as tf
 
+    assemble = dataset.assembler(model, manifest, split, cfg)
+    build = {"asr": dataset.asr_dataset, "tts": dataset.tts_dataset}[model]
+    if one_worker:
+        epochs = []
+        for epoch in range(first_epoch, last_epoch):
+            ranks = [build(out_dir, split, cfg, r, num_ranks, epoch, True, manifest) for r in range(num_ranks)]
+            turns = tf.data.Dataset.range(num_ranks).repeat(ranks[0][1])  # every rank's pipeline has as many
+            epochs.append(tf.data.Dataset.choose_from_datasets([d for d, _ in ranks], turns))
+        chained = epochs[0]
+        for more in epochs[1:]:
+            chained = chained.concatenate(more)
+        return chained
     plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
     paths = records.shard_paths(out_dir, manifest, split)
     k = tf.constant(plan.chunks_per_batch, tf.int64)
-    largest = max(plan.chunks_per_batch)
     class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
-    assemble = dataset.assembler(model, manifest, split, cfg)
-
-    def one_epoch(epoch: int):
-        files = tf.data.Dataset.from_tensor_slices(dataset.rank_files(paths, 0, 1, epoch, cfg.seed))
-        stream = files.interleave(
+    files = tf.data.Dataset.from_tensor_slices(paths).shuffle(
+        len(paths), seed=cfg.seed * 100003 + first_epoch, reshuffle_each_iteration=True
+    )
+    stream = (
+        files.repeat(last_epoch - first_epoch)
+        .interleave(
             lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
-            cycle_length=len(paths),
+            cycle_length=min(len(paths), 4),
             num_parallel_calls=dataset.AUTOTUNE,
-        ).shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch)
-        keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))
-        grouped = keyed.group_by_window(
-            key_func=lambda serialized, key: key,
-            reduce_func=lambda key, window: window.batch(largest),
-            window_size_func=lambda key: k[key],
         )
-        return grouped.enumerate().map(lambda i, group: assemble(i, *group), num_parallel_calls=dataset.AUTOTUNE)
-
-    epochs = [one_epoch(e) for e in range(first_epoch, last_epoch)]
-    chained = epochs[0]
-    for more in epochs[1:]:
-        chained = chained.concatenate(more)
-    return chained
+        .shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + first_epoch)
+    )
+    keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))
+    grouped = keyed.group_by_window(
+        key_func=lambda serialized, key: key,
+        reduce_func=lambda key, window: window.batch(max(plan.chunks_per_batch)),
+        window_size_func=lambda key: k[key],
+    )
+    return grouped.enumerate().map(lambda i, group: assemble(i, *group), num_parallel_calls=dataset.AUTOTUNE)
 
 
 def distribute_shared(batches, address: str, job_name: str):

@@ -73,16 +73,17 @@ def test_acoustic_model_gossip_ends_with_consensus(tiny_shards, tmp_path, uri, v
 
 def test_the_epochs_are_the_budget_and_a_faster_rank_takes_more_of_it(tiny_shards, tmp_path, uri):
     # Rank 1 takes six times as long per step: it trains on fewer batches, and together the
-    # ranks train on every utterance of the two epochs exactly once.
+    # ranks train on every utterance of the six epochs exactly once. (Six: each rank's service
+    # client holds up to about four batches ahead, so an epoch of four batches shows nothing.)
     summary = train(
         tiny_shards,
         tmp_path / "w",
         uri,
-        extra=["--epochs", "2", "--straggler-rank", "1", "--straggler-factor", "6"],
+        extra=["--epochs", "6", "--straggler-rank", "1", "--straggler-factor", "6"],
     )
     fast, slow = summary["per_rank_trained"]
     assert fast["batches"] > slow["batches"] > 0, summary["per_rank_trained"]
-    assert fast["utterances"] + slow["utterances"] == 2 * 24  # tiny_shards: 24 training utterances
+    assert fast["utterances"] + slow["utterances"] == 6 * 24  # tiny_shards: 24 training utterances
     assert summary["ranks_agree"]
 
 
@@ -100,7 +101,7 @@ def test_no_deadlock_when_one_rank_is_many_times_slower(tiny_shards, tmp_path, u
 
 
 def test_a_resumed_run_finishes_the_same_budget(tiny_shards, tmp_path, uri):
-    common = ["--epochs", "3", "--set", "checkpoint_every=2"]
+    common = ["--epochs", "6", "--set", "checkpoint_every=2"]  # 24 batches for the two ranks
     failing = train_args(tiny_shards, tmp_path / "w", extra=[*common, "--fail-at-step", "5", "--fail-rank", "0"])
     proc = horovodrun(failing, env=quiet_env(MLFLOW_TRACKING_URI=uri), check=False)
     assert proc.returncode != 0 and "injected failure" in proc.stdout + proc.stderr
@@ -110,7 +111,7 @@ def test_a_resumed_run_finishes_the_same_budget(tiny_shards, tmp_path, uri):
     assert summary["resumed_from_step"] >= 4 and summary["ranks_agree"]
     # The interrupted epoch starts again: the remaining budget is at least the epochs not finished.
     trained = sum(r["utterances"] for r in summary["per_rank_trained"])
-    assert trained % 24 == 0 and 24 <= trained <= 3 * 24
+    assert trained % 24 == 0 and 24 <= trained <= 5 * 24  # whole epochs, fewer than the six
 
 
 def test_synthesis_model_delay_by_one(tiny_shards, tmp_path, uri):
