@@ -16,6 +16,9 @@ logs through two objects of this module rather than the `mlflow` module itself:
   `python -m models.tracking replay FILE`.
 - `SystemMetrics`: each rank's CPU, memory and, when NVML sees a GPU, the utilization of that
   rank's GPU, sampled in a thread and logged to the training run as `system/rank{R}/...`.
+
+One file (about 560 lines): the stages' MLflow calls, the outage-tolerant RunLog and the
+system-metrics sampler share one run-handling convention; split, each would re-derive it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ fingerprint, so a re-run with unchanged inputs does nothing. A run that rejects 
 
 When the data directory already has a `feats.scp` that this stage did not write (features made by
 Kaldi), it is kept (copied to `--out-dir`) and only CMVN statistics are computed if there are none.
+
+One file (about 450 lines): the stage's job list, its resumable parallel writer and per-speaker
+CMVN; reading audio is pipeline/audio_io.py, the Kaldi files pipeline/kaldi.py.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ otherwise: normalization is applied by the input pipeline, so it can change with
 and every shard holds the same number of chunks of each class in the same order (`plan_layout`),
 so every Horovod rank's share has the same mix of lengths and the ranks' batches line up.
 Writes are atomic; a re-run with unchanged inputs does nothing and changed inputs rebuild.
+
+One file (about 540 lines): the shard stage's planning (classes, chunks, balance), writing and
+its CLI; the record format itself is pipeline/records.py.
 """
 
 from __future__ import annotations

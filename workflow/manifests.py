@@ -17,6 +17,9 @@ keyword arguments of a KubernetesPodOperator). No Kubernetes client and no Tenso
 environment imports this module, and the tests validate its output against the MPIJob CRD schema.
 `python -m workflow.manifests mpijob|data-service|stage-pod ...` prints the same YAML for
 `kubectl create -f -`.
+
+One file (about 600 lines) because every object here is rendered from the same `ClusterSettings`
+and shares its labels, volumes and security context; `mpijob.py` holds the MPIJob client apart.
 """
 
 from __future__ import annotations
