@@ -91,10 +91,11 @@ if "asr" in models:
     print(f"                   {registry(models['asr'])}")
 if "tts" in models:
     m = models["tts"]["metrics"]
-    mcd = f"{m['test_mcd_db']:.2f} dB" if "test_mcd_db" in m else "n/a"
+    fcd = f"{m['test_fbank_cepstral_distance_db']:.2f} dB" if "test_fbank_cepstral_distance_db" in m else "n/a"
     l1 = f"{m['test_mel_l1']:.3f}" if "test_mel_l1" in m else "n/a"
-    print(f"  synthesis model  mel cepstral distortion {mcd}, mel L1 {l1}, "
-          f"intelligibility CER {pct(m, 'test_intelligibility_cer')} (the new acoustic model listening)")
+    print(f"  synthesis model  intelligibility CER {pct(m, 'dev_intelligibility_cer')} in training voices (dev), "
+          f"{pct(m, 'test_intelligibility_cer')} for unseen voices (test), the new acoustic model listening")
+    print(f"                   filterbank cepstral distance {fcd}, mel L1 {l1} (test, free-running)")
     print(f"                   {registry(models['tts'])}")
 run_dir = Path(summary_file).parent
 print("Artifacts")
