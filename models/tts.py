@@ -112,6 +112,13 @@ def speaker_ids(config: TtsConfig, voices: Sequence[str | None]) -> np.ndarray:
     return np.asarray(ids, np.int32)
 
 
+# The model's methods hold no Python control flow on tensors (the loops are explicit
+# tf.while_loops), so AutoGraph has nothing to convert in them; tracing them as they are also
+# avoids a TF 2.17 AutoGraph failure seen once in a test run, where a converted `postnet` was
+# called without its `self` ("tf__postnet() missing 1 required positional argument").
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
 def _dropout(x, rate: float, on: bool):
     return tf.nn.dropout(x, rate) if on and rate > 0 else x
 
@@ -233,6 +240,7 @@ class Tacotron(keras.Model):
             tf.one_hot(speaker_ids, len(self.config.speakers), dtype=self.compute_dtype)
         )  # [B, E]
 
+    @_no_autograph
     def encode(self, tokens, token_lengths, training=False, speaker_ids=None):
         """tokens [B, N] int32, token_lengths [B], speaker_ids [B] (a model with voices; None: the
         default voice) -> memory [B, N, 2 * encoder_lstm_units], 0 at padding."""
@@ -300,6 +308,7 @@ class Tacotron(keras.Model):
                 context = tf.matmul(tf.cast(prev, dt)[:, None, :], memory)[:, 0, :]  # [B, M]
         return (context, new_h, new_c, prev, cum), tf.concat([below, context], -1)
 
+    @_no_autograph
     def decode(self, memory, token_lengths, mels, training=False, speaker_ids=None):
         """Teacher-forced decoder. memory [B, N, M], mels [B, T, 80] (T need not divide by r),
         speaker_ids [B] (a model with voices; None: the default voice).
@@ -379,6 +388,7 @@ class Tacotron(keras.Model):
         )
         return tf.transpose(out_ta.stack(), [1, 0, 2]), tf.transpose(align_ta.stack(), [1, 0, 2])
 
+    @_no_autograph
     def postnet(self, mel_before, mel_lengths, training=False):
         """mel_before [B, T, 80] -> mel_after [B, T, 80] = mel_before + residual, 0 past mel_lengths."""
         maskf = _mask(mel_lengths, tf.shape(mel_before)[1], self.compute_dtype)[..., None]  # [B, T, 1]
@@ -387,6 +397,7 @@ class Tacotron(keras.Model):
             x = _dropout(tf.tanh(norm(conv(x))), self.config.dropout, training) * maskf
         return (mel_before + self.post_out(x)) * maskf  # [B, T, 80]
 
+    @_no_autograph
     def teacher_forced(self, batch, training=False):
         """Training/validation forward pass; see `decode` for the shapes. Adds mel_after [B, T, 80]."""
         ids = self.batch_speakers(batch)
@@ -406,6 +417,7 @@ class Tacotron(keras.Model):
             )
         return batch["speaker_ids"]
 
+    @_no_autograph
     def compute_losses(self, batch, outputs):
         """Masked losses (float32 scalars): total, mel, postnet, stop, guided_attention.
 
@@ -449,6 +461,7 @@ class Tacotron(keras.Model):
             total += c.guided_attention_weight * losses["guided_attention"]
         return dict(total=total, **losses)
 
+    @_no_autograph
     def infer(self, tokens, token_lengths, max_steps, stop_threshold=0.5, speaker_ids=None):
         """Autoregressive synthesis. tokens [B, N] int32, token_lengths [B]; max_steps decoder steps;
         speaker_ids [B] int32: the voice of each sentence (a model with voices; None: the default voice).
