@@ -23,6 +23,7 @@ The final test CER of each finished training is reported beside an undisturbed r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -69,8 +70,9 @@ def build_corpus(work: Path, utterances: int, tiny: bool) -> Path:
     return out
 
 
-def rank_pid(rank: int, timeout: float = 180) -> int:
-    """The pid of the training process of Horovod rank `rank` (its environment names it)."""
+def rank_pid(rank: int, workdir: Path, timeout: float = 180) -> int:
+    """The pid of the training process of Horovod rank `rank` (its environment names it) of the job
+    training in `workdir` (other trainings on the machine, a test suite's, are left alone)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -81,6 +83,7 @@ def rank_pid(rank: int, timeout: float = 180) -> int:
                 continue
             if (
                 b"models.train" in cmdline
+                and str(workdir).encode() in cmdline
                 and b"horovodrun" not in cmdline
                 and f"HOROVOD_RANK={rank}".encode() in environ
             ):
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         job = launch("kill_worker")
         job.wait_for_step(kill_at)
         reached = job.step()
-        os.kill(rank_pid(1), signal.SIGKILL)
+        os.kill(rank_pid(1, work / "kill_worker"), signal.SIGKILL)
         killed = time.monotonic()
         code = job.wait()
         detect = time.monotonic() - killed
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         job = Job(elastic_argv, env(MLFLOW_TRACKING_URI=uri, SPEECHFLOW_HOSTS_FILE=str(hosts)), work / "elastic")
         job.wait_for_step(kill_at)
         reached = job.step()
-        os.kill(rank_pid(1), signal.SIGKILL)
+        os.kill(rank_pid(1, work / "elastic"), signal.SIGKILL)
         killed = time.monotonic()
         while "the job now has 1 workers" not in job.output() and job.proc.poll() is None:
             time.sleep(0.1)
@@ -248,9 +251,16 @@ def main(argv: list[str] | None = None) -> int:
         job.wait_for_step(kill_at)
         reached = job.step()
         os.killpg(job.proc.pid, signal.SIGKILL)
+        # The ranks run in process groups of their own under Horovod's launcher: a lost node takes
+        # them too, so they go as well (left running, they would hold the workdir's files).
+        for rank in (0, 1):
+            with contextlib.suppress(RuntimeError, ProcessLookupError):  # already gone
+                os.kill(rank_pid(rank, work / "kill_job", timeout=1), signal.SIGKILL)
         job.wait()
         retry = launch("kill_job")
         retry_code = retry.wait()
+        if retry_code != 0:
+            raise RuntimeError(f"the re-run after killing the whole job exited {retry_code}:\n{retry.output()[-3000:]}")
         resumed = json.loads((work / "kill_job" / "train_summary.json").read_text())["resumed_from_step"]
         results.update(
             kill_job_retry_exit=retry_code,

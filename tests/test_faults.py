@@ -34,8 +34,9 @@ def train_args(shards: Path, workdir: Path, *extra: str) -> list[str]:
     ]
 
 
-def rank_pid(rank: int, timeout: float = 120) -> int:
-    """The pid of the training process of Horovod rank `rank` (its environment names it)."""
+def rank_pid(rank: int, workdir: Path, timeout: float = 120) -> int:
+    """The pid of the training process of Horovod rank `rank` (its environment names it) training in
+    `workdir`: other trainings on the machine (another test's) are left alone."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in os.listdir("/proc"):
@@ -46,7 +47,8 @@ def rank_pid(rank: int, timeout: float = 120) -> int:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"models.train" in cmdline and f"HOROVOD_RANK={rank}".encode() in env and b"horovodrun" not in cmdline:
+            mine = b"models.train" in cmdline and str(workdir).encode() in cmdline and b"horovodrun" not in cmdline
+            if mine and f"HOROVOD_RANK={rank}".encode() in env:
                 return int(pid)
         time.sleep(0.2)
     raise AssertionError(f"no training process of rank {rank}")
@@ -77,14 +79,14 @@ def test_elastic_job_survives_a_killed_worker_and_finishes_its_budget(tiny_shard
         "lo",
         "--gloo",
         PYTHON,
-        *train_args(tiny_shards, workdir, "--elastic", "--epochs", "6", "--set", "commit_every=2"),
+        *train_args(tiny_shards, workdir, "--elastic", "--epochs", "20", "--set", "commit_every=2"),
     ]
     env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", SPEECHFLOW_HOSTS_FILE=str(hosts))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(workdir, "mlflow_run.json")
         time.sleep(8)  # a few commits in
-        os.kill(rank_pid(1), signal.SIGKILL)
+        os.kill(rank_pid(1, workdir), signal.SIGKILL)
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -104,7 +106,7 @@ def test_without_elastic_a_killed_rank_ends_the_job_quickly_and_a_rerun_resumes(
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(workdir / "checkpoints", "ckpt-*.npz")
-        os.kill(rank_pid(1), signal.SIGKILL)
+        os.kill(rank_pid(1, workdir), signal.SIGKILL)
         killed = time.monotonic()
         out, _ = proc.communicate(timeout=120)
         detected = time.monotonic() - killed
