@@ -37,6 +37,18 @@ from workflow import cluster, commands
 from workflow.cluster import ClusterSettings
 
 
+def _launcher_network_flags(settings: ClusterSettings) -> list[str]:
+    """horovodrun's flags for reaching the workers, the same for the plain and the elastic launcher."""
+    return [
+        "--network-interfaces",
+        settings.network_interface,
+        "--ssh-port",
+        str(settings.ssh_port),
+        "--start-timeout",
+        str(settings.start_timeout_s),
+    ]
+
+
 def horovodrun_command(num_proc: int, train_args: Sequence[str], settings: ClusterSettings) -> list[str]:
     """The launcher's command: `horovodrun -np N --hostfile /etc/mpi/hostfile ... python -m models.train ARGS`.
 
@@ -51,12 +63,7 @@ def horovodrun_command(num_proc: int, train_args: Sequence[str], settings: Clust
         "--hostfile",
         cluster.MPI_HOSTFILE,
         f"--{settings.mpi_controller}",
-        "--network-interfaces",
-        settings.network_interface,
-        "--ssh-port",
-        str(settings.ssh_port),
-        "--start-timeout",
-        str(settings.start_timeout_s),
+        *_launcher_network_flags(settings),
         "--disable-cache",
         "python",
         "-m",
@@ -89,12 +96,7 @@ def elastic_horovodrun_command(
         "--host-discovery-script",
         cluster.DISCOVER_HOSTS_SCRIPT,
         "--gloo",
-        "--network-interfaces",
-        settings.network_interface,
-        "--ssh-port",
-        str(settings.ssh_port),
-        "--start-timeout",
-        str(settings.start_timeout_s),
+        *_launcher_network_flags(settings),
         "--elastic-timeout",
         str(settings.elastic_timeout_s),
         "--blacklist-cooldown-range",
