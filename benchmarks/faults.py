@@ -1,9 +1,10 @@
 """Fault injection: what happens to a real job when things break, and what it costs.
 
-    python benchmarks/faults.py [--json out.json] [--tiny] [--utterances 400] [--epochs 6]
+    python benchmarks/faults.py [--json out.json] [--tiny] [--utterances 400] [--epochs 20]
 
-On a small demo corpus (espeak-ng voices, the real feature and shard stages) and the tiny acoustic
-model, each fault is injected into a real run and the outcome measured:
+On a small demo corpus (espeak-ng voices, the real feature and shard stages) and the demo's acoustic
+model (`--tiny`: the tests' tiny model, which learns nothing in its budget), each fault is injected
+into a real run and the outcome measured:
 - `kill_worker`: SIGKILL of rank 1 of `horovodrun -np 2` (not elastic): the launcher's exit code and
   the seconds from the kill to its exit; then the same command again (the Airflow retry), which
   resumes from the last checkpoint: the steps lost (reached before the kill, minus resumed from).
@@ -163,11 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--utterances", type=int, default=400)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="faults-"))
     utterances, epochs, kill_at = (60, 3, 3) if args.tiny else (args.utterances, args.epochs, 20)
-    config = ROOT / "tests" / "configs" / "tiny_asr.yaml"
+    # The demo's model, so that the final CERs compare a model that learned something.
+    config = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
     sets = ["checkpoint_every=5", "commit_every=5", "log_every=1", "log_model=false"]
     uri = f"sqlite:///{work / 'mlflow.db'}"
     results: dict = {"tiny": args.tiny, "epochs": epochs, "kill_at_step": kill_at}
@@ -230,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         reset = time.monotonic() - killed
         match = re.search(r"going on from step (\d+)", job.output())
         code = job.wait()
+        if code != 0:
+            print(f"the elastic job exited {code}:\n{job.output()[-4000:]}", file=sys.stderr)
         results.update(
             kill_worker_elastic_exit=code,
             kill_worker_elastic_reset_s=reset,
@@ -336,30 +340,27 @@ def main(argv: list[str] | None = None) -> int:
             str(Path(PYTHON).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
             "--backend-store-uri", f"sqlite:///{work / 'server.db'}", "--artifacts-destination", str(work / "artifacts"),
         ]  # fmt: skip
-        server = subprocess.Popen(
-            server_argv,
-            cwd=work,
-            env=env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
         http = f"http://127.0.0.1:{port}"
-        _wait_http(http)
+
+        def start_server() -> subprocess.Popen:
+            started = subprocess.Popen(
+                server_argv,
+                cwd=work,
+                env=env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            _wait_http(http)
+            return started
+
+        server = start_server()
         job = launch("mlflow_down", environment=env(MLFLOW_TRACKING_URI=http))
         job.wait_for_step(kill_at)
         os.killpg(server.pid, signal.SIGTERM)
         server.wait()
         time.sleep(10 if args.tiny else 30)
-        server = subprocess.Popen(
-            server_argv,
-            cwd=work,
-            env=env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        _wait_http(http)
+        server = start_server()
         code = job.wait()
         summary = json.loads((work / "mlflow_down" / "train_summary.json").read_text())
         import mlflow
