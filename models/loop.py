@@ -440,6 +440,10 @@ class Trainer(Schedule, Reporting):
         self.steps_per_epoch = self._steps_per_epoch()
         state.origin = [epoch, step]
         self._origin = (epoch, step)
+        # Horovod: after this callback, sync() sets every attribute back to the last saved state
+        # (rank 0's, broadcast); without a save here the old origin would return, and the input
+        # would skip into the epoch by the old world size's steps while the count is of the new.
+        state.save()  # the weights it saves are those just restored from the commit
         self.total_steps = step + (self.last_epoch - epoch) * self.steps_per_epoch
         if self.config.max_steps:
             self.total_steps = min(self.total_steps, max(step, self.config.max_steps))
