@@ -137,3 +137,30 @@ def test_a_corrupted_shard_is_named_on_every_rank(tiny_shards, tmp_path):
     )
     assert proc.returncode != 0
     assert victim.name in proc.stdout + proc.stderr and "sha256" in proc.stdout + proc.stderr
+
+
+def test_elastic_reset_keeps_the_replanned_epoch_through_horovods_sync():
+    """Horovod calls the reset callbacks, then `sync()`, which sets the state's attributes back to
+    the last save: the epoch origin `_on_reset` re-plans must survive it (lost, a survivor skipped
+    into its epoch by the old world size's steps and ran out of input before its new step count)."""
+    from types import SimpleNamespace
+
+    from horovod.common.elastic import ObjectState
+
+    from models.loop import Trainer
+
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=20, origin=[0, 0])
+    trainer = SimpleNamespace(
+        hvd=SimpleNamespace(rank=lambda: 1, size=lambda: 1),  # rank 1: no MLflow logging
+        steps_per_epoch=5,  # two workers' steps per epoch before the reset
+        _steps_per_epoch=lambda: 6,  # one worker's after it
+        last_epoch=20,
+        config=SimpleNamespace(max_steps=0),
+        _progress=SimpleNamespace(world_sizes=[]),
+        _set_learning_rate=lambda step: None,
+    )
+    trainer._epoch_of = lambda step, origin: Trainer._epoch_of(trainer, step, origin)
+    Trainer._on_reset(trainer, state, log=None)
+    state.sync()  # what Horovod's elastic run does next
+    assert state.origin == [3, 20] and trainer._origin == (3, 20)
+    assert trainer.total_steps == 20 + 17 * 6
