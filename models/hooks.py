@@ -42,12 +42,13 @@ class TrainHooks:
 
     def after_step(self, step: int, rank: int, compute_seconds: float) -> float:
         """Sleeps as the straggler would take longer; returns the seconds slept (counted as compute).
-        The factor leaves the first step alone: it compiles the step, which a slower GPU would not
-        make slower."""
+        `compute_seconds`: what the step computed, without tracing (the loop passes the last step
+        that did not trace the step function, 0 before there is one): a slower GPU computes slower,
+        it does not trace slower, and a traced step's seconds times the factor would add minutes of
+        compilation a throttled device never pays."""
         if rank != self.straggler_rank:
             return 0.0
-        factor = self.straggler_factor if step > 1 else 1.0
-        delay = self.straggler_delay_ms / 1000 + (factor - 1.0) * compute_seconds
+        delay = self.straggler_delay_ms / 1000 + (self.straggler_factor - 1.0) * compute_seconds
         if delay > 0:
             time.sleep(delay)
         return delay

@@ -200,6 +200,11 @@ class Trainer(Schedule, Reporting):
         utterances = int(tf.shape(batch["utt_id"])[0])
         return loss, {k: float(v) for k, v in aux.items()}, int(frames), utterances, times
 
+    def _traces(self) -> int:
+        """How many times the step's functions have been traced (compiled) so far."""
+        functions = (self._compute, self._apply, self._fused)
+        return sum(f.experimental_get_tracing_count() for f in functions if f is not None)
+
     def _sync_accelerators(self) -> None:
         """Waits for this thread's work on the GPUs, so the step's times split right.
 
@@ -358,6 +363,7 @@ class Trainer(Schedule, Reporting):
         step = self.position["step"]
         more = not self.position.get("done") and (self.budget_in_data or step < self.total_steps)
         iterator = self._batches() if more else iter(())
+        untraced = 0.0  # the compute seconds of the last step that did not trace (what a straggler scales)
         while self.budget_in_data or step < self.total_steps:
             started = time.perf_counter()
             try:
@@ -375,10 +381,13 @@ class Trainer(Schedule, Reporting):
             input_seconds = time.perf_counter() - started
             step += 1
             self.hooks.before_step(step, self.rank)
+            traces = self._traces()
             loss, aux, frames, utterances, step_times = self._step(batch, step)
             run.loss = loss
             step_times["input"] = input_seconds
-            step_times["compute"] += self.hooks.after_step(step, self.rank, step_times["compute"])
+            if self._traces() == traces:
+                untraced = step_times["compute"]
+            step_times["compute"] += self.hooks.after_step(step, self.rank, untraced)
             step_times["communication"] += self.strategy.after_step(step)
             run.counts["batches"] += 1
             run.counts["utterances"] += utterances
