@@ -4,10 +4,16 @@ Horovod starts one process per slot. Left alone, every TensorFlow process sizes 
 to all cores of the host, so `-np 2` on two cores runs four busy threads that fight over two
 cores. We give each rank its share of the cores instead, and pin each rank to the GPU of its
 local rank, with memory growth so ranks do not each grab a whole card.
+
+On request (`bind_cores`), a CPU rank is also bound to its own share of the cores, as
+`mpirun --bind-to core` would bind it: a rank that waits or sleeps then leaves its cores idle
+instead of lending them to the other ranks, so each rank's cores behave as its own device would.
+horovodrun with Gloo has no binding option, hence the few lines here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -40,10 +46,29 @@ def default_threads(local_size: int, cpu_count: int | None = None) -> tuple[int,
     return max(1, cores // max(1, local_size)), 1
 
 
-def configure_tensorflow(intra_op_threads: int = 0, inter_op_threads: int = 0) -> dict[str, int]:
+def core_share(local_rank: int, local_size: int, cores: list[int]) -> list[int]:
+    """The cores of `cores` (the host's, sorted) that local rank `local_rank` of `local_size` is bound
+    to: an equal, disjoint share each (the rest left to no one), or one core shared round-robin when
+    there are more ranks than cores."""
+    share = len(cores) // max(1, local_size)
+    if share == 0:
+        return [cores[local_rank % len(cores)]]
+    return cores[local_rank * share : (local_rank + 1) * share]
+
+
+def bind_to_cores(cores: list[int]) -> None:
+    """Binds every thread of this process, and so the threads it starts later, to `cores`.
+    (os.sched_setaffinity binds one thread on Linux; TensorFlow and Horovod have started theirs.)"""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended since the listing
+            os.sched_setaffinity(int(tid), cores)
+
+
+def configure_tensorflow(intra_op_threads: int = 0, inter_op_threads: int = 0, bind_cores: bool = False) -> dict:
     """Sets thread pools and GPU visibility for this rank. Call before any TensorFlow op runs.
 
-    `0` means: the default share for this rank (see `default_threads`). Returns what was applied.
+    `0` means: the default share for this rank (see `default_threads`). `bind_cores`: bind a rank
+    without a GPU to its share of the cores (`core_share`). Returns what was applied.
     """
     import tensorflow as tf
 
@@ -74,4 +99,8 @@ def configure_tensorflow(intra_op_threads: int = 0, inter_op_threads: int = 0) -
                     f"rank {facts['rank']}: TensorFlow initialized its GPUs before configure_tensorflow could pin "
                     f"{mine.name}; call configure_tensorflow before any TensorFlow op runs"
                 ) from err
-    return {"intra_op_threads": intra, "inter_op_threads": inter, "gpus": len(gpus), **facts}
+    cores = []
+    if bind_cores and not gpus and hasattr(os, "sched_setaffinity"):
+        cores = core_share(facts["local_rank"], facts["local_size"], sorted(os.sched_getaffinity(0)))
+        bind_to_cores(cores)
+    return {"intra_op_threads": intra, "inter_op_threads": inter, "gpus": len(gpus), "cores": cores, **facts}

@@ -80,7 +80,7 @@ class Trainer(Schedule, Reporting):
         from pipeline.records import load_manifest
 
         c = self.config
-        self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads)
+        self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
         self._gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
         # Horovod: one process per worker; rank 0 is the one that writes and logs.
         hvd = init_horovod(c.strategy)

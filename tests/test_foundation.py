@@ -1,5 +1,6 @@
 """The environment the README promises: imports, versions, Horovod under horovodrun, thread settings."""
 
+import os
 import re
 import subprocess
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from common import runtime
-from tests.conftest import AIRFLOW_BIN, ROOT, horovodrun
+from tests.conftest import AIRFLOW_BIN, PYTHON, ROOT, horovodrun
 
 
 def test_training_stack_imports_with_pinned_versions():
@@ -39,6 +40,34 @@ def test_default_threads_share_cores_between_local_ranks():
     assert runtime.default_threads(local_size=8, cpu_count=16) == (2, 1)
     assert runtime.default_threads(local_size=1, cpu_count=2) == (2, 1)
     assert runtime.default_threads(local_size=4, cpu_count=2) == (1, 1)
+
+
+def test_core_shares_are_disjoint_and_wrap_when_ranks_outnumber_cores():
+    assert [runtime.core_share(r, 2, [0, 1]) for r in range(2)] == [[0], [1]]
+    assert [runtime.core_share(r, 2, [0, 1, 2, 3, 4]) for r in range(2)] == [[0, 1], [2, 3]]
+    assert [runtime.core_share(r, 3, [4, 5]) for r in range(3)] == [[4], [5], [4]]
+
+
+def test_bind_cores_binds_every_thread_of_a_rank_to_its_share():
+    # A fresh interpreter as local rank 1 of 2: after configure_tensorflow every thread it has
+    # (TensorFlow's included, and one started afterwards) is bound to the second half of the cores.
+    script = """
+import os, threading
+from common import runtime
+applied = runtime.configure_tensorflow(bind_cores=True)
+import tensorflow as tf
+tf.reduce_sum(tf.ones([64, 64]))
+threading.Thread(target=lambda: None).start()
+masks = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")}
+print(applied["cores"], sorted(masks))
+"""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    env = {**os.environ, "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([PYTHON, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    mine = runtime.core_share(1, 2, cores)
+    assert out.split() and out.strip() == f"{mine} {[tuple(mine)]}"
 
 
 def test_launcher_env_reads_horovodrun_variables(monkeypatch):
