@@ -20,7 +20,7 @@ class InjectedFailure(RuntimeError):
 class TrainHooks:
     straggler_rank: int = -1  # this rank is made slower (a busy or throttled GPU); -1: none
     straggler_delay_ms: float = 0.0  # ... by this many milliseconds added to each of its steps
-    straggler_factor: float = 1.0  # ... and/or by taking this many times as long per step (2: half speed)
+    straggler_factor: float = 1.0  # ... and/or by computing each step this many times (2: half speed)
     fail_at_step: int = 0  # raise InjectedFailure at this step (1-based) on fail_rank; 0: never
     fail_rank: int = 0
 
@@ -40,15 +40,14 @@ class TrainHooks:
         if self.fail_at_step and step == self.fail_at_step and rank == self.fail_rank:
             raise InjectedFailure(f"fail_at_step={step} on rank {rank} (a test's injected failure)")
 
-    def after_step(self, step: int, rank: int, compute_seconds: float) -> float:
-        """Sleeps as the straggler would take longer; returns the seconds slept (counted as compute).
-        `compute_seconds`: what the step computed, without tracing (the loop passes the last step
-        that did not trace the step function, 0 before there is one): a slower GPU computes slower,
-        it does not trace slower, and a traced step's seconds times the factor would add minutes of
-        compilation a throttled device never pays."""
-        if rank != self.straggler_rank:
+    def extra_work(self, rank: int) -> float:
+        """How many more times this rank computes each step (the straggler: factor - 1; the loop's
+        `_slow_down` does it)."""
+        return self.straggler_factor - 1.0 if rank == self.straggler_rank else 0.0
+
+    def after_step(self, step: int, rank: int) -> float:
+        """Sleeps the straggler's fixed delay; returns the seconds slept (counted as compute)."""
+        if rank != self.straggler_rank or self.straggler_delay_ms <= 0:
             return 0.0
-        delay = self.straggler_delay_ms / 1000 + (self.straggler_factor - 1.0) * compute_seconds
-        if delay > 0:
-            time.sleep(delay)
-        return delay
+        time.sleep(self.straggler_delay_ms / 1000)
+        return self.straggler_delay_ms / 1000

@@ -166,12 +166,15 @@ class Trainer(Schedule, Reporting):
 
     # -- one step ---------------------------------------------------------------------------------
 
+    def _seed(self, step: int):
+        """The stateless seed of this step's random input augmentation: another on every rank and step."""
+        return self.tf.constant([self.config.seed * 7919 + self.rank, step], self.tf.int64)
+
     def _step(self, batch, step: int) -> tuple[float, dict, int, int, dict]:
         """One training step on `batch`: (loss, aux metrics, frames, utterances, seconds by kind)."""
         tf = self.tf
         times = {}
-        # The stateless seed of this step's random input augmentation: another on every rank and step.
-        seed = tf.constant([self.config.seed * 7919 + self.rank, step], tf.int64)
+        seed = self._seed(step)
         with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
             start = time.perf_counter()
             if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
@@ -200,10 +203,19 @@ class Trainer(Schedule, Reporting):
         utterances = int(tf.shape(batch["utt_id"])[0])
         return loss, {k: float(v) for k, v in aux.items()}, int(frames), utterances, times
 
-    def _traces(self) -> int:
-        """How many times the step's functions have been traced (compiled) so far."""
-        functions = (self._compute, self._apply, self._fused)
-        return sum(f.experimental_get_tracing_count() for f in functions if f is not None)
+    def _slow_down(self, batch, step: int, extra: float, compute_seconds: float) -> float:
+        """A straggler's step taking 1 + `extra` times as long (`--straggler-factor`): the step's
+        forward and backward pass computed again, `extra` whole times, and the fraction slept.
+        Computing, not sleeping, keeps its cores as busy as a slower or shared device keeps its
+        own: a sleeping rank lends its cores (and whatever else the host's cores share) to the
+        other ranks, which then run faster than undisturbed. Returns the seconds spent."""
+        started = time.perf_counter()
+        whole = int(extra)
+        for _ in range(whole):
+            float(self._compute(batch, self._seed(step))[0])  # waits for the computation
+        once = (time.perf_counter() - started) / whole if whole else compute_seconds
+        time.sleep((extra - whole) * once)
+        return time.perf_counter() - started
 
     def _sync_accelerators(self) -> None:
         """Waits for this thread's work on the GPUs, so the step's times split right.
@@ -363,7 +375,6 @@ class Trainer(Schedule, Reporting):
         step = self.position["step"]
         more = not self.position.get("done") and (self.budget_in_data or step < self.total_steps)
         iterator = self._batches() if more else iter(())
-        untraced = 0.0  # the compute seconds of the last step that did not trace (what a straggler scales)
         while self.budget_in_data or step < self.total_steps:
             started = time.perf_counter()
             try:
@@ -381,13 +392,13 @@ class Trainer(Schedule, Reporting):
             input_seconds = time.perf_counter() - started
             step += 1
             self.hooks.before_step(step, self.rank)
-            traces = self._traces()
             loss, aux, frames, utterances, step_times = self._step(batch, step)
             run.loss = loss
             step_times["input"] = input_seconds
-            if self._traces() == traces:
-                untraced = step_times["compute"]
-            step_times["compute"] += self.hooks.after_step(step, self.rank, untraced)
+            extra = self.hooks.extra_work(self.rank)
+            if extra:
+                step_times["compute"] += self._slow_down(batch, step, extra, step_times["compute"])
+            step_times["compute"] += self.hooks.after_step(step, self.rank)
             step_times["communication"] += self.strategy.after_step(step)
             run.counts["batches"] += 1
             run.counts["utterances"] += utterances
