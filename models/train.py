@@ -104,7 +104,10 @@ def parser() -> argparse.ArgumentParser:
         "--straggler-delay-ms", type=float, default=0.0, help="milliseconds added to each of the straggler's steps"
     )
     testing.add_argument(
-        "--straggler-factor", type=float, default=1.0, help="the straggler's steps take this many times as long"
+        "--straggler-factor",
+        type=float,
+        default=1.0,
+        help="the straggler computes each step this many times (a slower or shared device)",
     )
     testing.add_argument("--fail-at-step", type=int, default=0, help="raise at this step (0: never)")
     testing.add_argument("--fail-rank", type=int, default=0, help="the rank that raises at --fail-at-step")
