@@ -16,9 +16,9 @@ waits for the slow rank). The fast rank's own throughput ratio is kept as a seco
 
 The slowed rank computes each step F times (models/loop.py `_slow_down`), and every rank is bound
 to its own share of the cores (`bind_cores`), so each rank's cores act as its own device. A rank
-that slept out its longer step instead lent its cores to the other rank: on a 2-core machine, even
-bound to separate cores, the other rank then trained up to 1.7 times faster than undisturbed (the
-two cores share more than their names), and the slowed jobs ended sooner than the undisturbed ones.
+that slept out its longer step instead left the host to the other rank: on a 2-core machine, even
+bound to separate cores, the other rank then trained up to 1.7 times faster than undisturbed, and
+the slowed jobs ended sooner than the undisturbed ones.
 A slow or shared GPU lends nothing.
 """
 
