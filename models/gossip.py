@@ -42,14 +42,14 @@ Every rank performs the same sequence of collectives, so none waits for a collec
 another will never call.
 
 Delay-by-one uses each published step's weights in at most one round (a round waits for a new
-step), so a pull toward the partner is never applied twice from the same pair of snapshots.
+step), and a round's snapshot is the published weights plus the pulls of earlier rounds not yet
+merged (`DelayedMerge`), so no pull toward the partner is applied twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
 
@@ -63,6 +63,45 @@ log = logging.getLogger(__name__)
 
 class GossipError(RuntimeError):
     """The communication thread failed; raised in the training thread at the next step."""
+
+
+class DelayedMerge:
+    """Delay-by-one's double buffer: the weights of the last finished step (published by the
+    training thread) and the pulls toward the partners that the communication thread has computed
+    but the training thread has not merged yet.
+
+    A round's snapshot is published + pending. Without the pending part, a round that starts before
+    the training thread has merged the previous round's result (its exchange ended during a step)
+    sends weights that do not hold that pull yet, and its own result pulls toward the partner again:
+    two ranks then move the whole distance to each other instead of half of it (they swap and never
+    agree). Pure NumPy, so the bookkeeping is tested without Horovod."""
+
+    def __init__(self, published: np.ndarray):
+        self._lock = threading.Lock()
+        self._published = published
+        self._pending: np.ndarray | None = None
+        self.rounds_before_merge = 0  # rounds whose snapshot held a pull not merged yet
+
+    def snapshot(self) -> np.ndarray:
+        """The communication thread: the weights this rank has in effect (what it sends)."""
+        with self._lock:
+            self.rounds_before_merge += self._pending is not None
+            return self._published if self._pending is None else self._published + self._pending
+
+    def add(self, average: np.ndarray, snapshot: np.ndarray) -> None:
+        """The communication thread: a round's result, the pull from `snapshot` to `average`."""
+        with self._lock:
+            delta = average - snapshot
+            self._pending = delta if self._pending is None else self._pending + delta
+
+    def merge_and_publish(self, assign_delta, flatten) -> None:
+        """The training thread, between steps: adds the pending pulls to the model (`assign_delta`),
+        then publishes its weights (`flatten()`) for the next round."""
+        with self._lock:
+            if self._pending is not None:
+                assign_delta(self._pending)
+                self._pending = None
+            self._published = flatten()
 
 
 class GossipStrategy:
@@ -87,8 +126,7 @@ class GossipStrategy:
         self.step_ready = threading.Condition()
         self.stop = threading.Event()
         self.error: BaseException | None = None
-        self.results: queue.Queue = queue.Queue()  # delay-by-one: (snapshot, average) for the main thread
-        self.published: np.ndarray | None = None  # delay-by-one: the weights of the last finished step
+        self.delayed_merge: DelayedMerge | None = None  # delay-by-one: set up in start()
         self.rounds_done = 0
         self.exchange_seconds = 0.0
         self.lock_wait_seconds = 0.0
@@ -144,7 +182,8 @@ class GossipStrategy:
 
         # Horovod: all workers start from rank 0's weights and optimizer state, then part ways.
         hvd_compat.broadcast(self.variables + list(self.optimizer.variables), root_rank=0)
-        self.published = self._flatten()
+        if self.delayed:
+            self.delayed_merge = DelayedMerge(self._flatten())
         self.started = True
         self.thread.start()
 
@@ -154,8 +193,8 @@ class GossipStrategy:
             raise GossipError(f"the gossip thread of rank {self.rank} failed: {self.error}") from self.error
         start = time.perf_counter()
         if self.delayed:
-            self._merge_ready_results()
-            self.published = self._flatten()  # step `step`'s weights, for the next exchange
+            # The pulls that arrived during step `step`, then its weights for the next exchange.
+            self.delayed_merge.merge_and_publish(self._assign_delta, self._flatten)
         with self.step_ready:
             self.steps_done = step
             self.step_ready.notify_all()
@@ -187,7 +226,8 @@ class GossipStrategy:
             self.thread.join()
         if self.error is not None:
             raise GossipError(f"the gossip thread of rank {self.rank} failed: {self.error}") from self.error
-        self._merge_ready_results()
+        if self.delayed_merge is not None:
+            self.delayed_merge.merge_and_publish(self._assign_delta, self._flatten)
         flat = self._flatten()
         before = self._distance_from_average(flat, name="gossip.final")
         # Horovod: one global average, so every rank saves the same (consensus) model.
@@ -199,6 +239,7 @@ class GossipStrategy:
             "gossip_hosts": len(self.groups),
             "gossip_ranks_per_host": len(self.my_group),
             "gossip_exchange_ms": 1000 * self.exchange_seconds / max(1, self.rounds_done),
+            **({"gossip_rounds_before_merge": self.delayed_merge.rounds_before_merge} if self.delayed_merge else {}),
         }
 
     def close(self) -> None:
@@ -231,14 +272,6 @@ class GossipStrategy:
             variable.assign_add(delta[offset : offset + size].reshape(shape).astype(variable.dtype))
             offset += size
 
-    def _merge_ready_results(self) -> None:
-        while True:
-            try:
-                snapshot, average = self.results.get_nowait()
-            except queue.Empty:
-                return
-            self._assign_delta(average - snapshot)
-
     # -- the communication thread ----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -269,7 +302,7 @@ class GossipStrategy:
 
     def _round(self, round_index: int) -> None:
         if self.delayed:
-            snapshot = self.published
+            snapshot = self.delayed_merge.snapshot()
         else:
             with self.lock:
                 snapshot = self._flatten()
@@ -277,7 +310,7 @@ class GossipStrategy:
         average = self._exchange(snapshot, round_index)
         self.exchange_seconds += time.perf_counter() - start
         if self.delayed:
-            self.results.put((snapshot, average))
+            self.delayed_merge.add(average, snapshot)
         else:
             with self.lock:
                 self._assign_delta(average - snapshot)

@@ -17,6 +17,7 @@ class Reporting:
             "steps": summary["steps"],
             "trained": {k: summary[f"trained_{k}"] for k in ("batches", "utterances", "frames")},
             "weights_digest": self._weights_digest(),
+            "rounds_before_merge": summary.get("gossip_rounds_before_merge"),  # delay-by-one only
         }
         # Horovod: collect one small record per rank on every rank.
         everyone = self.hvd.allgather_object(mine)
@@ -28,6 +29,11 @@ class Reporting:
             "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
             "per_rank_weights_digest": [r["weights_digest"] for r in everyone],
             "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,
+            **(
+                {"per_rank_gossip_rounds_before_merge": [r["rounds_before_merge"] for r in everyone]}
+                if mine["rounds_before_merge"] is not None
+                else {}
+            ),
         }
 
     def _peak_memory_mb(self) -> float:

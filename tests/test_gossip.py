@@ -121,6 +121,8 @@ def test_synthesis_model_delay_by_one(tiny_shards, tmp_path, uri):
         tiny_shards, tmp_path / "w", uri, model="tts", extra=["--max-steps", "8", "--gossip", "delay-by-one"]
     )
     assert summary["ranks_agree"] and sum(summary["per_rank_steps"]) == 16
+    rounds_before_merge = summary["per_rank_gossip_rounds_before_merge"]  # a round may start before the merge
+    assert len(rounds_before_merge) == 2 and all(0 <= n <= summary["gossip_rounds"] for n in rounds_before_merge)
 
 
 def test_hierarchical_two_hosts_of_two(tiny_shards, tmp_path, uri):

@@ -287,3 +287,65 @@ def test_plot_speedup_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
     assert [p.name for p in tmp_path.iterdir()] == ["speedup.png"]
+
+
+# ---- delay-by-one's double buffer ----------------------------------------------------------------
+
+
+def _delayed_ranks(starts):
+    """Two ranks' models (plain vectors) and their DelayedMerge buffers."""
+    from models.gossip import DelayedMerge
+
+    models = [np.array(start, np.float64) for start in starts]
+
+    def assign(i):
+        def assign_delta(delta):
+            models[i] += delta
+
+        return assign_delta
+
+    merges = [DelayedMerge(m.copy()) for m in models]
+    return models, merges, [assign(i) for i in range(2)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_delay_by_one_moves_each_rank_halfway_once(overlap):
+    # Two ranks that do not train (no local progress): gossip alone must bring them to their
+    # average and keep them there. With `overlap`, each round's exchange ends only after the next
+    # step boundary, so the next round starts before that round's pull is merged (a rank waiting
+    # for a slower partner): its snapshot must still hold the pull, or both ranks move the whole
+    # distance and swap places for ever.
+    for rounds in range(1, 6):
+        models = _delayed_rounds(rounds, overlap)
+        np.testing.assert_allclose(models[0], [1.0, 2.0], err_msg=f"after {rounds} rounds")
+        np.testing.assert_allclose(models[1], [1.0, 2.0], err_msg=f"after {rounds} rounds")
+
+
+def _delayed_rounds(rounds: int, overlap: bool) -> list:
+    models, merges, assigns = _delayed_ranks([[0.0, 4.0], [2.0, 0.0]])
+    for _ in range(rounds):
+        snapshots = [m.snapshot() for m in merges]
+        if overlap:  # a step ends while the exchange is in flight
+            for i in range(2):
+                merges[i].merge_and_publish(assigns[i], models[i].copy)
+        average = (snapshots[0] + snapshots[1]) / 2  # the pair's allreduce
+        for i in range(2):
+            merges[i].add(average, snapshots[i])
+        if not overlap:  # the result arrives during the step, merged at its end
+            for i in range(2):
+                merges[i].merge_and_publish(assigns[i], models[i].copy)
+    for i in range(2):  # finish(): the last pulls
+        merges[i].merge_and_publish(assigns[i], models[i].copy)
+    return models
+
+
+def test_delay_by_one_keeps_the_progress_made_during_the_exchange():
+    models, merges, assigns = _delayed_ranks([[0.0], [2.0]])
+    snapshots = [m.snapshot() for m in merges]
+    models[0] += 10.0  # rank 0 trains on while the round is in flight
+    average = (snapshots[0] + snapshots[1]) / 2
+    for i in range(2):
+        merges[i].add(average, snapshots[i])
+        merges[i].merge_and_publish(assigns[i], models[i].copy)
+    np.testing.assert_allclose([models[0][0], models[1][0]], [11.0, 1.0])  # the average plus its own progress
+    np.testing.assert_allclose(merges[0].snapshot(), [11.0])  # published after the merge
