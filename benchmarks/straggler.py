@@ -1,6 +1,6 @@
 """A slow worker: what it costs the whole job, under allreduce and under each gossip variant (np=2).
 
-    python benchmarks/straggler.py [--json out.json] [--tiny] [--shards DIR] [--epochs 4]
+    python benchmarks/straggler.py [--json out.json] [--tiny] [--shards DIR] [--epochs 4] [--variants a,b]
 
 Every run trains the acoustic model on the same budget (`--epochs` passes over the same shards)
 with `horovodrun -np 2`, once undisturbed and once with rank 1 made F times slower (F = 2: half
@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=Path)
     parser.add_argument("--epochs", type=int, default=4, help="the budget of every run, in passes over the shards")
     parser.add_argument("--steps", type=int, default=0, help="unused: the budget is --epochs")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {','.join(VARIANTS)}")
     args = parser.parse_args(argv)
+    names = args.variants.split(",")
+    if any(n not in VARIANTS for n in names):
+        parser.error(f"--variants: any of {', '.join(VARIANTS)} (got {args.variants})")
     work, config, shards, common = asr_setup(args, "straggler-", tiny_steps=10)
     epochs = 2 if args.tiny else args.epochs
     # The budget is epochs of data for every strategy (asr_setup's max_steps would cap it in steps).
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "bind_cores=true",
     ]
     # Tiny (the tests): two strategies at half speed only, to keep CI short.
-    variants = {k: VARIANTS[k] for k in ("allreduce", "fixed-ring")} if args.tiny else VARIANTS
+    variants = {k: VARIANTS[k] for k in (("allreduce", "fixed-ring") if args.tiny else names)}
     factors = FACTORS[:1] if args.tiny else FACTORS
     results: dict = {"tiny": args.tiny, "epochs": epochs, "factors": list(factors)}
     rows = []
