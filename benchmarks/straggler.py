@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         alone = run_training(shards, work / f"{name}-alone", 2, config, common, extra_args=flags)
         base = job_throughput(alone)
         results.update({f"{name}_job_wall_s": alone["job_wall_s"], f"{name}_job_frames_per_s": base})
+        results[f"{name}_per_rank_frames_per_s"] = alone["per_rank_frames_per_s"]
+        if "per_rank_gossip_rounds_before_merge" in alone:  # delay-by-one
+            results[f"{name}_rounds"] = alone["gossip_rounds"]
+            results[f"{name}_rounds_before_merge"] = alone["per_rank_gossip_rounds_before_merge"]
         for factor in factors:
             slowed = run_training(
                 shards,
@@ -96,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{name}_per_rank_batches_f{factor}": [r["batches"] for r in slowed["per_rank_trained"]],
                     f"{name}_share_communication_f{factor}": slowed.get("share_communication"),
                     f"{name}_ranks_agree_f{factor}": slowed["ranks_agree"],
+                    f"{name}_rounds_before_merge_f{factor}": slowed.get("per_rank_gossip_rounds_before_merge"),
                 }
             )
             batches = "/".join(str(r["batches"]) for r in slowed["per_rank_trained"])
