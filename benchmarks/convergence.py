@@ -28,7 +28,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import PYTHON, ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    PYTHON,
+    ROOT,
+    delay_rounds,
+    pick_variants,
+    print_table,
+    run_training,
+    synthetic_shards,
+    write_json,
+)
 
 VARIANTS = {
     "allreduce": ["--strategy", "allreduce"],
@@ -133,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         help="part 2: allreduce and the best gossip variant with rank 1 at half speed",
     )
     args = parser.parse_args(argv)
-    names = args.variants.split(",")
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or names[0] != "allreduce":
-        parser.error(f"--variants: allreduce first, then any of {', '.join(VARIANTS)} (got {args.variants})")
+    chosen = pick_variants(parser, args.variants, VARIANTS, first="allreduce")  # the reference
     work = Path(tempfile.mkdtemp(prefix="convergence-"))
     if args.tiny:
         config, epochs, seeds = ROOT / "tests/configs/tiny_asr.yaml", 2, 1
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         config, epochs, seeds = ROOT / "configs/demo_asr.yaml", args.epochs, args.seeds
         shards = args.shards or demo_shards(work, args.utterances)
-        variants = {k: VARIANTS[k] for k in names}
+        variants = chosen
     common = [f"epochs={epochs}", "max_steps=0", "log_model=false", "eval_every=20"]
     results: dict = {"tiny": args.tiny, "epochs": epochs, "seeds": seeds}
     rows = []
@@ -162,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             cers.append(metrics["test_cer"])
             wers.append(metrics["test_wer"])
             results[f"{name}_seed{seed}_job_wall_s"] = summary["job_wall_s"]
-            if "per_rank_gossip_rounds_before_merge" in summary:  # delay-by-one
-                results[f"{name}_seed{seed}_rounds"] = summary["gossip_rounds"]
-                results[f"{name}_seed{seed}_rounds_before_merge"] = summary["per_rank_gossip_rounds_before_merge"]
+            results.update({f"{name}_seed{seed}_{k}": v for k, v in delay_rounds(summary).items()})
             if name == "allreduce" and seed == 0:
                 results["allreduce_final_dev_cer"] = summary.get("last_dev_cer")
         results[f"{name}_cer"] = float(np.mean(cers))

@@ -118,6 +118,22 @@ def print_table(headers: list[str], rows: list[list]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+def pick_variants(parser, value: str, known: dict, first: str | None = None) -> dict:
+    """The `--variants` a,b,c of `known` (name -> flags), in that order; a clear error otherwise."""
+    names = value.split(",")
+    if any(n not in known for n in names) or (first and names[0] != first):
+        lead = f"{first} first, then " if first else ""
+        parser.error(f"--variants: {lead}any of {', '.join(known)} (got {value})")
+    return {n: known[n] for n in names}
+
+
+def delay_rounds(summary: dict) -> dict:
+    """Delay-by-one's rounds and, per rank, those that started before the previous pull was merged."""
+    if "per_rank_gossip_rounds_before_merge" not in summary:
+        return {}
+    return {"rounds": summary["gossip_rounds"], "rounds_before_merge": summary["per_rank_gossip_rounds_before_merge"]}
+
+
 def write_json(path: Path | None, results: dict) -> None:
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)

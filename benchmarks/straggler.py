@@ -30,7 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import asr_setup, print_table, run_training, write_json  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    asr_setup,
+    delay_rounds,
+    pick_variants,
+    print_table,
+    run_training,
+    write_json,
+)
 
 VARIANTS = {
     "allreduce": ["--strategy", "allreduce"],
@@ -56,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="unused: the budget is --epochs")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {','.join(VARIANTS)}")
     args = parser.parse_args(argv)
-    names = args.variants.split(",")
-    if any(n not in VARIANTS for n in names):
-        parser.error(f"--variants: any of {', '.join(VARIANTS)} (got {args.variants})")
+    chosen = pick_variants(parser, args.variants, VARIANTS)
     work, config, shards, common = asr_setup(args, "straggler-", tiny_steps=10)
     epochs = 2 if args.tiny else args.epochs
     # The budget is epochs of data for every strategy (asr_setup's max_steps would cap it in steps).
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "bind_cores=true",
     ]
     # Tiny (the tests): two strategies at half speed only, to keep CI short.
-    variants = {k: VARIANTS[k] for k in (("allreduce", "fixed-ring") if args.tiny else names)}
+    variants = {k: VARIANTS[k] for k in ("allreduce", "fixed-ring")} if args.tiny else chosen
     factors = FACTORS[:1] if args.tiny else FACTORS
     results: dict = {"tiny": args.tiny, "epochs": epochs, "factors": list(factors)}
     rows = []
@@ -77,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         base = job_throughput(alone)
         results.update({f"{name}_job_wall_s": alone["job_wall_s"], f"{name}_job_frames_per_s": base})
         results[f"{name}_per_rank_frames_per_s"] = alone["per_rank_frames_per_s"]
-        if "per_rank_gossip_rounds_before_merge" in alone:  # delay-by-one
-            results[f"{name}_rounds"] = alone["gossip_rounds"]
-            results[f"{name}_rounds_before_merge"] = alone["per_rank_gossip_rounds_before_merge"]
+        results.update({f"{name}_{k}": v for k, v in delay_rounds(alone).items()})
         for factor in factors:
             slowed = run_training(
                 shards,
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{name}_per_rank_batches_f{factor}": [r["batches"] for r in slowed["per_rank_trained"]],
                     f"{name}_share_communication_f{factor}": slowed.get("share_communication"),
                     f"{name}_ranks_agree_f{factor}": slowed["ranks_agree"],
-                    f"{name}_rounds_before_merge_f{factor}": slowed.get("per_rank_gossip_rounds_before_merge"),
+                    **{f"{name}_{k}_f{factor}": v for k, v in delay_rounds(slowed).items()},
                 }
             )
             batches = "/".join(str(r["batches"]) for r in slowed["per_rank_trained"])
