@@ -109,8 +109,12 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
 def intelligibility(
     spoken: list[Spoken], vocabulary: list[str], asr_model_dir: Path, split: str, out_dir: Path
 ) -> dict:
-    """CER of an acoustic model on the synthesized log-mels, normalized as that model was trained:
-    each utterance by its own statistics (`input.cmvn: utterance`), or each synthesized voice as one
+    """CER of an acoustic model on the synthesized log-mels (`SPLIT_intelligibility_cer`), and, to
+    say where what it misses is lost, on two more sources of the same sentences: the model's
+    teacher-forced output (`..._cer_teacher_forced`: the frames it predicts when it is fed the
+    recording, so free-running drift is left out) and the recordings themselves
+    (`..._cer_recordings`: the judge's own errors). Features are normalized as the acoustic model
+    was trained: each utterance by its own statistics (`input.cmvn: utterance`), or each voice as one
     speaker, by the mean and variance of all its utterances (speaker CMVN and the others)."""
     from models.evaluate_asr import error_rates
     from models.serving import load_model_dir
@@ -118,28 +122,40 @@ def intelligibility(
 
     asr_model, asr_config, asr_data = load_model_dir(Path(asr_model_dir) / "model")
     per_utterance = asr_config.input.cmvn == "utterance"
-    stats = {}
-    for voice in {s.voice for s in spoken}:
-        frames = np.concatenate([s.synthesized for s in spoken if s.voice == voice])
-        stats[voice] = frames.mean(0), np.maximum(frames.std(0), 1e-4)
+
+    def transcribe(mels: list[np.ndarray], voices: list[str]) -> list[str]:
+        stats = {}
+        for voice in set(voices):
+            frames = np.concatenate([m for m, v in zip(mels, voices) if v == voice])
+            stats[voice] = frames.mean(0), np.maximum(frames.std(0), 1e-4)
+        hyps = []
+        for start in range(0, len(mels), 16):
+            chunk, chunk_voices = mels[start : start + 16], voices[start : start + 16]
+            lengths = np.asarray([len(m) for m in chunk], np.int32)
+            feats = np.zeros([len(chunk), lengths.max(), chunk[0].shape[1]], np.float32)  # [B, T, D]
+            for i, (m, voice) in enumerate(zip(chunk, chunk_voices)):
+                mean, std = (0.0, 1.0) if per_utterance else stats[voice]
+                feats[i, : len(m)] = (m - mean) / std
+            if per_utterance:
+                feats = frontend.utterance_normalize(feats, lengths).numpy()
+            hyps += asr.transcribe(asr_model, feats, lengths, asr_data["vocabulary"])
+        return hyps
+
     refs = ["".join(vocabulary[t] for t in s.tokens) for s in spoken]
-    hyps = []
-    for start in range(0, len(spoken), 16):
-        chunk = spoken[start : start + 16]
-        lengths = np.asarray([len(s.synthesized) for s in chunk], np.int32)
-        feats = np.zeros([len(chunk), lengths.max(), chunk[0].synthesized.shape[1]], np.float32)
-        for i, s in enumerate(chunk):
-            mean, std = (0.0, 1.0) if per_utterance else stats[s.voice]
-            feats[i, : len(s.synthesized)] = (s.synthesized - mean) / std
-        if per_utterance:
-            feats = frontend.utterance_normalize(feats, lengths).numpy()
-        hyps += asr.transcribe(asr_model, feats, lengths, asr_data["vocabulary"])
-    rates = error_rates(refs, hyps)
-    rows = ["utt_id\tspeaker\tvoice\treference\tasr_on_synthesis"] + [
-        f"{s.utt_id}\t{s.speaker}\t{s.voice}\t{r}\t{h}" for s, r, h in zip(spoken, refs, hyps)
+    hyps = transcribe([s.synthesized for s in spoken], [s.voice for s in spoken])
+    forced = transcribe([s.teacher_forced for s in spoken], [s.voice for s in spoken])
+    recorded = transcribe([s.reference for s in spoken], [s.speaker for s in spoken])
+    rows = ["utt_id\tspeaker\tvoice\treference\tasr_on_synthesis\tasr_on_teacher_forced\tasr_on_recording"] + [
+        "\t".join([s.utt_id, s.speaker, s.voice, *texts]) for s, *texts in zip(spoken, refs, hyps, forced, recorded)
     ]
     (out_dir / f"{split}_intelligibility.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return {f"{split}_intelligibility_cer": rates["cer"], f"{split}_intelligibility_wer": rates["wer"]}
+    rates, forced_rates, recorded_rates = (error_rates(refs, h) for h in (hyps, forced, recorded))
+    return {
+        f"{split}_intelligibility_cer": rates["cer"],
+        f"{split}_intelligibility_wer": rates["wer"],
+        f"{split}_intelligibility_cer_teacher_forced": forced_rates["cer"],
+        f"{split}_intelligibility_cer_recordings": recorded_rates["cer"],
+    }
 
 
 def write_samples(

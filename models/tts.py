@@ -58,6 +58,11 @@ class TtsConfig:
     prenet_units: tuple[int, ...] = (128, 64)  # dense+ReLU+dropout layers over the previous frame
     prenet_dropout: float = 0.5  # high on purpose: the bottleneck stops the decoder copying frames
     prenet_dropout_at_inference: bool = True  # Tacotron 2 keeps it on; off only for exact repeats
+    # Feed each decoder step the previous frame (through the pre-net), as Tacotron does. False: the
+    # decoder sees only the attention context and its own state, so synthesis runs exactly the
+    # computation training ran (no exposure bias: nothing learned from copying the teacher's frames
+    # is missing when the model must read its own). See the README's synthesis section.
+    decoder_feedback: bool = True
     decoder_lstm_units: int = 192  # units of every decoder LSTM layer; 256 trains ~20% slower on 2 cores
     decoder_lstm_layers: int = 1  # the first is the attention RNN; more are stacked above it
     n_mels: int = 80  # mel bins of the features
@@ -265,6 +270,11 @@ class Tacotron(keras.Model):
             x = _dropout(dense(x), self.config.prenet_dropout, on)
         return x
 
+    def _no_feedback(self, frames):
+        """What the decoder LSTM reads instead of the pre-net without `decoder_feedback`: zeros of the
+        pre-net's width (so its input term is its bias and the weights keep one layout)."""
+        return tf.zeros(tf.concat([tf.shape(frames)[:-1], [self.config.prenet_units[-1]]], 0), frames.dtype)
+
     def _loop_weights(self):
         """Variables read once, outside the loops (one read + cast instead of one per step)."""
         dt = self.compute_dtype
@@ -323,7 +333,9 @@ class Tacotron(keras.Model):
         # Step s reads the last frame of group s - 1 (a zero "go" frame for s = 0).
         inputs = tf.concat([tf.zeros_like(grouped[:, :1, -c.n_mels :]), grouped[:, :-1, -c.n_mels :]], 1)  # [B, S, 80]
         on = training or c.prenet_dropout_at_inference
-        x0 = self.lstm_in[0](self._prenet(inputs, on))  # [B, S, 4U]
+        x0 = self.lstm_in[0](
+            self._prenet(inputs, on) if c.decoder_feedback else self._no_feedback(inputs)
+        )  # [B, S, 4U]
         voice = self.voice(speaker_ids, b)
         if voice is not None:
             x0 += self.speaker_decoder(voice)[:, None, :]
@@ -523,7 +535,8 @@ class Tacotron(keras.Model):
         tas = [tf.TensorArray(d, size=max_steps if xla else 0, dynamic_size=not xla) for d in (self.compute_dtype, F32)]
 
         def body(s, frame, state, finished, lengths, frame_ta, align_ta):
-            x0 = self.lstm_in[0](self._prenet(frame, c.prenet_dropout_at_inference)) + voice_in  # [B, 4U]
+            fed = self._prenet(frame, c.prenet_dropout_at_inference) if c.decoder_feedback else self._no_feedback(frame)
+            x0 = self.lstm_in[0](fed) + voice_in  # [B, 4U]
             state, out = self._step(w, x0, state, memory, keys, pad_bias)
             frames = self.frame_proj(out) + voice_out  # [B, r * 80]
             stops = self.stop_proj(out)  # [B, r]

@@ -95,6 +95,9 @@ if "tts" in models:
     l1 = f"{m['test_mel_l1']:.3f}" if "test_mel_l1" in m else "n/a"
     print(f"  synthesis model  intelligibility CER {pct(m, 'dev_intelligibility_cer')} in training voices (dev), "
           f"{pct(m, 'test_intelligibility_cer')} for unseen voices (test), the new acoustic model listening")
+    print(f"                   the same listener on dev: {pct(m, 'dev_intelligibility_cer_teacher_forced')} when the "
+          f"model is fed the recording's frames (teacher-forced), {pct(m, 'dev_intelligibility_cer_recordings')} "
+          "on the recordings themselves")
     print(f"                   filterbank cepstral distance {fcd}, mel L1 {l1} (test, free-running)")
     print(f"                   {registry(models['tts'])}")
 run_dir = Path(summary_file).parent

@@ -218,6 +218,25 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path):
     np.testing.assert_array_equal(model.infer(tokens, lengths, 5)["mels"], restored.infer(tokens, lengths, 5)["mels"])
 
 
+def test_without_decoder_feedback_synthesis_runs_what_training_ran():
+    # Without the previous frame as input, the free-running loop computes exactly the teacher-forced
+    # pass (no exposure bias); with it, synthesis reads its own frames and drifts from that pass.
+    batch = synthetic_batch(lengths=(7, 9))
+    steps = int(decoder_lengths(batch).max())
+    for feedback in (False, True):
+        model = build_tts(dataclasses.replace(TINY, decoder_feedback=feedback))
+        for variable in model.weights:  # weights far enough from initialization to move the outputs
+            variable.assign(variable + tf.random.normal(variable.shape, stddev=0.3, seed=1))
+        set_stop_bias(model, [-9.0, -9.0, -9.0])  # never stops: both run all steps
+        forced = model.teacher_forced(batch)["mel_before"].numpy()
+        free = model.infer(batch["tokens"], batch["token_lengths"], steps)["mels_before"].numpy()
+        t = forced.shape[1]
+        if feedback:
+            assert not np.allclose(forced[:, 3:], free[:, 3:t], atol=1e-3)
+        else:
+            np.testing.assert_allclose(forced, free[:, :t], atol=1e-4)
+
+
 def test_overfits_a_handful_of_utterances():
     tf.keras.utils.set_random_seed(0)
     model, batch = build_tts(TINY), synthetic_batch()
