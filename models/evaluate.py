@@ -58,6 +58,7 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
     model_dir = Path(model_dir)
     model, config, data = load_model_dir(model_dir / "model")
     manifest = load_manifest(shards)
+    check_vocabulary(data, manifest, model_dir, shards)
     splits = list(cfg.splits)
     if not splits:
         candidates = ("dev", "test", "test_noisy") if config.model == "asr" else ("dev", "test")
@@ -97,6 +98,29 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
         )
     atomic_write_json(model_dir / "eval.json", metrics)
     return metrics
+
+
+def check_vocabulary(data: dict, manifest: dict, model_dir: Path, shards: Path) -> None:
+    """ValueError with the fix when the shards' token ids do not mean the model's characters: the
+    references would be decoded with the wrong characters (or as `<unk>`) and every CER be wrong."""
+    ours, theirs = list(data["vocabulary"]), list(manifest["vocabulary"])
+    lowercase = bool(data.get("lowercase", True)), bool(manifest.get("lowercase", True))
+    if ours == theirs and lowercase[0] == lowercase[1]:
+        return
+    if ours == theirs:
+        differs = f"the model was trained {'lower-cased' if lowercase[0] else 'with case kept'}, the shards are not"
+    else:
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        differs = (
+            f"token {first} is {ours[first] if first < len(ours) else None!r} for the model and "
+            f"{theirs[first] if first < len(theirs) else None!r} in the shards ({len(ours)} and {len(theirs)} "
+            f"tokens; only the model's: {sorted(set(ours) - set(theirs))}, only the shards': "
+            f"{sorted(set(theirs) - set(ours))})"
+        )
+    raise ValueError(
+        f"the shards in {shards} were not made with the vocabulary of the model in {model_dir}: {differs}. "
+        f"Make them again with it: `python -m pipeline.shards ... --vocabulary-from {model_dir} --out DIR`"
+    )
 
 
 def teacher_forced_l1(model, dataset) -> float:

@@ -392,6 +392,18 @@ def test_shards_of_a_new_test_set_take_a_models_vocabulary(tmp_path, capsys):
         shards.load_vocabulary(tmp_path / "eval")
 
 
+def test_evaluation_refuses_shards_made_with_another_vocabulary(tmp_path):
+    from models.evaluate import check_vocabulary
+
+    model = {"vocabulary": ["<blank>", "<unk>", " ", "a", "b"], "lowercase": True}
+    check_vocabulary(model, dict(model), tmp_path / "runs/asr", tmp_path / "shards")  # the same: no error
+    other = {"vocabulary": ["<blank>", "<unk>", " ", "a", "c", "d"], "lowercase": True}
+    with pytest.raises(ValueError, match=r"token 4 is 'b' for the model and 'c' in the shards .*--vocabulary-from"):
+        check_vocabulary(model, other, tmp_path / "runs/asr", tmp_path / "shards")
+    with pytest.raises(ValueError, match="lower-cased, the shards are not"):
+        check_vocabulary(model, {**model, "lowercase": False}, tmp_path / "runs/asr", tmp_path / "shards")
+
+
 # ---- the DAG's parameters -------------------------------------------------------------------------
 
 
