@@ -92,14 +92,14 @@ def run_command(
         code = proc.wait()
     finally:
         if proc.poll() is None:
-            _end_group(proc)
+            end_group(proc)
         proc.stdout.close()
     if code != 0:
         output = "\n".join(last_lines)
         raise StageError(f"`{' '.join(argv)}` exited with {code}; its last lines:\n{output}")
 
 
-def _end_group(proc: subprocess.Popen) -> None:
+def end_group(proc: subprocess.Popen) -> None:
     """SIGTERM to the command's process group (horovodrun and its ranks), SIGKILL after 20 s."""
     for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
         try:

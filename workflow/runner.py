@@ -25,7 +25,7 @@ from typing import Any
 
 from common.fsutil import atomic_write_json, read_json
 from workflow import commands
-from workflow.local import REPO, StageError, _end_group, child_env, run_command
+from workflow.local import REPO, StageError, child_env, end_group, run_command
 from workflow.plan import Plan, cluster_settings
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def local_data_service(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            stack.callback(_end_group, proc)  # runs before the log file closes (last in, first out)
+            stack.callback(end_group, proc)  # runs before the log file closes (last in, first out)
             started[name] = (port, proc)
         _wait_until_listening(started, log_dir, start_timeout_s)
         address = f"grpc://127.0.0.1:{dispatcher}"
