@@ -143,7 +143,8 @@ def intelligibility(
 
     refs = ["".join(vocabulary[t] for t in s.tokens) for s in spoken]
     hyps = transcribe([s.synthesized for s in spoken], [s.voice for s in spoken])
-    forced = transcribe([s.teacher_forced for s in spoken], [s.voice for s in spoken])
+    # teacher-forced frames follow the recording they are fed, so they are normalized by its speaker
+    forced = transcribe([s.teacher_forced for s in spoken], [s.speaker for s in spoken])
     recorded = transcribe([s.reference for s in spoken], [s.speaker for s in spoken])
     rows = ["utt_id\tspeaker\tvoice\treference\tasr_on_synthesis\tasr_on_teacher_forced\tasr_on_recording"] + [
         "\t".join([s.utt_id, s.speaker, s.voice, *texts]) for s, *texts in zip(spoken, refs, hyps, forced, recorded)

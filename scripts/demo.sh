@@ -98,7 +98,7 @@ if "tts" in models:
     print(f"                   the same listener on dev: {pct(m, 'dev_intelligibility_cer_teacher_forced')} when the "
           f"model is fed the recording's frames (teacher-forced), {pct(m, 'dev_intelligibility_cer_recordings')} "
           "on the recordings themselves")
-    print(f"                   filterbank cepstral distance {fcd}, mel L1 {l1} (test, free-running)")
+    print(f"                   filterbank cepstral distance {fcd} (test, free-running), mel L1 {l1} (test, teacher-forced)")
     print(f"                   {registry(models['tts'])}")
 run_dir = Path(summary_file).parent
 print("Artifacts")
