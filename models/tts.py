@@ -80,11 +80,21 @@ class TtsConfig:
     # in from the training split); empty: one voice, no speaker input.
     speakers: tuple[str, ...] = ()
     speaker_dim: int = 64  # width of the speaker embedding (0: no speaker input even with speakers)
+    # Where each character is spoken. "attention": Tacotron's location-sensitive attention learns it.
+    # "durations": monotonic alignment search (Glow-TTS, Kim et al. 2020) finds it in every training
+    # batch, as the path through (decoder step, character) that best matches the frames the encoder
+    # predicts for each character; a duration predictor learns it for synthesis (FastSpeech, Ren et
+    # al. 2019), and a bidirectional LSTM decoder, fed no frames, runs over the characters repeated
+    # by their durations. Nothing has to be learned by attention first; see the README's synthesis section.
+    alignment: Literal["attention", "durations"] = "attention"
+    duration_weight: float = 1.0  # "durations": weight of the log-duration loss in the total
     # Compile the decoder loops with XLA (jit_compile): one fused program per batch shape. Helps where
     # each op is a kernel launch (a GPU); on 2 CPU cores see benchmarks/throughput.py.
     xla: bool = False
 
     def __post_init__(self):
+        if self.alignment not in ("attention", "durations"):
+            raise ValueError(f"TtsConfig.alignment must be 'attention' or 'durations', got {self.alignment!r}")
         if self.mel_loss not in ("l1", "l2"):
             raise ValueError(f"TtsConfig.mel_loss must be 'l1' or 'l2', got {self.mel_loss!r}")
         if self.reduction_factor < 1 or self.decoder_lstm_layers < 1 or self.vocab_size < 2:
@@ -206,6 +216,14 @@ class Tacotron(keras.Model):
             self.speaker_memory = layers.Dense(m, activation="softsign", name="speaker_memory")
             self.speaker_decoder = layers.Dense(4 * u, name="speaker_decoder")
             self.speaker_frames = layers.Dense(c.reduction_factor * c.n_mels, name="speaker_frames")
+        if c.alignment == "durations":
+            self.char_frames = layers.Dense(c.reduction_factor * c.n_mels, name="char_frames")
+            self.duration_conv = layers.Conv1D(
+                c.encoder_conv_filters, 3, padding="same", activation="relu", name="duration_conv"
+            )
+            self.duration_out = layers.Dense(1, name="duration_out")  # log(1 + decoder steps) per character
+            self.dec_fw = layers.LSTM(u, return_sequences=True, name="dec_fw")
+            self.dec_bw = layers.LSTM(u, return_sequences=True, name="dec_bw")
         # XLA: the decoder loops as compiled functions (built once: a tf.function per instance).
         self._loop = self._loop_teacher_xla if c.xla else self._loop_teacher
         self._free_loop = tf.function(self._loop_free, jit_compile=True) if c.xla else self._loop_free
@@ -220,7 +238,7 @@ class Tacotron(keras.Model):
             (self.location_dense, (None, None, c.location_filters)),
         ]
         builds += [(d, (None, u)) for d in self.lstm_in[1:]] + [(d, (None, m + u)) for d in self.lstm_rec]
-        for layer, shape in builds:
+        for layer, shape in builds if c.alignment == "attention" else ():  # the durations' decoder has no attention
             layer.build(shape)
 
     def _stack(self, name, new_layers):
@@ -273,7 +291,8 @@ class Tacotron(keras.Model):
     def _no_feedback(self, frames):
         """What the decoder LSTM reads instead of the pre-net without `decoder_feedback`: zeros of the
         pre-net's width (so its input term is its bias and the weights keep one layout)."""
-        return tf.zeros(tf.concat([tf.shape(frames)[:-1], [self.config.prenet_units[-1]]], 0), frames.dtype)
+        width = self.config.prenet_units[-1] if self.config.prenet_units else self.config.n_mels
+        return tf.zeros(tf.concat([tf.shape(frames)[:-1], [width]], 0), frames.dtype)
 
     def _loop_weights(self):
         """Variables read once, outside the loops (one read + cast instead of one per step)."""
@@ -319,7 +338,7 @@ class Tacotron(keras.Model):
         return (context, new_h, new_c, prev, cum), tf.concat([below, context], -1)
 
     @_no_autograph
-    def decode(self, memory, token_lengths, mels, training=False, speaker_ids=None):
+    def decode(self, memory, token_lengths, mels, training=False, speaker_ids=None, mel_lengths=None):
         """Teacher-forced decoder. memory [B, N, M], mels [B, T, 80] (T need not divide by r),
         speaker_ids [B] (a model with voices; None: the default voice).
 
@@ -330,6 +349,12 @@ class Tacotron(keras.Model):
         steps = (t + r - 1) // r
         grouped = tf.pad(tf.cast(mels, self.compute_dtype), [[0, 0], [0, steps * r - t], [0, 0]])
         grouped = tf.reshape(grouped, [b, steps, r * c.n_mels])  # [B, S, r * 80]
+        if c.alignment == "durations":
+            if mel_lengths is None:
+                mel_lengths = tf.fill([b], t)
+            return self._decode_aligned(
+                memory, token_lengths, grouped, (mel_lengths + r - 1) // r, t, training, speaker_ids
+            )
         # Step s reads the last frame of group s - 1 (a zero "go" frame for s = 0).
         inputs = tf.concat([tf.zeros_like(grouped[:, :1, -c.n_mels :]), grouped[:, :-1, -c.n_mels :]], 1)  # [B, S, 80]
         on = training or c.prenet_dropout_at_inference
@@ -350,6 +375,77 @@ class Tacotron(keras.Model):
             stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
             alignments=alignments,
         )  # [B, S, N]
+
+    def _decode_aligned(self, memory, token_lengths, grouped, step_lengths, t, training, speaker_ids):
+        """Teacher-forced decoding with `alignment="durations"`: the alignment is searched, not attended.
+        grouped [B, S, r * 80] the target frames in decoder steps, step_lengths [B] real steps."""
+        c, r = self.config, self.config.reduction_factor
+        b, steps = tf.shape(grouped)[0], tf.shape(grouped)[1]
+        means = self.char_frames(memory)  # [B, N, r * 80]: the frames each character is expected to make
+        # Squared distance of every decoder step's frames to every character's: [B, S, N]
+        target = tf.cast(grouped, F32)
+        cost = (
+            tf.reduce_sum(tf.square(target), -1)[:, :, None]
+            - 2.0 * tf.einsum("bsd,bnd->bsn", target, tf.cast(means, F32))
+            + tf.reduce_sum(tf.square(tf.cast(means, F32)), -1)[:, None, :]
+        ) / float(r * c.n_mels)
+        path = tf.numpy_function(
+            monotonic_alignment, [tf.stop_gradient(cost), step_lengths, token_lengths], tf.int32, stateful=False
+        )
+        path = tf.reshape(path, [b, steps])  # [B, S] the character of each decoder step
+        align = tf.one_hot(path, tf.shape(memory)[1], dtype=F32) * _mask(step_lengths, steps, F32)[..., None]
+        frames, stops = self._aligned_frames(memory, align, step_lengths, speaker_ids, training)
+        return dict(
+            mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
+            stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
+            alignments=align,  # [B, S, N] one-hot
+            aligned_means=tf.einsum("bsn,bnd->bsd", align, tf.cast(means, F32)),  # [B, S, r * 80]
+            grouped_targets=target,  # [B, S, r * 80]
+            durations=tf.reduce_sum(align, 1),  # [B, N] decoder steps per character, searched
+            log_durations=self._log_durations(memory),  # [B, N] predicted
+        )
+
+    def _log_durations(self, memory):
+        """Predicted log(1 + decoder steps) of each character [B, N] (float32), from the encoder's
+        output without moving it (the durations follow the text; the text is not bent to them)."""
+        return tf.cast(self.duration_out(self.duration_conv(tf.stop_gradient(memory)))[..., 0], F32)
+
+    def _aligned_frames(self, memory, align, step_lengths, speaker_ids, training):
+        """The decoder of `alignment="durations"`: the characters repeated by `align` [B, S, N] (memory
+        already carries the voice) -> frames [B, S, r * 80] and stop logits [B, S, r]."""
+        expanded = tf.matmul(tf.cast(align, self.compute_dtype), memory)  # [B, S, M]
+        mask = _mask(step_lengths, tf.shape(align)[1], self.compute_dtype)[..., None]  # [B, S, 1]
+        fw = self.dec_fw(expanded, training=training)
+        bw = tf.reverse_sequence(expanded, step_lengths, seq_axis=1, batch_axis=0)
+        bw = tf.reverse_sequence(self.dec_bw(bw, training=training), step_lengths, seq_axis=1, batch_axis=0)
+        out = tf.concat([fw, bw, expanded], -1) * mask  # [B, S, 2U + M]
+        frames = self.frame_proj(out)
+        voice = self.voice(speaker_ids, tf.shape(memory)[0])
+        if voice is not None:
+            frames += self.speaker_frames(voice)[:, None, :]
+        return frames, self.stop_proj(out)
+
+    def _infer_durations(self, memory, token_lengths, max_steps, speaker_ids):
+        """Synthesis with `alignment="durations"`: each character held for its predicted steps."""
+        c, r = self.config, self.config.reduction_factor
+        b, n = tf.shape(memory)[0], tf.shape(memory)[1]
+        log_durations = self._log_durations(memory)  # [B, N]
+        durations = tf.round(tf.maximum(tf.exp(log_durations) - 1.0, 0.0)) * _mask(token_lengths, n, F32)
+        durations = tf.cast(durations, tf.int32)  # [B, N]
+        ends = tf.cumsum(durations, axis=1)  # [B, N]
+        lengths = tf.maximum(tf.minimum(ends[:, -1], max_steps), 1)  # [B] decoder steps
+        steps = tf.reduce_max(lengths)
+        # the character of step s: how many characters end at or before s
+        path = tf.minimum(tf.searchsorted(ends, tf.tile(tf.range(steps)[None], [b, 1]), side="right"), n - 1)
+        align = tf.one_hot(path, n, dtype=F32) * _mask(lengths, steps, F32)[..., None]  # [B, S, N]
+        frames, _ = self._aligned_frames(memory, align, lengths, speaker_ids, False)
+        before = tf.reshape(frames, [b, steps * r, c.n_mels]) * _mask(lengths * r, steps * r, frames.dtype)[..., None]
+        return dict(
+            mels=tf.cast(self.postnet(before, lengths * r), F32),
+            mels_before=tf.cast(before, F32),
+            lengths=lengths * r,
+            alignments=align,
+        )
 
     def _loop_teacher_xla(self, x0, memory, keys, pad_bias, w):
         """`_loop_teacher` compiled by XLA, forward and backward each one program.
@@ -414,7 +510,7 @@ class Tacotron(keras.Model):
         """Training/validation forward pass; see `decode` for the shapes. Adds mel_after [B, T, 80]."""
         ids = self.batch_speakers(batch)
         memory = self.encode(batch["tokens"], batch["token_lengths"], training, ids)
-        outputs = self.decode(memory, batch["token_lengths"], batch["mels"], training, ids)
+        outputs = self.decode(memory, batch["token_lengths"], batch["mels"], training, ids, batch["mel_lengths"])
         outputs["mel_after"] = self.postnet(outputs["mel_before"], batch["mel_lengths"], training)
         return outputs
 
@@ -469,6 +565,17 @@ class Tacotron(keras.Model):
             tf.maximum(tf.reduce_sum(s_mask), 1.0)
         )
         total = losses["mel"] + losses["postnet"] + losses["stop"]
+        if c.alignment == "durations":
+            # The encoder's frames per character toward the frames the search gave it (what makes the
+            # next search better), and the predicted log durations toward the searched ones.
+            step_mask = s_mask[..., None]
+            losses["alignment"] = tf.reduce_sum(
+                tf.square(outputs["aligned_means"] - outputs["grouped_targets"]) * step_mask
+            ) / (tf.maximum(tf.reduce_sum(s_mask), 1.0) * c.reduction_factor * c.n_mels)
+            losses["duration"] = tf.reduce_sum(
+                tf.square(outputs["log_durations"] - tf.math.log1p(outputs["durations"])) * n_mask
+            ) / tf.maximum(tf.reduce_sum(n_mask), 1.0)
+            return dict(total=total + losses["alignment"] + c.duration_weight * losses["duration"], **losses)
         if c.guided_attention:
             total += c.guided_attention_weight * losses["guided_attention"]
         return dict(total=total, **losses)
@@ -486,6 +593,8 @@ class Tacotron(keras.Model):
         """
         c, r = self.config, self.config.reduction_factor
         memory = self.encode(tokens, token_lengths, training=False, speaker_ids=speaker_ids)  # [B, N, M]
+        if c.alignment == "durations":
+            return self._infer_durations(memory, token_lengths, tf.convert_to_tensor(max_steps, tf.int32), speaker_ids)
         b = tf.shape(memory)[0]
         pad_bias = _energy_mask(token_lengths, tf.shape(memory)[1])
         keys = self.memory_keys(memory)
@@ -567,6 +676,39 @@ class Tacotron(keras.Model):
         )
         # [steps or, under XLA, max_steps, B, ...]: the caller keeps the first `steps`
         return steps, lengths, finished, frame_ta.stack(), align_ta.stack()
+
+
+def monotonic_alignment(cost: np.ndarray, step_lengths: np.ndarray, token_lengths: np.ndarray) -> np.ndarray:
+    """Monotonic alignment search: for each utterance, the path of least total `cost` [B, S, N]
+    through (decoder step, character) that starts at character 0, ends at the last character, and
+    from one step to the next stays or moves on by one or two characters (a silent letter or a space
+    may take no step of its own). Returns int32 [B, S]: each step's character (the last one past
+    the utterance's steps). Dynamic programming over steps, every utterance at once: a Python loop
+    of S numpy operations (Glow-TTS ships it in Cython; a few milliseconds per batch here)."""
+    cost = np.asarray(cost, np.float64)
+    b, s_max, n_max = cost.shape
+    rows = np.arange(b)
+    best = np.full((b, n_max), np.inf)
+    best[:, 0] = cost[:, 0, 0]
+    moves = np.zeros((b, s_max, n_max), np.int8)  # 0, 1 or 2 characters moved to reach (s, n)
+    padded = np.full((b, n_max + 2), np.inf)
+    for s in range(1, s_max):
+        padded[:, 2:] = best
+        options = np.stack([padded[:, 2:], padded[:, 1:-1], padded[:, :-2]])  # stay, +1, +2: [3, B, N]
+        move = options.argmin(0)
+        step = np.take_along_axis(options, move[None], 0)[0] + cost[:, s]
+        live = (s < step_lengths)[:, None]
+        best = np.where(live, step, best)
+        moves[:, s] = np.where(live, move, 0)
+    path = np.zeros((b, s_max), np.int32)
+    for i in rows:
+        n = int(token_lengths[i]) - 1
+        last = int(step_lengths[i]) - 1
+        path[i, last + 1 :] = n
+        for s in range(last, -1, -1):
+            path[i, s] = max(n, 0)
+            n -= int(moves[i, s, max(n, 0)])
+    return path
 
 
 def build_tts(config: TtsConfig) -> Tacotron:

@@ -15,7 +15,14 @@ import tensorflow as tf
 
 from models import audio
 from models.tasks import TtsTask, resolve_tts, speak
-from models.tts import TtsConfig, attention_diagonality, attention_monotonicity, build_tts, speaker_ids
+from models.tts import (
+    TtsConfig,
+    attention_diagonality,
+    attention_monotonicity,
+    build_tts,
+    monotonic_alignment,
+    speaker_ids,
+)
 
 TINY = TtsConfig(
     vocab_size=16,
@@ -235,6 +242,46 @@ def test_without_decoder_feedback_synthesis_runs_what_training_ran():
             assert not np.allclose(forced[:, 3:], free[:, 3:t], atol=1e-3)
         else:
             np.testing.assert_allclose(forced, free[:, :t], atol=1e-4)
+
+
+def test_monotonic_alignment_finds_the_cheapest_path_and_respects_lengths():
+    # Utterance 0: 3 characters over 6 steps, each step cheap on one character (2, 3 and 1 steps);
+    # utterance 1: padded (4 of 6 steps, 2 of 3 characters) and a character that the path must skip.
+    truth = [[0, 0, 1, 1, 1, 2], [0, 0, 2, 2]]
+    cost = np.ones([2, 6, 3])
+    for i, path in enumerate(truth):
+        cost[i, np.arange(len(path)), path] = 0.0
+    cost[1, :, 1] = 5.0  # never worth a step of its own
+    path = monotonic_alignment(cost, np.array([6, 4]), np.array([3, 3]))
+    assert path.dtype == np.int32 and path.shape == (2, 6)
+    assert path[0].tolist() == truth[0]
+    assert path[1, :4].tolist() == truth[1] and path[1, 4:].tolist() == [2, 2]  # past the steps: the last character
+    # ends at the last real character even where the cheapest steps lie elsewhere
+    short = monotonic_alignment(np.zeros([1, 5, 4]), np.array([5]), np.array([2]))
+    assert short[0, 0] == 0 and short[0, 4] == 1 and np.all(np.diff(short[0]) >= 0)
+
+
+def test_durations_model_learns_where_characters_are_spoken():
+    # alignment="durations": the search, the duration predictor and a decoder fed no frames; synthesis
+    # holds each character for its predicted steps, so its length and frames follow the text.
+    config = dataclasses.replace(TINY, alignment="durations")
+    tf.keras.utils.set_random_seed(0)
+    model, rng = build_tts(config), np.random.default_rng(0)
+    created = len(model.weights)
+    step = make_train_step(model)
+    for i in range(200):
+        step(synthetic_batch(config, lengths=tuple(rng.integers(6, 15, size=8)), seed=i + 1))
+    assert len(model.weights) == created, "build_tts created every variable"
+    held_out = synthetic_batch(config, lengths=(7, 9, 11, 13), seed=0)
+    forced = model.teacher_forced(held_out)
+    assert np.all(forced["alignments"].numpy().sum(-1) <= 1.0)  # one character per decoder step
+    free = model.compiled_infer()(held_out["tokens"], held_out["token_lengths"], tf.constant(100), tf.constant(0.5),
+                                  tf.zeros([4], tf.int32))  # fmt: skip
+    true_lengths = held_out["mel_lengths"].numpy()
+    np.testing.assert_allclose(free["lengths"].numpy(), true_lengths, rtol=0.15)
+    t = int(min(free["mels"].shape[1], held_out["mels"].shape[1]))
+    untrained = np.abs(held_out["mels"].numpy()).mean()  # the L1 of predicting zeros
+    assert np.abs(free["mels"].numpy()[:, :t] - held_out["mels"].numpy()[:, :t]).mean() < 0.5 * untrained
 
 
 def test_overfits_a_handful_of_utterances():
