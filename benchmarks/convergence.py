@@ -39,6 +39,11 @@ from benchmarks.harness import (  # noqa: E402
     write_json,
 )
 
+# A 15-epoch run of the demo model takes 24-27 minutes at np=2 on a 2-core AVX2 machine; the
+# hierarchical run (np=4 on the same cores) and part 2's half-speed runs take about twice that. The
+# harness's default of 30 minutes cut such runs short.
+RUN_TIMEOUT_S = 4 * 3600
+
 VARIANTS = {
     "allreduce": ["--strategy", "allreduce"],
     "fixed-ring": ["--strategy", "adpsgd", "--gossip", "fixed-ring"],
@@ -162,7 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(seeds):
             np_, hosts = (4, HOSTS) if name == "hierarchical" else (2, None)
             summary = run_training(
-                shards, work / f"{name}-{seed}", np_, config, [*common, f"seed={seed}"], extra_args=flags, hosts=hosts
+                shards,
+                work / f"{name}-{seed}",
+                np_,
+                config,
+                [*common, f"seed={seed}"],
+                extra_args=flags,
+                hosts=hosts,
+                timeout=RUN_TIMEOUT_S,
             )
             metrics = evaluate(work / f"{name}-{seed}", shards)
             cers.append(metrics["test_cer"])
@@ -209,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             config,
             [*common, "seed=0"],
             extra_args=[*variants[name], "--straggler-rank", "1", "--straggler-factor", "2"],
+            timeout=RUN_TIMEOUT_S,
         )
         minutes = minutes_to_reach(summary, target) if target is not None else None
         results[f"{name}_half_speed_minutes_to_allreduce_dev_cer"] = minutes
