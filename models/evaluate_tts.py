@@ -124,8 +124,8 @@ def intelligibility(
     per_utterance = asr_config.input.cmvn == "utterance"
 
     def transcribe(mels: list[np.ndarray], voices: list[str]) -> list[str]:
-        stats = {}
-        for voice in set(voices):
+        stats = {}  # per-voice statistics, for a judge that does not normalize each utterance itself
+        for voice in () if per_utterance else set(voices):
             frames = np.concatenate([m for m, v in zip(mels, voices) if v == voice])
             stats[voice] = frames.mean(0), np.maximum(frames.std(0), 1e-4)
         hyps = []

@@ -688,7 +688,6 @@ def monotonic_alignment(cost: np.ndarray, step_lengths: np.ndarray, token_length
     of S numpy operations (Glow-TTS ships it in Cython; a few milliseconds per batch here)."""
     cost = np.asarray(cost, np.float64)
     b, s_max, n_max = cost.shape
-    rows = np.arange(b)
     best = np.full((b, n_max), np.inf)
     best[:, 0] = cost[:, 0, 0]
     moves = np.zeros((b, s_max, n_max), np.int8)  # 0, 1 or 2 characters moved to reach (s, n)
@@ -702,7 +701,7 @@ def monotonic_alignment(cost: np.ndarray, step_lengths: np.ndarray, token_length
         best = np.where(live, step, best)
         moves[:, s] = np.where(live, move, 0)
     path = np.zeros((b, s_max), np.int32)
-    for i in rows:
+    for i in range(b):
         n = int(token_lengths[i]) - 1
         last = int(step_lengths[i]) - 1
         path[i, last + 1 :] = n
