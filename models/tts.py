@@ -87,7 +87,7 @@ class TtsConfig:
     # al. 2019), and a bidirectional LSTM decoder, fed no frames, runs over the characters repeated
     # by their durations. Nothing has to be learned by attention first; see the README's synthesis section.
     alignment: Literal["attention", "durations"] = "attention"
-    duration_weight: float = 1.0  # "durations": weight of the log-duration loss in the total
+    duration_weight: float = 1.0  # "durations": weight of the duration loss (squared steps) in the total
     # Compile the decoder loops with XLA (jit_compile): one fused program per batch shape. Helps where
     # each op is a kernel launch (a GPU); on 2 CPU cores see benchmarks/throughput.py.
     xla: bool = False
@@ -218,10 +218,15 @@ class Tacotron(keras.Model):
             self.speaker_frames = layers.Dense(c.reduction_factor * c.n_mels, name="speaker_frames")
         if c.alignment == "durations":
             self.char_frames = layers.Dense(c.reduction_factor * c.n_mels, name="char_frames")
-            self.duration_conv = layers.Conv1D(
-                c.encoder_conv_filters, 3, padding="same", activation="relu", name="duration_conv"
+            # FastSpeech's duration predictor: two conv + layer norm + dropout blocks, one output.
+            self.duration_convs = self._stack(
+                "duration_conv",
+                (layers.Conv1D(c.encoder_conv_filters, 3, padding="same", name=f"duration_conv_{i}") for i in range(2)),
             )
-            self.duration_out = layers.Dense(1, name="duration_out")  # log(1 + decoder steps) per character
+            self.duration_norms = self._stack(
+                "duration_norm", (layers.LayerNormalization(name=f"duration_norm_{i}") for i in range(2))
+            )
+            self.duration_out = layers.Dense(1, name="duration_out")  # decoder steps per character
             self.dec_fw = layers.LSTM(u, return_sequences=True, name="dec_fw")
             self.dec_bw = layers.LSTM(u, return_sequences=True, name="dec_bw")
         # XLA: the decoder loops as compiled functions (built once: a tf.function per instance).
@@ -402,23 +407,36 @@ class Tacotron(keras.Model):
             aligned_means=tf.einsum("bsn,bnd->bsd", align, tf.cast(means, F32)),  # [B, S, r * 80]
             grouped_targets=target,  # [B, S, r * 80]
             durations=tf.reduce_sum(align, 1),  # [B, N] decoder steps per character, searched
-            log_durations=self._log_durations(memory),  # [B, N] predicted
+            predicted_durations=self._durations(memory, token_lengths, training),  # [B, N]
         )
 
-    def _log_durations(self, memory):
-        """Predicted log(1 + decoder steps) of each character [B, N] (float32), from the encoder's
-        output without moving it (the durations follow the text; the text is not bent to them)."""
-        return tf.cast(self.duration_out(self.duration_conv(tf.stop_gradient(memory)))[..., 0], F32)
+    def _durations(self, memory, token_lengths, training=False):
+        """Predicted decoder steps of each character [B, N] (float32, 0 at padding), from the encoder's
+        output without moving it (the durations follow the text; the text is not bent to them).
+        Steps, not their logarithm: the mean of a log-domain fit is the geometric mean, short of the
+        arithmetic one (sentences came out 0.86 of the recordings' length; see the README)."""
+        maskf = _mask(token_lengths, tf.shape(memory)[1], self.compute_dtype)[..., None]  # [B, N, 1]
+        x = tf.stop_gradient(memory)
+        for conv, norm in zip(self.duration_convs, self.duration_norms):
+            x = _dropout(tf.nn.relu(norm(conv(x))), self.config.dropout, training) * maskf
+        return tf.cast(self.duration_out(x)[..., 0] * maskf[..., 0], F32)
 
     def _aligned_frames(self, memory, align, step_lengths, speaker_ids, training):
         """The decoder of `alignment="durations"`: the characters repeated by `align` [B, S, N] (memory
         already carries the voice) -> frames [B, S, r * 80] and stop logits [B, S, r]."""
         expanded = tf.matmul(tf.cast(align, self.compute_dtype), memory)  # [B, S, M]
+        # Where each step lies within its character: (k - 1/2) / d for its k-th of d steps, and d itself
+        # (in tens of steps), so that the decoder need not count to shape a character's start and end.
+        align = tf.cast(align, F32)
+        d = tf.reduce_sum(align * tf.reduce_sum(align, 1, keepdims=True), -1)  # [B, S] steps of the step's character
+        k = tf.reduce_sum(align * tf.cumsum(align, axis=1), -1)  # [B, S] 1..d
+        position = tf.stack([(k - 0.5) / tf.maximum(d, 1.0), d / 10.0], -1)  # [B, S, 2]
+        expanded = tf.concat([expanded, tf.cast(position, self.compute_dtype)], -1)  # [B, S, M + 2]
         mask = _mask(step_lengths, tf.shape(align)[1], self.compute_dtype)[..., None]  # [B, S, 1]
         fw = self.dec_fw(expanded, training=training)
         bw = tf.reverse_sequence(expanded, step_lengths, seq_axis=1, batch_axis=0)
         bw = tf.reverse_sequence(self.dec_bw(bw, training=training), step_lengths, seq_axis=1, batch_axis=0)
-        out = tf.concat([fw, bw, expanded], -1) * mask  # [B, S, 2U + M]
+        out = tf.concat([fw, bw, expanded], -1) * mask  # [B, S, 2U + M + 2]
         frames = self.frame_proj(out)
         voice = self.voice(speaker_ids, tf.shape(memory)[0])
         if voice is not None:
@@ -429,8 +447,7 @@ class Tacotron(keras.Model):
         """Synthesis with `alignment="durations"`: each character held for its predicted steps."""
         c, r = self.config, self.config.reduction_factor
         b, n = tf.shape(memory)[0], tf.shape(memory)[1]
-        log_durations = self._log_durations(memory)  # [B, N]
-        durations = tf.maximum(tf.exp(log_durations) - 1.0, 0.0) * _mask(token_lengths, n, F32)  # [B, N]
+        durations = tf.maximum(self._durations(memory, token_lengths), 0.0)  # [B, N]
         # Where each character ends, rounded from the running sum: rounding each duration on its own
         # would lose up to half a step per character (a sentence of 1.4-step characters a third short).
         ends = tf.cast(tf.round(tf.cumsum(durations, axis=1)), tf.int32)  # [B, N]
@@ -568,13 +585,13 @@ class Tacotron(keras.Model):
         total = losses["mel"] + losses["postnet"] + losses["stop"]
         if c.alignment == "durations":
             # The encoder's frames per character toward the frames the search gave it (what makes the
-            # next search better), and the predicted log durations toward the searched ones.
+            # next search better), and the predicted durations toward the searched ones (in steps).
             step_mask = s_mask[..., None]
             losses["alignment"] = tf.reduce_sum(
                 tf.square(outputs["aligned_means"] - outputs["grouped_targets"]) * step_mask
             ) / (tf.maximum(tf.reduce_sum(s_mask), 1.0) * c.reduction_factor * c.n_mels)
             losses["duration"] = tf.reduce_sum(
-                tf.square(outputs["log_durations"] - tf.math.log1p(outputs["durations"])) * n_mask
+                tf.square(outputs["predicted_durations"] - outputs["durations"]) * n_mask
             ) / tf.maximum(tf.reduce_sum(n_mask), 1.0)
             return dict(total=total + losses["alignment"] + c.duration_weight * losses["duration"], **losses)
         if c.guided_attention:
