@@ -72,6 +72,15 @@ def pct(metrics, key):
     return f"{100 * metrics[key]:.1f}%" if key in metrics else "n/a"
 
 
+def trained(info) -> str:
+    """Steps and minutes of a model's training (its train_summary.json; rank 0's measured loop)."""
+    path = Path(info["workdir"]) / "train_summary.json"
+    if not path.exists():
+        return "training time n/a (no train_summary.json)"
+    t = json.loads(path.read_text())
+    return f"trained {t['steps']} steps in {t['measured_seconds'] / 60:.1f} min"
+
+
 def registry(info) -> str:
     r = info.get("registered")
     if not r:
@@ -87,17 +96,18 @@ models = s["models"]
 if "asr" in models:
     m = models["asr"]["metrics"]
     print(f"  acoustic model   test CER {pct(m, 'test_cer')} (beam search {pct(m, 'test_cer_beam')}), "
-          f"WER {pct(m, 'test_wer')}; noisy test CER {pct(m, 'test_noisy_cer')}")
+          f"WER {pct(m, 'test_wer')}; noisy test CER {pct(m, 'test_noisy_cer')}; {trained(models['asr'])}")
     print(f"                   {registry(models['asr'])}")
 if "tts" in models:
     m = models["tts"]["metrics"]
     fcd = f"{m['test_fbank_cepstral_distance_db']:.2f} dB" if "test_fbank_cepstral_distance_db" in m else "n/a"
     l1 = f"{m['test_mel_l1']:.3f}" if "test_mel_l1" in m else "n/a"
     print(f"  synthesis model  intelligibility CER {pct(m, 'dev_intelligibility_cer')} in training voices (dev), "
-          f"{pct(m, 'test_intelligibility_cer')} for unseen voices (test), the new acoustic model listening")
-    print(f"                   the same listener on dev: {pct(m, 'dev_intelligibility_cer_teacher_forced')} when the "
-          f"model is fed the recording's frames (teacher-forced), {pct(m, 'dev_intelligibility_cer_recordings')} "
-          "on the recordings themselves")
+          f"{pct(m, 'test_intelligibility_cer')} for unseen voices (test), the new acoustic model listening; "
+          f"{trained(models['tts'])}")
+    print(f"                   the same listener on dev: {pct(m, 'dev_intelligibility_cer_teacher_forced')} "
+          "teacher-forced (given the recording's frames, or with durations its searched timing), "
+          f"{pct(m, 'dev_intelligibility_cer_recordings')} on the recordings themselves")
     print(f"                   filterbank cepstral distance {fcd} (test, free-running), mel L1 {l1} (test, teacher-forced)")
     print(f"                   {registry(models['tts'])}")
 run_dir = Path(summary_file).parent
