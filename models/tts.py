@@ -274,9 +274,7 @@ class Tacotron(keras.Model):
         default voice) -> memory [B, N, 2 * encoder_lstm_units], 0 at padding."""
         maskf = _mask(token_lengths, tf.shape(tokens)[1], self.compute_dtype)[..., None]  # [B, N, 1]
         x = self.embedding(tokens) * maskf  # [B, N, embedding_dim]
-        for conv, norm in zip(self.enc_convs, self.enc_norms):
-            # Re-masking after each block keeps padded characters out of the real ones' receptive field.
-            x = _dropout(tf.nn.relu(norm(conv(x))), self.config.dropout, training) * maskf
+        x = self._conv_blocks(x, self.enc_convs, self.enc_norms, maskf, training)
         # Backward direction = forward LSTM over each sequence reversed within its own length, so
         # the padding is never read first; outputs past the length are masked off.
         fw = self.enc_fw(x, training=training)  # [B, N, units]
@@ -287,6 +285,14 @@ class Tacotron(keras.Model):
         if voice is not None:
             memory += self.speaker_memory(voice)[:, None, :]
         return memory * maskf
+
+    def _conv_blocks(self, x, convs, norms, maskf, training):
+        """conv + layer norm + ReLU + dropout blocks over characters [B, N, C] (the encoder's and the
+        duration predictor's). Re-masking after each block keeps padded characters out of the real
+        ones' receptive field."""
+        for conv, norm in zip(convs, norms):
+            x = _dropout(tf.nn.relu(norm(conv(x))), self.config.dropout, training) * maskf
+        return x
 
     def _prenet(self, x, on):
         for dense in self.prenet:
@@ -416,18 +422,15 @@ class Tacotron(keras.Model):
         Steps, not their logarithm: the mean of a log-domain fit is the geometric mean, short of the
         arithmetic one (sentences came out 0.86 of the recordings' length; see the README)."""
         maskf = _mask(token_lengths, tf.shape(memory)[1], self.compute_dtype)[..., None]  # [B, N, 1]
-        x = tf.stop_gradient(memory)
-        for conv, norm in zip(self.duration_convs, self.duration_norms):
-            x = _dropout(tf.nn.relu(norm(conv(x))), self.config.dropout, training) * maskf
+        x = self._conv_blocks(tf.stop_gradient(memory), self.duration_convs, self.duration_norms, maskf, training)
         return tf.cast(self.duration_out(x)[..., 0] * maskf[..., 0], F32)
 
     def _aligned_frames(self, memory, align, step_lengths, speaker_ids, training):
-        """The decoder of `alignment="durations"`: the characters repeated by `align` [B, S, N] (memory
-        already carries the voice) -> frames [B, S, r * 80] and stop logits [B, S, r]."""
+        """The decoder of `alignment="durations"`: the characters repeated by `align` [B, S, N] float32
+        one-hot (memory already carries the voice) -> frames [B, S, r * 80] and stop logits [B, S, r]."""
         expanded = tf.matmul(tf.cast(align, self.compute_dtype), memory)  # [B, S, M]
         # Where each step lies within its character: (k - 1/2) / d for its k-th of d steps, and d itself
         # (in tens of steps), so that the decoder need not count to shape a character's start and end.
-        align = tf.cast(align, F32)
         d = tf.reduce_sum(align * tf.reduce_sum(align, 1, keepdims=True), -1)  # [B, S] steps of the step's character
         k = tf.reduce_sum(align * tf.cumsum(align, axis=1), -1)  # [B, S] 1..d
         position = tf.stack([(k - 0.5) / tf.maximum(d, 1.0), d / 10.0], -1)  # [B, S, 2]
