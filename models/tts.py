@@ -88,6 +88,14 @@ class TtsConfig:
     # by their durations. Nothing has to be learned by attention first; see the README's synthesis section.
     alignment: Literal["attention", "durations"] = "attention"
     duration_weight: float = 1.0  # "durations": weight of the duration loss (squared steps) in the total
+    # "durations": the decoder over the characters repeated by their durations. "lstm": a bidirectional
+    # LSTM of decoder_lstm_units per direction. "conv": residual blocks of dilated convolutions
+    # (decoder_conv_layers of decoder_conv_filters channels, dilations 1, 2, 4, 8, ...): no step waits
+    # for the one before, so a training step is not a chain of small matrix products.
+    durations_decoder: Literal["lstm", "conv"] = "lstm"
+    decoder_conv_layers: int = 4  # "conv": residual conv + layer norm + ReLU + dropout blocks
+    decoder_conv_filters: int = 256  # "conv": channels of each block
+    decoder_conv_kernel: int = 5  # "conv": width in decoder steps of each convolution (odd)
     # Compile the decoder loops with XLA (jit_compile): one fused program per batch shape. Helps where
     # each op is a kernel launch (a GPU); on 2 CPU cores see benchmarks/throughput.py.
     xla: bool = False
@@ -95,11 +103,14 @@ class TtsConfig:
     def __post_init__(self):
         if self.alignment not in ("attention", "durations"):
             raise ValueError(f"TtsConfig.alignment must be 'attention' or 'durations', got {self.alignment!r}")
+        if self.durations_decoder not in ("lstm", "conv"):
+            raise ValueError(f"TtsConfig.durations_decoder must be 'lstm' or 'conv', got {self.durations_decoder!r}")
         if self.mel_loss not in ("l1", "l2"):
             raise ValueError(f"TtsConfig.mel_loss must be 'l1' or 'l2', got {self.mel_loss!r}")
         if self.reduction_factor < 1 or self.decoder_lstm_layers < 1 or self.vocab_size < 2:
             raise ValueError(f"TtsConfig needs reduction_factor, decoder_lstm_layers >= 1 and vocab_size >= 2: {self}")
-        if self.location_kernel % 2 == 0 or self.postnet_kernel % 2 == 0 or self.encoder_conv_kernel % 2 == 0:
+        kernels = (self.location_kernel, self.postnet_kernel, self.encoder_conv_kernel, self.decoder_conv_kernel)
+        if any(k % 2 == 0 for k in kernels):
             raise ValueError("TtsConfig kernels must be odd so that 'same' convolutions stay centred")
         if len(set(self.speakers)) != len(self.speakers):
             raise ValueError("TtsConfig.speakers names a voice twice")
@@ -227,8 +238,28 @@ class Tacotron(keras.Model):
                 "duration_norm", (layers.LayerNormalization(name=f"duration_norm_{i}") for i in range(2))
             )
             self.duration_out = layers.Dense(1, name="duration_out")  # decoder steps per character
-            self.dec_fw = layers.LSTM(u, return_sequences=True, name="dec_fw")
-            self.dec_bw = layers.LSTM(u, return_sequences=True, name="dec_bw")
+            if c.durations_decoder == "lstm":
+                self.dec_fw = layers.LSTM(u, return_sequences=True, name="dec_fw")
+                self.dec_bw = layers.LSTM(u, return_sequences=True, name="dec_bw")
+            else:
+                n_dec_conv = range(c.decoder_conv_layers)
+                self.dec_in = layers.Dense(c.decoder_conv_filters, name="dec_in")
+                self.dec_convs = self._stack(
+                    "dec_conv",
+                    (
+                        layers.Conv1D(
+                            c.decoder_conv_filters,
+                            c.decoder_conv_kernel,
+                            padding="same",
+                            dilation_rate=2 ** (i % 4),
+                            name=f"dec_conv_{i}",
+                        )
+                        for i in n_dec_conv
+                    ),
+                )
+                self.dec_norms = self._stack(
+                    "dec_norm", (layers.LayerNormalization(name=f"dec_norm_{i}") for i in n_dec_conv)
+                )
         # XLA: the decoder loops as compiled functions (built once: a tf.function per instance).
         self._loop = self._loop_teacher_xla if c.xla else self._loop_teacher
         self._free_loop = tf.function(self._loop_free, jit_compile=True) if c.xla else self._loop_free
@@ -436,10 +467,18 @@ class Tacotron(keras.Model):
         position = tf.stack([(k - 0.5) / tf.maximum(d, 1.0), d / 10.0], -1)  # [B, S, 2]
         expanded = tf.concat([expanded, tf.cast(position, self.compute_dtype)], -1)  # [B, S, M + 2]
         mask = _mask(step_lengths, tf.shape(align)[1], self.compute_dtype)[..., None]  # [B, S, 1]
-        fw = self.dec_fw(expanded, training=training)
-        bw = tf.reverse_sequence(expanded, step_lengths, seq_axis=1, batch_axis=0)
-        bw = tf.reverse_sequence(self.dec_bw(bw, training=training), step_lengths, seq_axis=1, batch_axis=0)
-        out = tf.concat([fw, bw, expanded], -1) * mask  # [B, S, 2U + M + 2]
+        if self.config.durations_decoder == "lstm":
+            fw = self.dec_fw(expanded, training=training)
+            bw = tf.reverse_sequence(expanded, step_lengths, seq_axis=1, batch_axis=0)
+            bw = tf.reverse_sequence(self.dec_bw(bw, training=training), step_lengths, seq_axis=1, batch_axis=0)
+            hidden = [fw, bw]  # [B, S, U] each
+        else:
+            x = self.dec_in(expanded) * mask  # [B, S, C]
+            for conv, norm in zip(self.dec_convs, self.dec_norms):
+                # residual; padding re-masked so that no block reads past a sentence's end
+                x = x + _dropout(tf.nn.relu(norm(conv(x))), self.config.dropout, training) * mask
+            hidden = [x]  # [B, S, C]
+        out = tf.concat(hidden + [expanded], -1) * mask  # [B, S, hidden + M + 2]
         frames = self.frame_proj(out)
         voice = self.voice(speaker_ids, tf.shape(memory)[0])
         if voice is not None:

@@ -261,10 +261,11 @@ def test_monotonic_alignment_finds_the_cheapest_path_and_respects_lengths():
     assert short[0, 0] == 0 and short[0, 4] == 1 and np.all(np.diff(short[0]) >= 0)
 
 
-def test_durations_model_learns_where_characters_are_spoken():
+@pytest.mark.parametrize("decoder", ["lstm", "conv"])
+def test_durations_model_learns_where_characters_are_spoken(decoder):
     # alignment="durations": the search, the duration predictor and a decoder fed no frames; synthesis
     # holds each character for its predicted steps, so its length and frames follow the text.
-    config = dataclasses.replace(TINY, alignment="durations")
+    config = dataclasses.replace(TINY, alignment="durations", durations_decoder=decoder, decoder_conv_filters=64)
     tf.keras.utils.set_random_seed(0)
     model, rng = build_tts(config), np.random.default_rng(0)
     created = len(model.weights)
