@@ -94,7 +94,7 @@ class TtsConfig:
     # for the one before, so a training step is not a chain of small matrix products.
     durations_decoder: Literal["lstm", "conv"] = "lstm"
     decoder_conv_layers: int = 4  # "conv": residual conv + layer norm + ReLU + dropout blocks
-    decoder_conv_filters: int = 256  # "conv": channels of each block
+    decoder_conv_filters: int = 128  # "conv": channels of each block (256: slower than the LSTM on 2 CPU cores)
     decoder_conv_kernel: int = 5  # "conv": width in decoder steps of each convolution (odd)
     # Compile the decoder loops with XLA (jit_compile): one fused program per batch shape. Helps where
     # each op is a kernel launch (a GPU); on 2 CPU cores see benchmarks/throughput.py.
