@@ -39,7 +39,7 @@ from tests.kaldi_fixtures import make_wav_dir, tone
 VOCABULARY = text.build_vocabulary(["the quick brown fox jumps over a lazy dog's back"])
 
 
-def model_dir(path: Path, model: str, cmvn: str = "utterance", mel_stats=(0.0, 1.0), voices=()) -> Path:
+def model_dir(path: Path, model: str, cmvn: str = "utterance", mel_stats=(0.0, 1.0), voices=(), **tts_fields) -> Path:
     """An untrained model's directory as the trainer leaves it (random weights transcribe as
     non-empty garbage, which makes every character count in a comparison)."""
     import keras
@@ -52,7 +52,7 @@ def model_dir(path: Path, model: str, cmvn: str = "utterance", mel_stats=(0.0, 1
     config = TrainConfig(
         model=model,
         asr=small_asr,
-        tts=dataclasses.replace(tiny_tts, vocab_size=len(VOCABULARY), n_mels=80, speakers=tuple(voices)),
+        tts=dataclasses.replace(tiny_tts, vocab_size=len(VOCABULARY), n_mels=80, speakers=tuple(voices), **tts_fields),
         input=dataset.InputConfig(cmvn=cmvn),
     )
     built = asr.build_asr(config.asr) if model == "asr" else tts.build_tts(config.tts)
@@ -247,8 +247,12 @@ def test_the_synthesis_model_returns_wav_audio_of_its_mels(tmp_path):
     )
 
 
-def test_the_synthesis_model_speaks_in_the_voice_asked_for(tmp_path):
-    model = served(model_dir(tmp_path / "model", "tts", mel_stats=(12.0, 2.0), voices=("anna", "ben")))
+# the tiny config's attention model, and the demo's kind: durations with the convolutional decoder
+@pytest.mark.parametrize(
+    "alignment", [{}, {"alignment": "durations", "durations_decoder": "conv"}], ids=["attention", "durations"]
+)
+def test_the_synthesis_model_speaks_in_the_voice_asked_for(tmp_path, alignment):
+    model = served(model_dir(tmp_path / "model", "tts", mel_stats=(12.0, 2.0), voices=("anna", "ben"), **alignment))
     request = pd.DataFrame({"text": ["the dog", ["a fox", "a cat"], "the dog"], "voice": ["anna", "ben", None]})
     out = model.predict(None, request, {"max_steps": 6, "griffin_lim_iters": 0})
     assert out["voices"] == ["anna", "ben", "ben", "anna"]  # a row's list of sentences shares its voice
