@@ -3,6 +3,7 @@ job with a slow worker takes to reach allreduce's result.
 
     python benchmarks/convergence.py [--json out.json] [--tiny] [--shards DIR] [--epochs E] [--seeds 2]
                                      [--variants allreduce,delay-by-one] [--no-half-speed]
+                                     [--reference earlier.json]
 
 1. Trains the acoustic model with `horovodrun -np 2` under allreduce and under each gossip
    variant (fixed ring, random ring, delay-by-one), and hierarchical gossip on two "hosts" of two
@@ -125,6 +126,40 @@ def minutes_to_reach(summary: dict, target: float) -> float | None:
     return summary["measured_seconds"] / 60 if last is not None and last <= target else None
 
 
+def reference(parser, path: Path, epochs: int, seeds: int) -> dict:
+    """An earlier run's JSON whose variants are not trained again (a 15-epoch run takes 25 minutes
+    here); it must have the same budget and seeds, and the caller gives the same shards."""
+    earlier = json.loads(path.read_text())
+    if (earlier.get("epochs"), earlier.get("seeds"), earlier.get("tiny")) != (epochs, seeds, False):
+        parser.error(
+            f"--reference {path}: {earlier.get('epochs')} epochs and {earlier.get('seeds')} seeds there, "
+            f"{epochs} and {seeds} asked here; runs compare only at the same budget"
+        )
+    return earlier
+
+
+def compare_to_allreduce(results: dict, names: list[str]) -> list[list]:
+    """Each variant's CER relative to allreduce's (in `results`), and the table's rows."""
+    base = results["allreduce_cer"]
+    rows = []
+    for name in names:
+        results[f"{name}_relative_to_allreduce"] = (results[f"{name}_cer"] - base) / base if base else 0.0
+        rows.append(
+            [
+                name,
+                results[f"{name}_cer"],
+                results[f"{name}_cer_spread"],
+                results[f"{name}_wer"],
+                results[f"{name}_relative_to_allreduce"],
+                results.get(f"{name}_from", "this run"),
+            ]
+        )
+    results["all_within_10_percent"] = all(
+        abs(results[f"{n}_relative_to_allreduce"]) <= 0.10 or results[f"{n}_cer"] <= base for n in names
+    )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
@@ -139,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         default=",".join(VARIANTS),
         help=f"comma-separated, allreduce first (the reference): {','.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        help="an earlier run's JSON (same shards, epochs and seeds): its variants are read, not trained again",
     )
     parser.add_argument(
         "--half-speed",
@@ -161,8 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         variants = chosen
     common = [f"epochs={epochs}", "max_steps=0", "log_model=false", "eval_every=20"]
     results: dict = {"tiny": args.tiny, "epochs": epochs, "seeds": seeds}
-    rows = []
+    earlier = reference(parser, args.reference, epochs, seeds) if args.reference else {}
     for name, flags in variants.items():
+        if f"{name}_cers" in earlier:  # measured by the earlier run on the same code, shards and budget
+            results.update({k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k})
+            if name == "allreduce":
+                results["allreduce_final_dev_cer"] = earlier.get("allreduce_final_dev_cer")
+            results[f"{name}_from"] = args.reference.name
+            continue
         cers, wers = [], []
         for seed in range(seeds):
             np_, hosts = (4, HOSTS) if name == "hierarchical" else (2, None)
@@ -187,22 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{name}_cer_spread"] = float(np.max(cers) - np.min(cers))
         results[f"{name}_cers"] = cers
         results[f"{name}_wer"] = float(np.mean(wers))
-    base = results["allreduce_cer"]
-    for name in variants:
-        results[f"{name}_relative_to_allreduce"] = (results[f"{name}_cer"] - base) / base if base else 0.0
-        rows.append(
-            [
-                name,
-                results[f"{name}_cer"],
-                results[f"{name}_cer_spread"],
-                results[f"{name}_wer"],
-                results[f"{name}_relative_to_allreduce"],
-            ]
-        )
-    results["all_within_10_percent"] = all(
-        abs(results[f"{n}_relative_to_allreduce"]) <= 0.10 or results[f"{n}_cer"] <= base for n in variants
-    )
-    print_table(["strategy", "test CER (mean)", "spread", "test WER", "CER vs allreduce"], rows)
+        write_json(args.json, results)  # each variant kept if a later one is cut short
+    rows = compare_to_allreduce(results, list(variants))
+    print_table(["strategy", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"], rows)
 
     write_json(args.json, results)  # part 1 kept if part 2 is cut short
     gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]

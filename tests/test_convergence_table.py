@@ -1,0 +1,38 @@
+"""The convergence benchmark's table: variants read from an earlier run only at the same budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from benchmarks.convergence import compare_to_allreduce, reference
+
+
+def earlier_run(tmp_path, **overrides):
+    results = {"tiny": False, "epochs": 15, "seeds": 1, "allreduce_cer": 0.20, "allreduce_cers": [0.20]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps({**results, **overrides}))
+    return path
+
+
+def test_an_earlier_run_at_another_budget_is_refused(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    assert reference(parser, earlier_run(tmp_path), 15, 1)["allreduce_cers"] == [0.20]
+    for asked in ((10, 1), (15, 2)):
+        with pytest.raises(SystemExit):
+            reference(parser, earlier_run(tmp_path), *asked)
+        assert "runs compare only at the same budget" in capsys.readouterr().err
+
+
+def test_each_variant_is_compared_with_allreduce_and_says_where_it_was_measured():
+    results = {"allreduce_from": "earlier.json"}
+    for name, cer in (("allreduce", 0.20), ("fixed-ring", 0.21), ("random-ring", 0.25)):
+        results.update({f"{name}_cer": cer, f"{name}_cer_spread": 0.0, f"{name}_wer": 0.5})
+    rows = compare_to_allreduce(results, ["allreduce", "fixed-ring", "random-ring"])
+    assert [row[0] for row in rows] == ["allreduce", "fixed-ring", "random-ring"]
+    assert [row[-1] for row in rows] == ["earlier.json", "this run", "this run"]
+    assert results["fixed-ring_relative_to_allreduce"] == pytest.approx(0.05)
+    assert results["random-ring_relative_to_allreduce"] == pytest.approx(0.25)
+    assert results["all_within_10_percent"] is False  # the random ring is 25% worse
