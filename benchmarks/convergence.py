@@ -14,6 +14,9 @@ job with a slow worker takes to reach allreduce's result.
    part 1: the minutes from the job's start until its dev CER first reaches what allreduce reached
    at the end of its undisturbed run (dev CER every `eval_every` steps, models/validation.py).
 Without --shards it builds the demo corpus first (espeak-ng + sox, fbank, shards).
+`--reference earlier.json` (same shards and epochs): the seeds that run measured are read, not
+trained again, and its variants not named in `--variants` stay in the table, each row saying where
+it was measured; so a table of 25-minute runs can be completed over several sittings.
 """
 
 from __future__ import annotations
@@ -126,16 +129,24 @@ def minutes_to_reach(summary: dict, target: float) -> float | None:
     return summary["measured_seconds"] / 60 if last is not None and last <= target else None
 
 
-def reference(parser, path: Path, epochs: int, seeds: int) -> dict:
-    """An earlier run's JSON whose variants are not trained again (a 15-epoch run takes 25 minutes
-    here); it must have the same budget and seeds, and the caller gives the same shards."""
+def reference(parser, path: Path, epochs: int) -> dict:
+    """An earlier run's JSON whose seeds are read, not trained again (a 15-epoch run takes 25
+    minutes here); it must have the same budget, and the caller gives the same shards."""
     earlier = json.loads(path.read_text())
-    if (earlier.get("epochs"), earlier.get("seeds"), earlier.get("tiny")) != (epochs, seeds, False):
+    if (earlier.get("epochs"), earlier.get("tiny")) != (epochs, False):
         parser.error(
-            f"--reference {path}: {earlier.get('epochs')} epochs and {earlier.get('seeds')} seeds there, "
-            f"{epochs} and {seeds} asked here; runs compare only at the same budget"
+            f"--reference {path}: {earlier.get('epochs')} epochs there, {epochs} asked here; "
+            "runs compare only at the same budget"
         )
     return earlier
+
+
+def earlier_seeds(earlier: dict, name: str, seeds: int) -> tuple[list, list]:
+    """The test CERs and WERs of `name`'s seeds 0, 1, ... that an earlier run measured (at most `seeds`)."""
+    cers = earlier.get(f"{name}_cers", [])[:seeds]
+    # Runs before per-seed WERs were kept had one seed: its mean is that seed's WER.
+    wers = earlier.get(f"{name}_wers") or ([earlier[f"{name}_wer"]] if len(cers) == 1 else [])
+    return list(cers), list(wers[: len(cers)])
 
 
 def compare_to_allreduce(results: dict, names: list[str]) -> list[list]:
@@ -147,6 +158,7 @@ def compare_to_allreduce(results: dict, names: list[str]) -> list[list]:
         rows.append(
             [
                 name,
+                len(results[f"{name}_cers"]),
                 results[f"{name}_cer"],
                 results[f"{name}_cer_spread"],
                 results[f"{name}_wer"],
@@ -178,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reference",
         type=Path,
-        help="an earlier run's JSON (same shards, epochs and seeds): its variants are read, not trained again",
+        help="an earlier run's JSON (same shards and epochs): the seeds it measured are read, not trained again",
     )
     parser.add_argument(
         "--half-speed",
@@ -201,16 +213,19 @@ def main(argv: list[str] | None = None) -> int:
         variants = chosen
     common = [f"epochs={epochs}", "max_steps=0", "log_model=false", "eval_every=20"]
     results: dict = {"tiny": args.tiny, "epochs": epochs, "seeds": seeds}
-    earlier = reference(parser, args.reference, epochs, seeds) if args.reference else {}
+    earlier = reference(parser, args.reference, epochs) if args.reference else {}
     for name, flags in variants.items():
-        if f"{name}_cers" in earlier:  # measured by the earlier run on the same code, shards and budget
-            results.update({k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k})
+        cers, wers = earlier_seeds(earlier, name, seeds)  # measured on the same code, shards and budget
+        if cers:
+            kept = tuple(f"{name}_seed{seed}_" for seed in range(len(cers)))
+            results.update({k: v for k, v in earlier.items() if k.startswith(kept)})
             if name == "allreduce":
                 results["allreduce_final_dev_cer"] = earlier.get("allreduce_final_dev_cer")
-            results[f"{name}_from"] = args.reference.name
-            continue
-        cers, wers = [], []
-        for seed in range(seeds):
+            read = "seed 0" if len(cers) == 1 else f"seeds 0-{len(cers) - 1}"
+            results[f"{name}_from"] = f"{read} from {args.reference.name}" + (
+                ", the rest this run" if len(cers) < seeds else ""
+            )
+        for seed in range(len(cers), seeds):
             np_, hosts = (4, HOSTS) if name == "hierarchical" else (2, None)
             summary = run_training(
                 shards,
@@ -233,9 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{name}_cer_spread"] = float(np.max(cers) - np.min(cers))
         results[f"{name}_cers"] = cers
         results[f"{name}_wer"] = float(np.mean(wers))
+        results[f"{name}_wers"] = wers
         write_json(args.json, results)  # each variant kept if a later one is cut short
-    rows = compare_to_allreduce(results, list(variants))
-    print_table(["strategy", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"], rows)
+    carried = [n for n in VARIANTS if n not in variants and earlier_seeds(earlier, n, seeds)[0]]
+    for name in carried:  # not asked for this time: the earlier run's rows stay in the table
+        results.update({k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k})
+        results[f"{name}_from"] = f"{args.reference.name} only"
+    rows = compare_to_allreduce(results, [*variants, *carried])
+    print_table(["strategy", "seeds", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"], rows)
 
     write_json(args.json, results)  # part 1 kept if part 2 is cut short
     gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]
