@@ -11,8 +11,9 @@ job with a slow worker takes to reach allreduce's result.
    seeds each, and reports the test CER (voices never heard in training): mean and spread. Goal
    from the research: every variant within 10% relative of allreduce.
 2. With rank 1 at half speed (`--straggler-factor 2`), allreduce and the best gossip variant of
-   part 1: the minutes from the job's start until its dev CER first reaches what allreduce reached
-   at the end of its undisturbed run (dev CER every `eval_every` steps, models/validation.py).
+   part 1: the minutes from the start of training until its dev CER first reaches what allreduce
+   reached at the end of its undisturbed run (dev CER every `eval_every` steps,
+   models/validation.py), and a plot of both dev CER curves beside the JSON (`out.png`).
 Without --shards it builds the demo corpus first (espeak-ng + sox, fbank, shards).
 `--reference earlier.json` (same shards and epochs): the seeds that run measured are read, not
 trained again, and its variants not named in `--variants` stay in the table, each row saying where
@@ -262,11 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.half_speed or not gossip:
         return 0
 
-    # Part 2: rank 1 at half speed; minutes until allreduce's final dev CER is reached.
+    # Part 2: rank 1 at half speed; minutes until allreduce's final dev CER is reached. The gossip
+    # run goes first: it is the shorter one, and the JSON keeps it if allreduce's is cut short.
     target = results.get("allreduce_final_dev_cer")
     best = min(gossip, key=lambda n: results[f"{n}_cer"])
-    rows = []
-    for name in ("allreduce", best):
+    results["best_gossip_variant"] = best
+    rows, curves = [], {}
+    for name in (best, "allreduce"):
         summary = run_training(
             shards,
             work / f"{name}-slow",
@@ -277,13 +280,41 @@ def main(argv: list[str] | None = None) -> int:
             timeout=RUN_TIMEOUT_S,
         )
         minutes = minutes_to_reach(summary, target) if target is not None else None
+        curves[name] = [[p["dev_wall_s"] / 60, p["dev_cer"]] for p in summary.get("dev_history", [])]
         results[f"{name}_half_speed_minutes_to_allreduce_dev_cer"] = minutes
         results[f"{name}_half_speed_job_minutes"] = summary["job_wall_s"] / 60
+        results[f"{name}_half_speed_dev_curve"] = curves[name]  # [minutes, dev CER] per evaluation
+        results[f"{name}_half_speed_final_dev_cer"] = summary.get("last_dev_cer")
+        results[f"{name}_half_speed_batches"] = [r["batches"] for r in summary.get("per_rank_trained", [])]
         rows.append([name, target, minutes if minutes is not None else "never", summary["job_wall_s"] / 60])
-    results["best_gossip_variant"] = best
+        write_json(args.json, results)
     print_table(["rank 1 at half speed", "target dev CER", "minutes to reach it", "job minutes"], rows)
-    write_json(args.json, results)
+    if args.json:
+        print("plot:", dev_cer_plot(curves, target, args.json.with_suffix(".png")))
     return 0
+
+
+def dev_cer_plot(curves: dict[str, list], target: float | None, path: Path) -> Path:
+    """Dev CER against minutes since training began, one line per strategy, and the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, points in curves.items():
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3, label=name)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", label=f"allreduce's final dev CER ({target:.1%})")
+    ax.set_xlabel("minutes since training began (rank 1 at half speed)")
+    ax.set_ylabel("dev CER")
+    ax.set_ylim(0, min(1.0, 4 * (target or 0.25)))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
