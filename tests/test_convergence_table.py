@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.convergence import compare_to_allreduce, earlier_seeds, reference
+from benchmarks.convergence import compare_to_allreduce, dev_cer_plot, earlier_seeds, minutes_to_reach, reference
 
 
 def earlier_run(tmp_path, **overrides):
@@ -43,3 +43,19 @@ def test_each_variant_is_compared_with_allreduce_and_says_where_it_was_measured(
     assert results["fixed-ring_relative_to_allreduce"] == pytest.approx(0.05)
     assert results["random-ring_relative_to_allreduce"] == pytest.approx(0.25)
     assert results["all_within_10_percent"] is False  # the random ring is 25% worse
+
+
+def test_minutes_to_reach_is_the_first_evaluation_at_or_below_the_target():
+    history = [
+        {"dev_cer": 0.5, "dev_wall_s": 60.0},
+        {"dev_cer": 0.108, "dev_wall_s": 600.0},
+        {"dev_cer": 0.100, "dev_wall_s": 900.0},
+    ]
+    assert minutes_to_reach({"dev_history": history}, 0.11) == 10.0
+    assert minutes_to_reach({"dev_history": history, "last_dev_cer": 0.1, "measured_seconds": 950}, 0.05) is None
+
+
+def test_the_half_speed_curves_are_drawn(tmp_path):
+    curves = {"random-ring": [[1.0, 0.9], [12.0, 0.105]], "allreduce": [[2.0, 1.0], [38.0, 0.11]]}
+    path = dev_cer_plot(curves, 0.11, tmp_path / "part2.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
