@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.convergence import compare_to_allreduce, dev_cer_plot, earlier_seeds, minutes_to_reach, reference
+from benchmarks.convergence import compare_to_allreduce, dev_cer_plot, dev_curve, earlier_seeds, first_below, reference
 
 
 def earlier_run(tmp_path, **overrides):
@@ -45,14 +45,20 @@ def test_each_variant_is_compared_with_allreduce_and_says_where_it_was_measured(
     assert results["all_within_10_percent"] is False  # the random ring is 25% worse
 
 
-def test_minutes_to_reach_is_the_first_evaluation_at_or_below_the_target():
+def test_minutes_to_a_dev_cer_count_the_final_evaluation_too():
     history = [
         {"dev_cer": 0.5, "dev_wall_s": 60.0},
         {"dev_cer": 0.108, "dev_wall_s": 600.0},
         {"dev_cer": 0.100, "dev_wall_s": 900.0},
     ]
-    assert minutes_to_reach({"dev_history": history}, 0.11) == 10.0
-    assert minutes_to_reach({"dev_history": history, "last_dev_cer": 0.1, "measured_seconds": 950}, 0.05) is None
+    summary = {"dev_history": history, "last_dev_cer": 0.09, "last_dev_wall_s": 960.0}
+    curve = dev_curve(summary)
+    assert curve[-1] == [16.0, 0.09] and len(curve) == 4
+    assert first_below(curve, 0.11) == 10.0  # the first evaluation at or below, not the best one
+    assert first_below(curve, 0.095) == 16.0  # reached only by the final evaluation
+    assert first_below(curve, 0.05) is None
+    # a final evaluation that is the last of the history is not counted twice
+    assert len(dev_curve({"dev_history": history, "last_dev_cer": 0.1, "last_dev_wall_s": 900.0})) == 3
 
 
 def test_the_half_speed_curves_are_drawn(tmp_path):
