@@ -167,10 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="faults-"))
-    utterances, epochs, kill_at = (60, 3, 3) if args.tiny else (args.utterances, args.epochs, 20)
+    # Tiny (the tests): 6 epochs of 4 steps, a checkpoint and an elastic commit every 2 steps, the
+    # kills at step 5, so that each resume starts from a saved step; the CER only of the undisturbed
+    # run (the tiny model learns nothing, and the evaluation's code is the same for every run).
+    utterances, epochs, kill_at, every = (60, 6, 5, 2) if args.tiny else (args.utterances, args.epochs, 20, 5)
     # The demo's model, so that the final CERs compare a model that learned something.
     config = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
-    sets = ["checkpoint_every=5", "commit_every=5", "log_every=1", "log_model=false"]
+    sets = [f"checkpoint_every={every}", f"commit_every={every}", "log_every=1", "log_model=false"]
+    cer = (lambda workdir, shards: None) if args.tiny else evaluate_cer
     uri = f"sqlite:///{work / 'mlflow.db'}"
     results: dict = {"tiny": args.tiny, "epochs": epochs, "kill_at_step": kill_at}
     rows = []
@@ -201,14 +205,18 @@ def main(argv: list[str] | None = None) -> int:
         detect = time.monotonic() - killed
         retry = launch("kill_worker")
         retry_code = retry.wait()
-        resumed = json.loads((work / "kill_worker" / "train_summary.json").read_text())["resumed_from_step"]
+        retried = json.loads((work / "kill_worker" / "train_summary.json").read_text())
+        resumed = retried["resumed_from_step"]
         results.update(
             kill_worker_exit=code,
             kill_worker_detect_s=detect,
             kill_worker_rank_named="Process name: 1" in job.output() or "Process 1 exit" in job.output(),
             kill_worker_retry_exit=retry_code,
+            kill_worker_reached_step=reached,
+            kill_worker_resumed_from_step=resumed,
+            kill_worker_retry_ranks_agree=retried["ranks_agree"],
             kill_worker_steps_lost=max(0, reached - resumed),
-            kill_worker_cer=evaluate_cer(work / "kill_worker", shards),
+            kill_worker_cer=cer(work / "kill_worker", shards),
         )
         rows.append(["SIGKILL rank 1", code, detect, results["kill_worker_steps_lost"], results["kill_worker_cer"]])
 
@@ -234,11 +242,16 @@ def main(argv: list[str] | None = None) -> int:
         code = job.wait()
         if code != 0:
             print(f"the elastic job exited {code}:\n{job.output()[-4000:]}", file=sys.stderr)
+        survived = json.loads((work / "elastic" / "train_summary.json").read_text()) if code == 0 else {}
         results.update(
             kill_worker_elastic_exit=code,
             kill_worker_elastic_reset_s=reset,
+            kill_worker_elastic_reset_said="the job now has 1 workers" in job.output(),
+            kill_worker_elastic_world_size=survived.get("world_size"),
+            kill_worker_elastic_world_size_changes=len(survived.get("world_size_changes") or []),
+            kill_worker_elastic_model_saved=(work / "elastic" / "model" / "config.yaml").is_file(),
             kill_worker_elastic_steps_lost=max(0, reached - int(match.group(1))) if match else None,
-            kill_worker_elastic_cer=evaluate_cer(work / "elastic", shards) if code == 0 else None,
+            kill_worker_elastic_cer=cer(work / "elastic", shards) if code == 0 else None,
         )
         rows.append(
             [
@@ -261,15 +274,19 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(RuntimeError, ProcessLookupError):  # already gone
                 os.kill(rank_pid(rank, work / "kill_job", timeout=1), signal.SIGKILL)
         job.wait()
+        first_run = json.loads((work / "kill_job" / "mlflow_run.json").read_text())["run_id"]
         retry = launch("kill_job")
         retry_code = retry.wait()
         if retry_code != 0:
             raise RuntimeError(f"the re-run after killing the whole job exited {retry_code}:\n{retry.output()[-3000:]}")
-        resumed = json.loads((work / "kill_job" / "train_summary.json").read_text())["resumed_from_step"]
+        retried = json.loads((work / "kill_job" / "train_summary.json").read_text())
+        resumed = retried["resumed_from_step"]
         results.update(
             kill_job_retry_exit=retry_code,
+            kill_job_resumed_from_step=resumed,
+            kill_job_same_mlflow_run=retried["run_id"] == first_run,  # the rerun goes on logging into it
             kill_job_steps_lost=max(0, reached - resumed),
-            kill_job_cer=evaluate_cer(work / "kill_job", shards),
+            kill_job_cer=cer(work / "kill_job", shards),
         )
         rows.append(
             ["SIGKILL the job, then rerun", retry_code, "", results["kill_job_steps_lost"], results["kill_job_cer"]]
@@ -323,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             corrupt_shard_exit=proc.returncode,
             corrupt_shard_detect_s=time.monotonic() - started,
             corrupt_shard_named=victim.name in proc.stdout + proc.stderr,
+            corrupt_shard_checksum_named="sha256" in proc.stdout + proc.stderr,
         )
         rows.append(
             [

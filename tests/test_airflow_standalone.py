@@ -24,8 +24,19 @@ import pytest
 from tests.conftest import AIRFLOW_BIN, ROOT
 from tests.test_dag import TINY, airflow_env
 
-# Only the acoustic model: the synthesis branch is skipped, which the run must survive.
-CONF = {**TINY, "models": ["asr"], "experiment": "standalone"}
+# Only the acoustic model: the synthesis branch is skipped, which the run must survive. The smallest
+# run the form accepts, on one worker: what only standalone checks is the scheduler, its executor and
+# the REST API around the tasks; test_dag's `dags test` runs the whole DAG at two workers.
+CONF = {
+    **TINY,
+    "models": ["asr"],
+    "experiment": "standalone",
+    "demo_utterances": 20,
+    "num_shards": 1,
+    "num_workers": 1,
+    "max_steps": 2,
+    "eval_utterances": 2,
+}
 
 
 def free_port() -> int:
@@ -137,7 +148,9 @@ def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
             start_new_session=True,
         )
     try:
-        wait_for("the API server", lambda: request("GET", f"{base}/api/v2/monitor/health")[0] == 200, 300, log=log)
+        wait_for(
+            "the API server", lambda: request("GET", f"{base}/api/v2/monitor/health")[0] == 200, 300, every=0.5, log=log
+        )
         passwords = home / "simple_auth_manager_passwords.json.generated"
         password = wait_for("the admin password", lambda: json.loads(passwords.read_text()).get("admin"), 60)
         _, login = request("POST", f"{base}/auth/token", {"username": "admin", "password": password})
@@ -152,7 +165,7 @@ def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
                     return None
                 raise
 
-        assert wait_for("the DAG to be parsed", parsed, 180, log=log)["dag_id"] == "speech_pipeline"
+        assert wait_for("the DAG to be parsed", parsed, 180, every=0.5, log=log)["dag_id"] == "speech_pipeline"
         request("PATCH", dag_url, {"is_paused": False}, token)
         status, run = request("POST", f"{dag_url}/dagRuns", {"logical_date": None, "conf": CONF}, token)
         assert status == 200 and run["conf"]["models"] == ["asr"]
@@ -162,7 +175,7 @@ def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
             state = request("GET", run_url, token=token)[1]["state"]
             return state if state in ("success", "failed") else None
 
-        state = wait_for("the DAG run to finish", finished, 900, every=5, log=log)
+        state = wait_for("the DAG run to finish", finished, 900, every=1, log=log)
         _, instances = request("GET", f"{run_url}/taskInstances", token=token)
         states = {ti["task_id"]: ti["state"] for ti in instances["task_instances"]}
         assert state == "success", states

@@ -17,6 +17,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -768,39 +769,69 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
 # ---- the whole DAG on a tiny corpus ---------------------------------------------------------------
 
 
-@needs_airflow
+@pytest.fixture(scope="module")
+def dag_run(tmp_path_factory):
+    """One `airflow dags test` of the whole DAG on a tiny corpus (both models, two Horovod ranks each),
+    tracked as the cluster tracks it: an `mlflow server` on PostgreSQL with proxied artifacts, which
+    every task talks HTTP to (on SQLite where PostgreSQL is not installed; the PostgreSQL test then
+    skips). The tests below read what it left; it runs once for all of them."""
+    if not (AIRFLOW_BIN / "airflow").exists():
+        pytest.skip(".venv-airflow is missing (make setup builds it)")
+    from tests.mlflow_server import MlflowServer
+    from tests.postgres import Postgres, postgres_bin
+
+    tmp = tmp_path_factory.mktemp("dag-run")
+    bindir = postgres_bin()
+    postgres = Postgres(bindir) if bindir else None
+    # A short work root: the trainer logs the Kaldi directories' paths in an MLflow field of 500 characters.
+    work = Path(tempfile.mkdtemp(prefix="sf-"))
+    try:
+        store = postgres.start() if postgres else f"sqlite:///{tmp / 'mlflow.db'}"
+        with MlflowServer(store, tmp / "artifacts", tmp / "mlflow-server.log") as server:
+            env = airflow_env(tmp / "home", MLFLOW_TRACKING_URI=server.uri, SPEECHFLOW_WORK_ROOT=str(work))
+            airflow(env, "db", "migrate")
+            proc = subprocess.run(
+                [str(AIRFLOW_BIN / "airflow"), "dags", "test", "speech_pipeline", "-c", json.dumps(TINY)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
+            (summary_file,) = work.glob("*/summary.json")
+            (run,) = last_json(airflow(env, "dags", "list-runs", "speech_pipeline", "-o", "json").stdout)
+            states = last_json(
+                airflow(env, "tasks", "states-for-dag-run", "speech_pipeline", run["run_id"], "-o", "json").stdout
+            )
+            yield SimpleNamespace(
+                uri=server.uri,
+                run=run,
+                states={s["task_id"]: s["state"] for s in states},
+                summary=json.loads(summary_file.read_text()),
+                trained={
+                    m: json.loads(next(work.glob(f"*/{m}/train_summary.json")).read_text()) for m in ("asr", "tts")
+                },
+                postgres=postgres,
+                artifacts=tmp / "artifacts",
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if postgres:
+            postgres.stop()
+
+
 @pytest.mark.slow
 @pytest.mark.airflow
-def test_dag_runs_end_to_end_on_a_tiny_corpus(tmp_path):
+@pytest.mark.xdist_group("dag_run")  # one worker runs the DAG once for both
+def test_dag_runs_end_to_end_on_a_tiny_corpus(dag_run):
     import mlflow
 
     from models import registry
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # A short work root: the trainer logs the Kaldi directories' paths in an MLflow field of 500 characters.
-    work = Path(tempfile.mkdtemp(prefix="sf-"))
-    env = airflow_env(tmp_path / "home", MLFLOW_TRACKING_URI=uri, SPEECHFLOW_WORK_ROOT=str(work))
-    try:
-        airflow(env, "db", "migrate")
-        proc = subprocess.run(
-            [str(AIRFLOW_BIN / "airflow"), "dags", "test", "speech_pipeline", "-c", json.dumps(TINY)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
-        (summary_file,) = work.glob("*/summary.json")
-        summary = json.loads(summary_file.read_text())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    (run,) = last_json(airflow(env, "dags", "list-runs", "speech_pipeline", "-o", "json").stdout)
+    run, summary = dag_run.run, dag_run.summary
     assert run["state"] == "success"
-    states = last_json(
-        airflow(env, "tasks", "states-for-dag-run", "speech_pipeline", run["run_id"], "-o", "json").stdout
-    )
-    assert {s["task_id"]: s["state"] for s in states} == {t: "success" for t in EDGES}
+    assert dag_run.states == {t: "success" for t in EDGES}
 
     assert summary["status"] == "FINISHED" and summary["dag_run_id"] == run["run_id"]
     assert (
@@ -815,7 +846,13 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus(tmp_path):
     # the listener also hears the teacher-forced frames and the recordings (where what it misses is lost)
     assert {"test_intelligibility_cer_teacher_forced", "test_intelligibility_cer_recordings"} <= set(tts_metrics)
 
-    client = mlflow.MlflowClient(uri)
+    # Each training is two ranks that agree, logged to the server.
+    client = mlflow.MlflowClient(dag_run.uri)
+    for model, trained in dag_run.trained.items():
+        assert trained["world_size"] == 2 and trained["ranks_agree"], model
+        training = client.get_run(trained["run_id"])
+        assert training.data.params["world_size"] == "2" and client.get_metric_history(training.info.run_id, "loss")
+
     experiment = client.get_experiment_by_name("ci")
     (parent,) = client.search_runs(
         [experiment.experiment_id],
@@ -842,6 +879,38 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus(tmp_path):
     for model in ("asr", "tts"):
         champion = client.get_model_version_by_alias(f"ci-{model}", "champion")
         trained = client.get_run(champion.run_id)
+        assert champion.run_id == dag_run.trained[model]["run_id"]
         assert trained.data.tags["mlflow.parentRunId"] == parent.info.run_id
         # Lineage: the training run's input is the shards' manifest, which names the Kaldi directories.
         assert trained.inputs.dataset_inputs and "data.train.dir" in trained.data.tags
+
+
+@pytest.mark.slow
+@pytest.mark.airflow
+@pytest.mark.xdist_group("dag_run")  # one worker runs the DAG once for both
+def test_the_dag_tracks_into_mlflow_on_postgresql_through_the_server(dag_run):
+    """MLflow as the cluster runs it (k8s/base/mlflow.yaml): runs and registered models in PostgreSQL,
+    artifacts through the server into its directory, the champion loadable by its `models:/` URI."""
+    import mlflow
+
+    from models import tracking
+
+    if dag_run.postgres is None:
+        pytest.skip(
+            "PostgreSQL's server (initdb, pg_ctl) is not installed: apt-get install postgresql (make setup does as root)"
+        )
+    postgres, client = dag_run.postgres, mlflow.MlflowClient(dag_run.uri)
+    run = client.get_run(dag_run.trained["asr"]["run_id"])
+    assert client.get_experiment(run.info.experiment_id).tags[tracking.EXPERIMENT_KIND_TAG] == tracking.MODEL_TRAINING
+    assert (run.info.run_id,) in postgres.rows("SELECT run_uuid FROM runs")
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml", "plots"}
+    assert list(dag_run.artifacts.rglob("config.yaml")), "no artifact reached the server's artifact directory"
+    champion = client.get_model_version_by_alias("ci-asr", "champion")
+    assert (champion.name, champion.version) in postgres.rows("SELECT name, CAST(version AS TEXT) FROM model_versions")
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(dag_run.uri)  # `models:/` URIs resolve against the process-wide setting
+    try:
+        assert mlflow.pyfunc.load_model("models:/ci-asr@champion").metadata.signature is not None
+    finally:
+        mlflow.set_tracking_uri(previous)

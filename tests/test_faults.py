@@ -1,4 +1,7 @@
-"""Faults injected into real runs: a worker killed with and without Horovod elastic, a corrupted shard.
+"""Faults injected into real runs, by the faults benchmark's tiny run (benchmarks/faults.py --tiny),
+which is the one launch of each: a worker killed with and without Horovod elastic and the rerun that
+resumes, the whole job killed and rerun, the shard writer killed and rerun, a corrupted shard, MLflow
+down in the middle of training.
 
 Elastic on one machine: the hosts file names two hosts, `localhost` and `127.0.0.1` (both this
 machine, so no ssh); Horovod stops using only the host whose worker was killed.
@@ -6,137 +9,37 @@ machine, so no ssh); Horovod stops using only the host whose worker was killed.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import time
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import CONFIGS, HOROVODRUN, PYTHON, ROOT, horovodrun, quiet_env
-
-pytestmark = pytest.mark.slow
+from tests.test_benchmarks import run_tiny
 
 
-def train_args(shards: Path, workdir: Path, *extra: str) -> list[str]:
-    return [
-        "-m",
-        "models.train",
-        "--shards",
-        str(shards),
-        "--workdir",
-        str(workdir),
-        "--config",
-        str(CONFIGS / "tiny_asr.yaml"),
-        *extra,
-    ]
-
-
-def rank_pid(rank: int, workdir: Path, timeout: float = 120) -> int:
-    """The pid of the training process of Horovod rank `rank` (its environment names it) training in
-    `workdir`: other trainings on the machine (another test's) are left alone."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            mine = b"models.train" in cmdline and str(workdir).encode() in cmdline and b"horovodrun" not in cmdline
-            if mine and f"HOROVOD_RANK={rank}".encode() in env:
-                return int(pid)
-        time.sleep(0.2)
-    raise AssertionError(f"no training process of rank {rank}")
-
-
-def wait_for(directory: Path, pattern: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not (directory.is_dir() and any(directory.glob(pattern))):
-        assert time.monotonic() < deadline, f"no {pattern} in {directory}"
-        time.sleep(0.2)
-
-
-def test_elastic_job_survives_a_killed_worker_and_finishes_its_budget(tiny_shards, tmp_path):
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    workdir = tmp_path / "w"
-    cmd = [
-        HOROVODRUN,
-        "-np",
-        "2",
-        "--min-np",
-        "1",
-        "--max-np",
-        "2",
-        "--host-discovery-script",
-        str(ROOT / "scripts" / "discover_hosts.sh"),
-        "--network-interface",
-        "lo",
-        "--gloo",
-        PYTHON,
-        *train_args(tiny_shards, workdir, "--elastic", "--epochs", "20", "--set", "commit_every=2"),
-    ]
-    env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", SPEECHFLOW_HOSTS_FILE=str(hosts))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(workdir, "mlflow_run.json")
-        time.sleep(8)  # a few commits in
-        os.kill(rank_pid(1, workdir), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-5000:]
-    summary = json.loads((workdir / "train_summary.json").read_text())
-    assert summary["world_size"] == 1 and summary["world_size_changes"], summary.get("world_size_changes")
-    assert (workdir / "model" / "config.yaml").is_file()
-    assert "the job now has 1 workers" in out
-
-
-def test_without_elastic_a_killed_rank_ends_the_job_quickly_and_a_rerun_resumes(tiny_shards, tmp_path):
-    workdir = tmp_path / "w"
-    args = train_args(tiny_shards, workdir, "--epochs", "8", "--set", "checkpoint_every=4")
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PYTHON, *args]
-    env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(workdir / "checkpoints", "ckpt-*.npz")
-        os.kill(rank_pid(1, workdir), signal.SIGKILL)
-        killed = time.monotonic()
-        out, _ = proc.communicate(timeout=120)
-        detected = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0 and detected < 60, detected
-    assert "Process name: 1" in out or "Process 1 exit" in out, out[-3000:]  # the launcher names the rank
-    again = horovodrun(args, env=env, timeout=600)
-    summary = json.loads((workdir / "train_summary.json").read_text())
-    assert summary["resumed_from_step"] >= 4 and summary["ranks_agree"], again.stdout[-2000:]
-
-
-def test_a_corrupted_shard_is_named_on_every_rank(tiny_shards, tmp_path):
-    import shutil
-
-    shards = tmp_path / "shards"
-    shutil.copytree(tiny_shards, shards)
-    victim = sorted(shards.glob("train-*.tfrecord"))[1]
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of a record
-    victim.write_bytes(bytes(data))
-    proc = horovodrun(
-        train_args(shards, tmp_path / "w", "--max-steps", "6"),
-        env=quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"),
-        check=False,
-        timeout=300,
-    )
-    assert proc.returncode != 0
-    assert victim.name in proc.stdout + proc.stderr and "sha256" in proc.stdout + proc.stderr
+@pytest.mark.slow
+def test_injected_faults_end_as_they_should(tmp_path):
+    faults = run_tiny("faults", tmp_path)
+    assert faults["clean_exit"] == 0
+    # Rank 1 killed, not elastic: the launcher exits at once and names the rank; the rerun (the
+    # Airflow retry) resumes from the last checkpoint (every 2 steps in the tiny run) and finishes.
+    assert faults["kill_worker_exit"] != 0 and faults["kill_worker_detect_s"] < 60, faults
+    assert faults["kill_worker_rank_named"], "the launcher's output names neither the rank nor its exit"
+    assert faults["kill_worker_retry_exit"] == 0 and faults["kill_worker_retry_ranks_agree"]
+    resumed = faults["kill_worker_resumed_from_step"]
+    assert resumed >= 2 and resumed % 2 == 0, faults  # a checkpoint's step
+    # Under elastic the survivor goes on alone, says so, and finishes the budget with a saved model.
+    assert faults["kill_worker_elastic_exit"] == 0 and faults["kill_worker_elastic_reset_said"], faults
+    assert faults["kill_worker_elastic_world_size"] == 1 and faults["kill_worker_elastic_world_size_changes"] >= 1
+    assert faults["kill_worker_elastic_model_saved"]
+    # The whole job killed, then run again: it resumes from its last checkpoint, in the same MLflow run.
+    assert faults["kill_job_retry_exit"] == 0 and faults["kill_job_same_mlflow_run"]
+    assert faults["kill_job_resumed_from_step"] >= 2 and faults["kill_job_resumed_from_step"] % 2 == 0, faults
+    # The shard writer killed while writing: the rerun writes what an undisturbed run writes.
+    assert faults["kill_shard_writer_killed_while_writing"], "the writer finished before it could be killed"
+    assert faults["kill_shard_writer_rerun_exit"] == 0 and faults["kill_shard_writer_same_shards"]
+    # A flipped byte: the job fails, naming the shard and its checksum.
+    assert faults["corrupt_shard_exit"] != 0 and faults["corrupt_shard_named"]
+    assert faults["corrupt_shard_checksum_named"]
+    # MLflow down for a while: every loss point arrives once it is back.
+    assert faults["mlflow_down_exit"] == 0 and faults["mlflow_down_none_lost"], faults
 
 
 def test_elastic_reset_keeps_the_replanned_epoch_through_horovods_sync():

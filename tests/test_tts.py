@@ -261,6 +261,7 @@ def test_monotonic_alignment_finds_the_cheapest_path_and_respects_lengths():
     assert short[0, 0] == 0 and short[0, 4] == 1 and np.all(np.diff(short[0]) >= 0)
 
 
+@pytest.mark.slow  # hundreds of training steps of each decoder: 30 s, an end-to-end learning check
 @pytest.mark.parametrize("decoder", ["lstm", "conv"])
 def test_durations_model_learns_where_characters_are_spoken(decoder):
     # alignment="durations": the search, the duration predictor and a decoder fed no frames; synthesis
