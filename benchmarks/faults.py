@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
 
-        # MLflow down for 30 s (the tiny run: 10 s) in the middle of training.
+        # MLflow down for 30 s (the tiny run: 5 s) in the middle of training.
         port = free_port()
         server_argv = [
             str(Path(PYTHON).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         job.wait_for_step(kill_at)
         os.killpg(server.pid, signal.SIGTERM)
         server.wait()
-        time.sleep(10 if args.tiny else 30)
+        time.sleep(5 if args.tiny else 30)
         server = start_server()
         code = job.wait()
         summary = json.loads((work / "mlflow_down" / "train_summary.json").read_text())

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print("synthesis per-module time per step in training (ms, the trainer's profile, warm-up excluded):")
         print_table(["", "encoder", "decoder", "post-net"], profile_rows)
-        batches = (4, 8) if args.tiny else (16, 32, 64)
+        batches = (4,) if args.tiny else (16, 32, 64)
         results.update(tts_curve(batches, args.tiny, repeats=1 if args.tiny else 3))
         print_tts_curve(results, batches)
     write_json(args.json, results)

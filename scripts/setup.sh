@@ -21,7 +21,7 @@ stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 declare -A NEED=([espeak-ng]=espeak-ng [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
 missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
-# PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_postgres_mlflow.py starts its
+# PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_dag.py starts its
 # own cluster). Debian keeps initdb off PATH, in /usr/lib/postgresql/VERSION/bin. Optional: without
 # root, that test is skipped and says why.
 has_postgres() { command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }

@@ -78,9 +78,7 @@ def operator_errors(job: dict[str, Any]) -> list[str]:
     workers = replica_specs.get("Worker") or {}
     max_hostname = f"{name}-worker-{max(int(workers.get('replicas') or 1), 1) - 1}"
     if len(max_hostname) > 63 or not _DNS1035.match(max_hostname):
-        errors.append(
-            f"metadata.name: worker hostname {max_hostname!r} is not a DNS-1035 label (<= 63 chars)"
-        )
+        errors.append(f"metadata.name: worker hostname {max_hostname!r} is not a DNS-1035 label (<= 63 chars)")
     if spec.get("slotsPerWorker") is None:
         errors.append("spec.slotsPerWorker: required")
     elif spec["slotsPerWorker"] < 0:
@@ -111,9 +109,7 @@ def operator_errors(job: dict[str, Any]) -> list[str]:
         elif role == "Worker" and replica["replicas"] < 1:
             errors.append(f"{path}.replicas: must be >= 1")
         if replica.get("restartPolicy") not in ("Never", "OnFailure"):
-            errors.append(
-                f"{path}.restartPolicy: must be Never or OnFailure, got {replica.get('restartPolicy')!r}"
-            )
+            errors.append(f"{path}.restartPolicy: must be Never or OnFailure, got {replica.get('restartPolicy')!r}")
         if not (((replica.get("template") or {}).get("spec") or {}).get("containers")):
             errors.append(f"{path}.template.spec.containers: at least one container")
     return errors
@@ -162,9 +158,7 @@ def mpijob_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
         metadata = dict(template.get("metadata") or {})
         metadata["name"] = f"{job['metadata']['name']}-{role.lower()}"
         metadata["namespace"] = job["metadata"].get("namespace", "default")
-        pods.append(
-            {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template.get("spec") or {}}
-        )
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template.get("spec") or {}})
     return pods
 
 
@@ -178,16 +172,12 @@ def mpijob_documents(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--crd", required=True, type=Path, help="the MPIJob CustomResourceDefinition (YAML)")
-    parser.add_argument(
-        "--version", default="v2beta1", help="CRD version whose schema applies (default v2beta1)"
-    )
+    parser.add_argument("--version", default="v2beta1", help="CRD version whose schema applies (default v2beta1)")
     parser.add_argument(
         "--k8s-version",
         help="also validate pod templates against this Kubernetes version (needs kubernetes-validate)",
     )
-    parser.add_argument(
-        "--pods-out", type=Path, help="write the replicas' pod templates as Pods to this file"
-    )
+    parser.add_argument("--pods-out", type=Path, help="write the replicas' pod templates as Pods to this file")
     parser.add_argument("files", nargs="+", type=Path, help="YAML files holding MPIJobs")
     args = parser.parse_args(argv)
 

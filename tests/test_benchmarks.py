@@ -36,7 +36,7 @@ EXPECTED = {
         "matmul_peak_flops_float32",
         "asr_np2_share_input",
         "tts_np2_profile_decoder_ms",
-        "tts_curve_xla_b8_frames_per_s",
+        "tts_curve_xla_b4_frames_per_s",
     ],
     "straggler": [
         "fixed-ring_job_throughput_ratio_f2",

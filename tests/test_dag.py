@@ -769,7 +769,8 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
 # ---- the whole DAG on a tiny corpus ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+# Session scope: xdist may tear a module fixture down between two tests of a group it runs in turn.
+@pytest.fixture(scope="session")
 def dag_run(tmp_path_factory):
     """One `airflow dags test` of the whole DAG on a tiny corpus (both models, two Horovod ranks each),
     tracked as the cluster tracks it: an `mlflow server` on PostgreSQL with proxied artifacts, which
