@@ -15,7 +15,7 @@ setup:
 # in two pytest-xdist processes (measured on 2 cores: the unit phase 183 s against 263 s in one).
 # PYTEST_WORKERS=0 runs in one process; one test: .venv/bin/python -m pytest tests/test_x.py::test_y
 PYTEST_WORKERS ?= 2
-PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_XDIST := -n $(PYTEST_WORKERS)
 test: setup
 	$(PY) -m pytest $(PYTEST_XDIST) -m "not slow"
 	$(PY) -m pytest $(PYTEST_XDIST) -m slow

@@ -364,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             started = subprocess.Popen(
                 server_argv,
                 cwd=work,
-                env=env(),
+                # without the job runner for MLflow's GenAI jobs (its Huey consumers take near half a core)
+                env=env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,

@@ -13,6 +13,10 @@ from pathlib import Path
 
 from tests.conftest import PYTHON, ROOT, quiet_env
 
+# `mlflow server` also starts a job runner (about eight Huey consumers, each polling and together near
+# half a core on this 2-core machine) for MLflow's GenAI jobs, which nothing here uses.
+NO_JOB_RUNNER = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -37,7 +41,9 @@ class MlflowServer:
         ]  # fmt: skip
         with open(self.log, "a") as out:
             # A session of its own: stop() ends the server and the uvicorn worker it starts.
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=out, stderr=out, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=quiet_env(**NO_JOB_RUNNER), stdout=out, stderr=out, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -769,13 +769,12 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
 # ---- the whole DAG on a tiny corpus ---------------------------------------------------------------
 
 
-# Session scope: xdist may tear a module fixture down between two tests of a group it runs in turn.
-@pytest.fixture(scope="session")
+@pytest.fixture
 def dag_run(tmp_path_factory):
     """One `airflow dags test` of the whole DAG on a tiny corpus (both models, two Horovod ranks each),
     tracked as the cluster tracks it: an `mlflow server` on PostgreSQL with proxied artifacts, which
-    every task talks HTTP to (on SQLite where PostgreSQL is not installed; the PostgreSQL test then
-    skips). The tests below read what it left; it runs once for all of them."""
+    every task talks HTTP to (on SQLite where PostgreSQL is not installed: the test then skips its
+    PostgreSQL checks and says so)."""
     if not (AIRFLOW_BIN / "airflow").exists():
         pytest.skip(".venv-airflow is missing (make setup builds it)")
     from tests.mlflow_server import MlflowServer
@@ -824,11 +823,10 @@ def dag_run(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.airflow
-@pytest.mark.xdist_group("dag_run")  # one worker runs the DAG once for both
-def test_dag_runs_end_to_end_on_a_tiny_corpus(dag_run):
+def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     import mlflow
 
-    from models import registry
+    from models import registry, tracking
 
     run, summary = dag_run.run, dag_run.summary
     assert run["state"] == "success"
@@ -885,27 +883,21 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus(dag_run):
         # Lineage: the training run's input is the shards' manifest, which names the Kaldi directories.
         assert trained.inputs.dataset_inputs and "data.train.dir" in trained.data.tags
 
-
-@pytest.mark.slow
-@pytest.mark.airflow
-@pytest.mark.xdist_group("dag_run")  # one worker runs the DAG once for both
-def test_the_dag_tracks_into_mlflow_on_postgresql_through_the_server(dag_run):
-    """MLflow as the cluster runs it (k8s/base/mlflow.yaml): runs and registered models in PostgreSQL,
-    artifacts through the server into its directory, the champion loadable by its `models:/` URI."""
-    import mlflow
-
-    from models import tracking
-
+    # MLflow as the cluster runs it (k8s/base/mlflow.yaml): runs and registered models in PostgreSQL,
+    # artifacts through the server into its directory, the champion loadable by its `models:/` URI.
+    # (One DAG run checks both: a test each would run the DAG twice.)
     if dag_run.postgres is None:
         pytest.skip(
-            "PostgreSQL's server (initdb, pg_ctl) is not installed: apt-get install postgresql (make setup does as root)"
+            "the DAG ran end to end (tracked on SQLite); its PostgreSQL checks need PostgreSQL's server "
+            "(initdb, pg_ctl): apt-get install postgresql (make setup does as root)"
         )
-    postgres, client = dag_run.postgres, mlflow.MlflowClient(dag_run.uri)
-    run = client.get_run(dag_run.trained["asr"]["run_id"])
-    assert client.get_experiment(run.info.experiment_id).tags[tracking.EXPERIMENT_KIND_TAG] == tracking.MODEL_TRAINING
-    assert (run.info.run_id,) in postgres.rows("SELECT run_uuid FROM runs")
-    assert run.info.artifact_uri.startswith("mlflow-artifacts:")
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml", "plots"}
+    postgres = dag_run.postgres
+    training = client.get_run(dag_run.trained["asr"]["run_id"])
+    kind = client.get_experiment(training.info.experiment_id).tags[tracking.EXPERIMENT_KIND_TAG]
+    assert kind == tracking.MODEL_TRAINING
+    assert (training.info.run_id,) in postgres.rows("SELECT run_uuid FROM runs")
+    assert training.info.artifact_uri.startswith("mlflow-artifacts:")
+    assert {a.path for a in client.list_artifacts(training.info.run_id)} >= {"config.yaml", "plots"}
     assert list(dag_run.artifacts.rglob("config.yaml")), "no artifact reached the server's artifact directory"
     champion = client.get_model_version_by_alias("ci-asr", "champion")
     assert (champion.name, champion.version) in postgres.rows("SELECT name, CAST(version AS TEXT) FROM model_versions")
