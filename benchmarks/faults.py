@@ -71,6 +71,24 @@ def build_corpus(work: Path, utterances: int, tiny: bool) -> Path:
     return out
 
 
+def repeat_split(src: Path, dst: Path, times: int) -> Path:
+    """Kaldi data directory `dst`: every utterance of `src` `times` times, under ids suffixed -xNN
+    (the speaker prefix kept), the features and CMVN statistics shared with `src`."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("feats.scp", "text", "utt2spk", "utt2num_frames", "wav.scp"):
+        if (src / name).exists():
+            entries = [line.split(" ", 1) for line in (src / name).read_text().splitlines() if line]
+            repeated = sorted(f"{utt}-x{i:02d} {value}" for i in range(times) for utt, value in entries)
+            (dst / name).write_text("\n".join(repeated) + "\n")
+    shutil.copy(src / "cmvn.scp", dst / "cmvn.scp")
+    speakers: dict[str, list[str]] = {}
+    for line in (dst / "utt2spk").read_text().splitlines():
+        utt, speaker = line.split()
+        speakers.setdefault(speaker, []).append(utt)
+    (dst / "spk2utt").write_text("".join(f"{s} {' '.join(u)}\n" for s, u in sorted(speakers.items())))
+    return dst
+
+
 def rank_pid(rank: int, workdir: Path, timeout: float = 180) -> int:
     """The pid of the training process of Horovod rank `rank` (its environment names it) of the job
     training in `workdir` (other trainings on the machine, a test suite's, are left alone)."""
@@ -293,21 +311,26 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         # The shard stage killed while writing, then re-run: the same manifest as an undisturbed run.
-        data = work / "data"
+        # The training split repeated 30 times: its 48 utterances are written in about 10 ms, a
+        # window polling can miss; 1440 take about half a second to write.
+        big = repeat_split(work / "data" / "train", work / "data" / "train_x30", 30)
 
         def shard_argv(out: Path) -> list[str]:
-            split = ["--split", f"train={data / 'train'}"]
+            split = ["--split", f"train={big}"]
             return commands.module_command(
-                PYTHON, commands.SHARDS, [*split, "--out", str(out), "--num-shards", "4", "--no-progress"]
+                PYTHON, commands.SHARDS, [*split, "--out", str(out), "--num-shards", "8", "--no-progress"]
             )
 
-        writer = subprocess.Popen(shard_argv(work / "reshard"), cwd=ROOT, env=env(), start_new_session=True)
-        while not list((work / "reshard").glob(".*.tmp")) and writer.poll() is None:
-            time.sleep(0.05)
+        reshard = work / "reshard"
+        writer = subprocess.Popen(shard_argv(reshard), cwd=ROOT, env=env(), start_new_session=True)
+        # Killed at its first output (a shard being written or one renamed into place), before the manifest.
+        while writer.poll() is None and not (list(reshard.glob(".*.tmp")) or list(reshard.glob("train-*"))):
+            time.sleep(0.005)
         killed_writer = writer.poll() is None
         if killed_writer:
             os.killpg(writer.pid, signal.SIGKILL)
         writer.wait()
+        killed_writer = killed_writer and not (reshard / "manifest.json").exists()
         rerun = subprocess.run(shard_argv(work / "reshard"), cwd=ROOT, env=env(), capture_output=True)
         reference = subprocess.run(shard_argv(work / "reshard-clean"), cwd=ROOT, env=env(), capture_output=True)
         same = [
