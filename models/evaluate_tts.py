@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models import asr, audio, tts
+from models import asr, audio, tts_alignment
 
 
 @dataclasses.dataclass
@@ -96,9 +96,13 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
         f"{split}_fbank_cepstral_distance_db": float(
             np.mean([audio.fbank_cepstral_distance(s.synthesized, s.reference) for s in spoken])
         ),
-        f"{split}_attention_monotonicity": attention(tts.attention_monotonicity, "free_alignment"),
-        f"{split}_attention_monotonicity_teacher_forced": attention(tts.attention_monotonicity, "forced_alignment"),
-        f"{split}_attention_diagonality_teacher_forced": attention(tts.attention_diagonality, "forced_alignment"),
+        f"{split}_attention_monotonicity": attention(tts_alignment.attention_monotonicity, "free_alignment"),
+        f"{split}_attention_monotonicity_teacher_forced": attention(
+            tts_alignment.attention_monotonicity, "forced_alignment"
+        ),
+        f"{split}_attention_diagonality_teacher_forced": attention(
+            tts_alignment.attention_diagonality, "forced_alignment"
+        ),
         f"{split}_utterances": len(spoken),
         f"{split}_voices": len({s.voice for s in spoken}),
         # how many sentences were spoken in the voice that recorded them (the rest: a nearest or chosen voice)

@@ -303,7 +303,7 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
         from models import audio, tasks
 
         texts, voices = texts_and_voices(model_input)
-        # Raises ValueError naming the model's voices for a voice it lacks (models/tts.py speaker_ids).
+        # Raises ValueError naming the model's voices for a voice it lacks (models/tts_base.py speaker_ids).
         out = tasks.speak(self.model, self.data, texts, voices, max_steps=int(params.get("max_steps") or 400))
         iterations = int(params.get("griffin_lim_iters", 48))
         mels, lengths = out["mels"], out["lengths"]

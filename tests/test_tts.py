@@ -1,4 +1,4 @@
-"""Tacotron model (shapes, masking, tf.function, inference, overfitting, checkpoints, voices, the compiled
+"""Synthesis models (shapes, masking, tf.function, inference, overfitting, checkpoints, voices, the compiled
 decoder) and audio utilities."""
 
 from __future__ import annotations
@@ -15,14 +15,8 @@ import tensorflow as tf
 
 from models import audio
 from models.tasks import TtsTask, resolve_tts, speak
-from models.tts import (
-    TtsConfig,
-    attention_diagonality,
-    attention_monotonicity,
-    build_tts,
-    monotonic_alignment,
-    speaker_ids,
-)
+from models.tts import TtsConfig, build_tts, speaker_ids
+from models.tts_alignment import attention_diagonality, attention_monotonicity, monotonic_alignment
 
 TINY = TtsConfig(
     vocab_size=16,
