@@ -21,8 +21,8 @@ fingerprint, so a re-run with unchanged inputs does nothing. A run that rejects 
 When the data directory already has a `feats.scp` that this stage did not write (features made by
 Kaldi), it is kept (copied to `--out-dir`) and only CMVN statistics are computed if there are none.
 
-One file (about 450 lines): the stage's job list, its resumable parallel writer and per-speaker
-CMVN; reading audio is pipeline/audio_io.py, the Kaldi files pipeline/kaldi.py.
+One file: the stage's job list, its resumable parallel writer and per-speaker CMVN; reading a
+`wav.scp` entry is pipeline/kaldi.py's `read_audio` (recipes' decoder commands: pipeline/audio_io.py).
 """
 
 from __future__ import annotations
@@ -68,53 +68,6 @@ class FeatureConfig:
     allow_pipes: bool = False
     max_rejected_fraction: float = 0.05  # fail the stage above this share of rejected utterances
     jobs: int = 0  # worker processes; 0 = one per CPU
-
-
-def read_audio(spec: str, allow_pipes: bool) -> tuple[int, np.ndarray]:
-    """Reads one wav.scp entry. Returns (rate, samples float32 [n, channels] on the int16 scale).
-
-    A file is read with libsndfile; a decoder command of a Kaldi recipe (flac, sph2pipe, sox) is
-    read in-process as the command would decode it (pipeline/audio_io.py); any other command runs in
-    a shell (through kaldiio) only when `allow_pipes`, and so does a recognized command whose file
-    libsndfile cannot decode (shorten-compressed SPHERE).
-    """
-    if kaldi.is_pipe(spec):
-        try:
-            source = audio_io.parse_command(spec)
-        except audio_io.UnsupportedCommand as err:
-            if not allow_pipes:
-                raise AudioError("pipe_refused", f"{spec!r} is a command, not run: {err}; pass --allow-pipes") from err
-            return _read_with_kaldiio(spec)
-        try:
-            return audio_io.read_source(source)
-        except audio_io.CompressedSphere:
-            if not allow_pipes:
-                raise
-            return _read_with_kaldiio(spec)
-    path = kaldi.spec_path(spec)
-    if path == Path(spec):
-        return audio_io.read_file(path)
-    if not path.is_file():
-        raise AudioError("file_missing", f"{path} does not exist")
-    return _read_with_kaldiio(spec)  # a wav inside an ark (`foo.ark:123`): kaldiio reads it without a shell
-
-
-def _read_with_kaldiio(spec: str) -> tuple[int, np.ndarray]:
-    import kaldiio
-
-    try:
-        rate, data = kaldiio.load_mat(spec)
-    except Exception as err:  # the command's or the ark's failure, whatever it is, is this utterance's reason
-        raise AudioError("unreadable", f"{spec!r}: {type(err).__name__}: {err}") from err
-    if np.asarray(data).dtype == np.uint8:
-        # kaldiio hands out the bytes of 8-bit wavs as they are, u-law codes included (sox keeps a
-        # u-law input's encoding unless told otherwise): as samples they would be noise.
-        raise AudioError(
-            "unsupported_audio",
-            f"{spec!r} gives 8-bit samples (u-law?); make it write 16-bit PCM (sox: -b 16 -e signed)",
-        )
-    data = np.asarray(data, dtype=np.float32)
-    return rate, data.reshape(len(data), -1)
 
 
 def prepare_waveform(
@@ -174,7 +127,7 @@ def _featurize_recording(task):
     """Worker: one recording (and all its segments). Returns [(utt, matrix | None, Rejection | None)]."""
     spec, entries, cfg = task
     try:
-        rate, samples = read_audio(spec, cfg.allow_pipes)
+        rate, samples = kaldi.read_audio(spec, cfg.allow_pipes)
     except AudioError as err:
         return [(e.utt_id, None, kaldi.Rejection(e.utt_id, err.reason, str(err))) for e in entries]
     results = []

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import audio_io
+from pipeline.audio_io import AudioError
 
 # reason code -> what it means (also the legend written next to rejected.tsv)
 REASONS = {
@@ -340,6 +341,53 @@ def check_matrix(
     if not np.isfinite(matrix).all():
         return None, Rejection(utt, "nan_or_inf", f"{spec} contains {int((~np.isfinite(matrix)).sum())} NaN/Inf values")
     return matrix, None
+
+
+def read_audio(spec: str, allow_pipes: bool) -> tuple[int, np.ndarray]:
+    """Reads one wav.scp entry. Returns (rate, samples float32 [n, channels] on the int16 scale).
+
+    A file is read with libsndfile; a decoder command of a Kaldi recipe (flac, sph2pipe, sox) is
+    read in-process as the command would decode it (pipeline/audio_io.py); any other command runs in
+    a shell (through kaldiio) only when `allow_pipes`, and so does a recognized command whose file
+    libsndfile cannot decode (shorten-compressed SPHERE).
+    """
+    if is_pipe(spec):
+        try:
+            source = audio_io.parse_command(spec)
+        except audio_io.UnsupportedCommand as err:
+            if not allow_pipes:
+                raise AudioError("pipe_refused", f"{spec!r} is a command, not run: {err}; pass --allow-pipes") from err
+            return _read_with_kaldiio(spec)
+        try:
+            return audio_io.read_source(source)
+        except audio_io.CompressedSphere:
+            if not allow_pipes:
+                raise
+            return _read_with_kaldiio(spec)
+    path = spec_path(spec)
+    if path == Path(spec):
+        return audio_io.read_file(path)
+    if not path.is_file():
+        raise AudioError("file_missing", f"{path} does not exist")
+    return _read_with_kaldiio(spec)  # a wav inside an ark (`foo.ark:123`): kaldiio reads it without a shell
+
+
+def _read_with_kaldiio(spec: str) -> tuple[int, np.ndarray]:
+    import kaldiio
+
+    try:
+        rate, data = kaldiio.load_mat(spec)
+    except Exception as err:  # the command's or the ark's failure, whatever it is, is this utterance's reason
+        raise AudioError("unreadable", f"{spec!r}: {type(err).__name__}: {err}") from err
+    if np.asarray(data).dtype == np.uint8:
+        # kaldiio hands out the bytes of 8-bit wavs as they are, u-law codes included (sox keeps a
+        # u-law input's encoding unless told otherwise): as samples they would be noise.
+        raise AudioError(
+            "unsupported_audio",
+            f"{spec!r} gives 8-bit samples (u-law?); make it write 16-bit PCM (sox: -b 16 -e signed)",
+        )
+    data = np.asarray(data, dtype=np.float32)
+    return rate, data.reshape(len(data), -1)
 
 
 def _looks_truncated(err: Exception) -> bool:

@@ -196,7 +196,7 @@ def test_stereo_and_other_rates_are_read_as_the_feature_stage_reads_them(tmp_pat
     stereo = tmp_path / "stereo.flac"
     soundfile.write(stereo, tone(0.7, 8000, 300, channels=2, seed=3), 8000, subtype="PCM_16")
     cfg = features.FeatureConfig(jobs=1)
-    rate, samples = features.read_audio(str(stereo), allow_pipes=False)
+    rate, samples = kaldi.read_audio(str(stereo), allow_pipes=False)
     want = features.compute_fbank(features.prepare_waveform(rate, samples, None, cfg), cfg)
     got = serving.audio_features(base64.b64encode(stereo.read_bytes()).decode(), None, cfg)
     np.testing.assert_array_equal(got, want)
