@@ -33,6 +33,8 @@ from models import checkpoint, tracking
 from models.hooks import TrainHooks
 from models.reporting import Reporting
 from models.schedule import Schedule
+from models.spool import RunLog, spool_path
+from models.system_metrics import SystemMetrics
 from models.timing import StepTimes
 from models.train_config import TrainConfig, check_workdir, learning_rate
 
@@ -251,8 +253,8 @@ class Trainer(Schedule, Reporting):
                 return self._run_rank0()
             # Every rank logs its system metrics (and, should it become rank 0 in an elastic job,
             # the training metrics) into rank 0's MLflow run, through a log that outlasts an outage.
-            log = tracking.RunLog(self._shared_run_id(None), tracking.spool_path(self.workdir, self.rank))
-            with tracking.SystemMetrics(log, self.rank, self.hvd.local_rank()):
+            log = RunLog(self._shared_run_id(None), spool_path(self.workdir, self.rank))
+            with SystemMetrics(log, self.rank, self.hvd.local_rank()):
                 summary = self._loop(log=log, bar=None)
             log.close()
             return summary
@@ -309,8 +311,8 @@ class Trainer(Schedule, Reporting):
                 dynamic_ncols=True,
             )
             # Metrics go through a log that keeps them beside the checkpoints while MLflow is down.
-            log = tracking.RunLog(self.run_id, tracking.spool_path(self.workdir, 0))
-            with tracking.SystemMetrics(log, 0, self.hvd.local_rank()):
+            log = RunLog(self.run_id, spool_path(self.workdir, 0))
+            with SystemMetrics(log, 0, self.hvd.local_rank()):
                 summary = self._loop(log=log, bar=bar)
             bar.close()
             self._log_final(mlflow, summary)
