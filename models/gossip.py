@@ -104,6 +104,30 @@ class DelayedMerge:
             self._published = flatten()
 
 
+class FlatWeights:
+    """A model's weights as one float32 vector, the form in which gossip sends, averages and merges them."""
+
+    def __init__(self, variables: list):
+        self.variables = variables
+        self.shapes = [tuple(v.shape) for v in variables]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+
+    def flatten(self) -> np.ndarray:
+        return np.concatenate([np.asarray(v.numpy(), np.float32).ravel() for v in self.variables])
+
+    def assign(self, flat: np.ndarray) -> None:
+        offset = 0
+        for variable, shape, size in zip(self.variables, self.shapes, self.sizes):
+            variable.assign(flat[offset : offset + size].reshape(shape).astype(variable.dtype))
+            offset += size
+
+    def assign_delta(self, delta: np.ndarray) -> None:
+        offset = 0
+        for variable, shape, size in zip(self.variables, self.shapes, self.sizes):
+            variable.assign_add(delta[offset : offset + size].reshape(shape).astype(variable.dtype))
+            offset += size
+
+
 class GossipStrategy:
     name = "adpsgd"
 
@@ -114,8 +138,7 @@ class GossipStrategy:
         self.config = config
         self.optimizer = optimizer
         self.variables = model_vars
-        self.shapes = [tuple(v.shape) for v in model_vars]
-        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.weights = FlatWeights(model_vars)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.scheme = "random-ring" if config.gossip == "random-ring" else "fixed-ring"
         self.delayed = config.gossip == "delay-by-one"
@@ -183,7 +206,7 @@ class GossipStrategy:
         # Horovod: all workers start from rank 0's weights and optimizer state, then part ways.
         hvd_compat.broadcast(self.variables + list(self.optimizer.variables), root_rank=0)
         if self.delayed:
-            self.delayed_merge = DelayedMerge(self._flatten())
+            self.delayed_merge = DelayedMerge(self.weights.flatten())
         self.started = True
         self.thread.start()
 
@@ -194,7 +217,7 @@ class GossipStrategy:
         start = time.perf_counter()
         if self.delayed:
             # The pulls that arrived during step `step`, then its weights for the next exchange.
-            self.delayed_merge.merge_and_publish(self._assign_delta, self._flatten)
+            self.delayed_merge.merge_and_publish(self.weights.assign_delta, self.weights.flatten)
         with self.step_ready:
             self.steps_done = step
             self.step_ready.notify_all()
@@ -227,12 +250,12 @@ class GossipStrategy:
         if self.error is not None:
             raise GossipError(f"the gossip thread of rank {self.rank} failed: {self.error}") from self.error
         if self.delayed_merge is not None:
-            self.delayed_merge.merge_and_publish(self._assign_delta, self._flatten)
-        flat = self._flatten()
+            self.delayed_merge.merge_and_publish(self.weights.assign_delta, self.weights.flatten)
+        flat = self.weights.flatten()
         before = self._distance_from_average(flat, name="gossip.final")
         # Horovod: one global average, so every rank saves the same (consensus) model.
         average = self.hvd.allreduce(tf.constant(flat), op=self.hvd.Average, name="gossip.consensus").numpy()
-        self._assign(average)  # exactly the average (adding a difference would round differently per rank)
+        self.weights.assign(average)  # exactly the average (adding a difference would round differently per rank)
         return {
             "consensus_distance_before_final_average": before,
             "gossip_rounds": self.rounds_done,
@@ -254,23 +277,6 @@ class GossipStrategy:
                 log.warning(
                     "rank %d: gossip thread still in an exchange; leaving it to exit with the process", self.rank
                 )
-
-    # -- weights as one flat vector ------------------------------------------------------------
-
-    def _flatten(self) -> np.ndarray:
-        return np.concatenate([np.asarray(v.numpy(), np.float32).ravel() for v in self.variables])
-
-    def _assign(self, flat: np.ndarray) -> None:
-        offset = 0
-        for variable, shape, size in zip(self.variables, self.shapes, self.sizes):
-            variable.assign(flat[offset : offset + size].reshape(shape).astype(variable.dtype))
-            offset += size
-
-    def _assign_delta(self, delta: np.ndarray) -> None:
-        offset = 0
-        for variable, shape, size in zip(self.variables, self.shapes, self.sizes):
-            variable.assign_add(delta[offset : offset + size].reshape(shape).astype(variable.dtype))
-            offset += size
 
     # -- the communication thread ----------------------------------------------------------------
 
@@ -305,7 +311,7 @@ class GossipStrategy:
             snapshot = self.delayed_merge.snapshot()
         else:
             with self.lock:
-                snapshot = self._flatten()
+                snapshot = self.weights.flatten()
         start = time.perf_counter()
         average = self._exchange(snapshot, round_index)
         self.exchange_seconds += time.perf_counter() - start
@@ -313,7 +319,7 @@ class GossipStrategy:
             self.delayed_merge.add(average, snapshot)
         else:
             with self.lock:
-                self._assign_delta(average - snapshot)
+                self.weights.assign_delta(average - snapshot)
         every = self.config.consensus_every
         if every and (round_index + 1) % every == 0:
             self.consensus_distance = self._distance_from_average(snapshot, name=f"gossip.distance.{round_index}")

@@ -41,7 +41,7 @@ class TrainHooks:
             raise InjectedFailure(f"fail_at_step={step} on rank {rank} (a test's injected failure)")
 
     def extra_work(self, rank: int) -> float:
-        """How many more times this rank computes each step (the straggler: factor - 1; the loop's
+        """How many more times this rank computes each step (the straggler: factor - 1; models/step.py's
         `_slow_down` does it)."""
         return self.straggler_factor - 1.0 if rank == self.straggler_rank else 0.0
 

@@ -1,8 +1,10 @@
 """The training loop behind `models.train`: one Trainer per process (one per Horovod rank).
 
-Longer than our other modules (about 500 lines) because the step loop, an elastic job's reset and
-rank 0's MLflow run share the Trainer's state; which batches a rank reads is models/schedule.py,
-what a run reports at its end models/reporting.py, the step-time breakdown models/timing.py.
+Here: the set-up, the run (rank 0's inside its MLflow run) and the step loop. The Trainer's other
+parts are mixins in modules of their own: which batches a rank reads, the learning rate of each step
+and the re-planning after an elastic job's reset (models/schedule.py), one training step
+(models/step.py), checkpoints, resumption and the final model (models/persistence.py), what the run
+reports to MLflow (models/reporting.py); the step-time breakdown is models/timing.py.
 
 Every place Horovod touches a training run, listed from here so a reader finds them all:
 - common/runtime.py `configure_tensorflow`: each rank's share of the cores and its local GPU.
@@ -13,8 +15,10 @@ Every place Horovod touches a training run, listed from here so a reader finds t
 - models/gossip.py `GossipStrategy`: one process set per pair of a matching, pairwise averages by
   a communication thread, one global average at the end (the consensus model).
 - models/hvd_compat.py: Keras 3 variables handed to Horovod as their `tf.Variable`s.
+- models/elastic.py, with models/schedule.py `_on_reset`: Horovod elastic's commits and resets.
 - pipeline/dataset.py: each rank reads its own shards; every rank gets the same number of batches.
-- `Trainer._gather` below: `allgather_object` of each rank's throughput, memory and weight digest.
+- models/reporting.py `_shared_run_id`: rank 0's MLflow run id broadcast to every rank.
+- models/reporting.py `_gather`: `allgather_object` of each rank's throughput, memory and weight digest.
 - Only rank 0 writes checkpoints and the model, logs to MLflow and draws the progress bar.
 """
 
@@ -27,14 +31,18 @@ from pathlib import Path
 
 from common import config as configlib
 from common import runtime
-from common.fsutil import atomic_write_json, read_json
+from common.fsutil import atomic_write_json
 from common.progress import progress as progress_bar
-from models import checkpoint, tracking
+from models import tracking
 from models.hooks import TrainHooks
+from models.persistence import Persistence
 from models.reporting import Reporting
 from models.schedule import Schedule
+from models.spool import RunLog, spool_path
+from models.step import Stepping
+from models.system_metrics import SystemMetrics
 from models.timing import StepTimes
-from models.train_config import TrainConfig, check_workdir, learning_rate
+from models.train_config import TrainConfig, check_workdir
 
 
 @dataclasses.dataclass
@@ -51,8 +59,12 @@ class _Progress:
     counts: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(("batches", "utterances", "frames"), 0))
     world_sizes: list = dataclasses.field(default_factory=list)  # (step, size) at every elastic reset
 
+    def profile_ms(self) -> dict[str, float]:
+        """The synthesis model's per-module profile: mean milliseconds of each module so far."""
+        return {f"profile_{k[:-2]}_ms": 1000 * v / self.profiles for k, v in self.profile_sums.items()}
 
-class Trainer(Schedule, Reporting):
+
+class Trainer(Schedule, Stepping, Persistence, Reporting):
     def __init__(
         self,
         config: TrainConfig,
@@ -103,21 +115,11 @@ class Trainer(Schedule, Reporting):
         self.model = self.task.build()
         self.optimizer = keras.optimizers.Adam(c.optim.learning_rate, global_clipnorm=c.optim.clip_norm)
         self.optimizer.build(self.model.trainable_variables)
-        self.position = {"epoch": 0, "batch": 0, "step": 0}
-        latest = checkpoint.latest(self.workdir / "checkpoints")
-        if latest is not None:
-            # Every rank reads the file (a shared volume on a cluster); the broadcast before the first
-            # step makes rank 0's copy authoritative all the same.
-            meta = checkpoint.restore(latest, self.model.weights, self.optimizer.variables, self._owners())
-            self.position = meta["position"]
         # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
         # faster rank takes more of them, and the run ends when they are used up. Allreduce steps
         # in lockstep through exact epochs, every rank its own shards.
         self.budget_in_data = c.strategy.name == "adpsgd"
-        if self.budget_in_data and latest is not None:
-            # Each rank goes on counting its own steps (its position file), from rank 0's epoch.
-            own = read_json(self.workdir / "positions" / f"rank-{self.rank}.json") or {}
-            self.position = {**self.position, "step": own.get("step", 0), "done": own.get("done", False)}
+        self.position = self._restore()
         self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = self._total_steps()
         self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
@@ -137,108 +139,12 @@ class Trainer(Schedule, Reporting):
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
-    def _compile_steps(self):
-        tf, task, model, optimizer = self.tf, self.task, self.model, self.optimizer
-        variables = model.trainable_variables
-
-        def compute(batch, seed):
-            with tf.GradientTape() as tape:
-                loss, aux = task.loss(model, batch, training=True, seed=seed)
-            grads = tape.gradient(loss, variables)
-            return loss, aux, task.frames(batch), grads
-
-        def apply(grads):
-            optimizer.apply(grads, variables)
-
-        def fused(batch, seed):
-            from models import hvd_compat
-
-            with tf.GradientTape() as tape:
-                loss, aux = task.loss(model, batch, training=True, seed=seed)
-            # Horovod: DistributedGradientTape averages each gradient as the backward pass makes it.
-            grads = self.strategy.distributed_tape(tape).gradient(loss, hvd_compat.tf_variables(variables))
-            optimizer.apply(grads, variables)
-            return loss, aux, task.frames(batch)
-
-        self._compute = tf.function(compute, reduce_retracing=True)
-        self._apply = tf.function(apply, reduce_retracing=True)
-        self._fused_fn, self._fused = fused, None
-
-    # -- one step ---------------------------------------------------------------------------------
-
-    def _seed(self, step: int):
-        """The stateless seed of this step's random input augmentation: another on every rank and step."""
-        return self.tf.constant([self.config.seed * 7919 + self.rank, step], self.tf.int64)
-
-    def _step(self, batch, step: int) -> tuple[float, dict, int, int, dict]:
-        """One training step on `batch`: (loss, aux metrics, frames, utterances, seconds by kind)."""
-        tf = self.tf
-        times = {}
-        seed = self._seed(step)
-        with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
-            start = time.perf_counter()
-            if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
-                if self._fused is None:
-                    # Horovod: one trace with every dimension unknown, the same graph on every rank.
-                    # Traces that follow each rank's own batch shapes (reduce_retracing) name their
-                    # allreduce ops differently on ranks that retraced at different steps, and the
-                    # ranks then wait for each other's tensors forever.
-                    spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
-                    self._fused = tf.function(self._fused_fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)])
-                loss, aux, frames = self._fused(batch, seed)
-                loss = float(loss)  # waits for the step
-                times["compute"], times["communication"] = time.perf_counter() - start, 0.0
-            else:
-                loss, aux, frames, grads = self._compute(batch, seed)
-                self._sync_accelerators()
-                times["compute"] = time.perf_counter() - start
-                start = time.perf_counter()
-                grads = self.strategy.reduce(grads)
-                self._sync_accelerators()
-                times["communication"] = time.perf_counter() - start
-                start = time.perf_counter()
-                self._apply(grads)
-                loss = float(loss)
-                times["compute"] += time.perf_counter() - start
-        utterances = int(tf.shape(batch["utt_id"])[0])
-        return loss, {k: float(v) for k, v in aux.items()}, int(frames), utterances, times
-
-    def _slow_down(self, batch, step: int, extra: float, compute_seconds: float) -> float:
-        """A straggler's step taking 1 + `extra` times as long (`--straggler-factor`): the step's
-        forward and backward pass computed again, `extra` whole times, and the fraction slept.
-        Computing, not sleeping, keeps its cores as busy as a slower or shared device keeps its
-        own: a sleeping rank lends its cores (and whatever else the host's cores share) to the
-        other ranks, which then run faster than undisturbed. Returns the seconds spent."""
-        started = time.perf_counter()
-        whole = int(extra)
-        for _ in range(whole):
-            float(self._compute(batch, self._seed(step))[0])  # waits for the computation
-        once = (time.perf_counter() - started) / whole if whole else compute_seconds
-        time.sleep((extra - whole) * once)
-        return time.perf_counter() - started
-
-    def _sync_accelerators(self) -> None:
-        """Waits for this thread's work on the GPUs, so the step's times split right.
-
-        Not `tf.test.experimental.sync_devices()`: it also waits for every pending op of the eager
-        context, the gossip thread's exchange with a partner included, which would make a fast
-        worker's training wait for its slow partner. CPU ops have finished when they return."""
-        from tensorflow.python.ops import gen_sync_ops  # the op sync_devices runs, without its wait-for-all
-
-        for device in self._gpus:
-            with self.tf.device(device):
-                gen_sync_ops.SyncDevice()
-
     # -- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> dict:
         self._setup()
-        finished = read_json(self.workdir / "train_summary.json")
-        if (
-            (self.position.get("done") or self.position["step"] >= self.total_steps)
-            and finished
-            and (self.workdir / "model" / "config.yaml").is_file()
-        ):
+        finished = self._finished_summary()
+        if finished:
             # A re-run of a finished training (a retried task) changes nothing and logs nothing again.
             if self.rank == 0:
                 print(
@@ -251,27 +157,13 @@ class Trainer(Schedule, Reporting):
                 return self._run_rank0()
             # Every rank logs its system metrics (and, should it become rank 0 in an elastic job,
             # the training metrics) into rank 0's MLflow run, through a log that outlasts an outage.
-            log = tracking.RunLog(self._shared_run_id(None), tracking.spool_path(self.workdir, self.rank))
-            with tracking.SystemMetrics(log, self.rank, self.hvd.local_rank()):
+            log = RunLog(self._shared_run_id(None), spool_path(self.workdir, self.rank))
+            with SystemMetrics(log, self.rank, self.hvd.local_rank()):
                 summary = self._loop(log=log, bar=None)
             log.close()
             return summary
         finally:
             self.strategy.close()
-
-    def _shared_run_id(self, run_id: str | None) -> str:
-        """Rank 0's MLflow run id on every rank. Horovod: a broadcast; in an elastic job (which a
-        worker may join at any time, when no other rank would join a broadcast) from the run file."""
-        if not self.config.elastic:
-            return self.hvd.broadcast_object(run_id, root_rank=0)
-        deadline = time.monotonic() + 300
-        while run_id is None:
-            run_id = (tracking.load_run_file(self.workdir) or {}).get("run_id")
-            if run_id is None:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"rank {self.rank}: rank 0 wrote no {tracking.RUN_FILE} in {self.workdir}")
-                time.sleep(0.5)
-        return run_id
 
     def _run_rank0(self) -> dict:
         import mlflow
@@ -289,18 +181,7 @@ class Trainer(Schedule, Reporting):
             self.run_id = run.info.run_id
             self._shared_run_id(self.run_id)
             if resume_id is None:
-                params = configlib.flatten(configlib.to_dict(c))
-                params = {k: v for k, v in params.items() if not k.startswith("asr." if c.model == "tts" else "tts.")}
-                params.update(
-                    world_size=self.size,
-                    steps_per_epoch=self.steps_per_epoch,
-                    total_steps=self.total_steps,
-                    shards=str(self.shards.resolve()),
-                    **{f"threads.{k}": v for k, v in self.threads.items()},
-                    **tracking.versions(),
-                )
-                tracking.log_params(params)
-                tracking.log_shards_input(self.shards, self.manifest)
+                self._log_params()
             bar = progress_bar(
                 total=self.total_steps,
                 initial=self.position["step"],
@@ -309,8 +190,8 @@ class Trainer(Schedule, Reporting):
                 dynamic_ncols=True,
             )
             # Metrics go through a log that keeps them beside the checkpoints while MLflow is down.
-            log = tracking.RunLog(self.run_id, tracking.spool_path(self.workdir, 0))
-            with tracking.SystemMetrics(log, 0, self.hvd.local_rank()):
+            log = RunLog(self.run_id, spool_path(self.workdir, 0))
+            with SystemMetrics(log, 0, self.hvd.local_rank()):
                 summary = self._loop(log=log, bar=bar)
             bar.close()
             self._log_final(mlflow, summary)
@@ -352,7 +233,7 @@ class Trainer(Schedule, Reporting):
             "dev_history": run.dev_history,
         }
         if run.profiles:
-            summary.update({f"profile_{k[:-2]}_ms": 1000 * v / run.profiles for k, v in run.profile_sums.items()})
+            summary.update(run.profile_ms())
         summary.update(self._gather(summary))
         self._save_checkpoint(step)
         if self.dev is not None and self.dev.enabled:
@@ -377,18 +258,9 @@ class Trainer(Schedule, Reporting):
         iterator = self._batches() if more else iter(())
         while self.budget_in_data or step < self.total_steps:
             started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except self.tf.errors.DataLossError as err:
-                # A record failed its checksum: name the shard (hashing them all costs only now).
-                from pipeline import records
-
-                records.check_shards(self.shards, self.manifest, "train", content=True)
-                raise ValueError(f"rank {self.rank}: a shard of {self.shards} is damaged ({err.message})") from err
-            except StopIteration:
-                if self.budget_in_data:
-                    break  # the epochs' batches are used up: the budget is spent
-                raise RuntimeError(f"rank {self.rank}: the input ended at step {step} of {self.total_steps}") from None
+            batch = self._next_batch(iterator, step)
+            if batch is None:
+                break  # the epochs' batches are used up: the budget is spent
             input_seconds = time.perf_counter() - started
             step += 1
             self.hooks.before_step(step, self.rank)
@@ -422,20 +294,7 @@ class Trainer(Schedule, Reporting):
                     loss=f"{loss:.3f}", frames_s=f"{run.times.summary().get('frames_per_s', 0):.0f}", refresh=False
                 )
             if self.rank == 0 and (step % c.log_every == 0 or step == self.total_steps):
-                record = {
-                    "loss": loss,
-                    "learning_rate": self.current_lr,
-                    "epoch": epoch,
-                    **aux,
-                    **run.times.flush_window(),
-                    **self.strategy.metrics(),
-                }
-                if run.profiles:
-                    record.update(
-                        {f"profile_{k[:-2]}_ms": 1000 * v / run.profiles for k, v in run.profile_sums.items()}
-                    )
-                log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
-                run.history.append({"step": step, **record})
+                self._log_step(run, log, step, {"loss": loss, "learning_rate": self.current_lr, "epoch": epoch, **aux})
             if self.dev is not None and self.dev.due(step, last=False) and step < self.total_steps:
                 started = time.perf_counter()
                 dev = self.dev.evaluate(step)
@@ -448,86 +307,3 @@ class Trainer(Schedule, Reporting):
             if state is not None and step % c.commit_every == 0:
                 state.step, state.origin = step, list(self._origin)
                 state.commit()  # Horovod: a collective; raises to reset when hosts changed
-
-    def _on_reset(self, state, log) -> None:
-        """Elastic: the world changed. The survivors (and new workers) go on from the last commit:
-        the epoch it was in starts again for the new world size (no utterance is skipped, part of
-        that epoch is seen twice), the learning rate follows the new size."""
-        self.rank, self.size = self.hvd.rank(), self.hvd.size()
-        step = state.step
-        epoch = self._epoch_of(step, state.origin)
-        self._progress.world_sizes.append([step, self.size])
-        self.steps_per_epoch = self._steps_per_epoch()
-        state.origin = [epoch, step]
-        self._origin = (epoch, step)
-        # Horovod: after this callback, sync() sets every attribute back to the last saved state
-        # (rank 0's, broadcast); without a save here the old origin would return, and the input
-        # would skip into the epoch by the old world size's steps while the count is of the new.
-        state.save()  # the weights it saves are those just restored from the commit
-        self.total_steps = step + (self.last_epoch - epoch) * self.steps_per_epoch
-        if self.config.max_steps:
-            self.total_steps = min(self.total_steps, max(step, self.config.max_steps))
-        self._set_learning_rate(step + 1)
-        print(f"rank {self.rank}: the job now has {self.size} workers; going on from step {step}", file=sys.stderr)
-        if self.rank == 0:
-            log.log_metric("world_size", self.size, step=step)
-            try:
-                tracking.client().set_tag(log.run_id, "speechflow.world_size_changes", repr(self._progress.world_sizes))
-            except Exception as err:  # MLflow down: the metric above waits in the log's spool; the tag is lost
-                print(f"rank {self.rank}: could not tag the MLflow run ({err})", file=sys.stderr)
-
-    def _set_learning_rate(self, step: int) -> None:
-        """Sets the rate that step `step` (1-based) will use; asynchronous training counts all ranks'
-        steps together (as the gossip rounds last reported them), divided by the ranks."""
-        if self.budget_in_data and self.strategy.global_steps:
-            step = self.strategy.global_steps // self.size + 1
-        strategy = self.config.strategy
-        workers = self.size if strategy.name == "allreduce" or strategy.gossip_scale_lr else 1
-        self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
-        self.optimizer.learning_rate.assign(self.current_lr)
-
-    def _save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes the weights and optimizer state; asynchronous training's ranks, whose step
-        counts differ, each write their own position beside them."""
-        if self.budget_in_data:
-            (self.workdir / "positions").mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.workdir / "positions" / f"rank-{self.rank}.json", self.position)
-        if self.rank != 0:
-            return
-        checkpoint.save(
-            self.workdir / "checkpoints",
-            step,
-            self.model.weights,
-            self.optimizer.variables,
-            self.position,
-            owners=self._owners(),
-        )
-
-    def _owners(self) -> tuple[str, str]:
-        return (self.model.name, self.optimizer.name)
-
-    def _save_model(self, summary: dict) -> None:
-        """The final model for evaluation and serving: weights, config, vocabulary, normalization."""
-        model_dir = self.workdir / "model"
-        model_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(model_dir, summary["steps"], self.model.weights, [], {"final": True}, 1, (self.model.name,))
-        configlib.save(self.config, model_dir / "config.yaml")
-        from models.serving import recorded_feature_config
-        from pipeline.dataset import mel_stats
-
-        mean, std = mel_stats(self.manifest)
-        atomic_write_json(
-            model_dir / "data.json",
-            {
-                "model": self.config.model,
-                "vocabulary": self.manifest["vocabulary"],
-                "lowercase": self.manifest.get("lowercase", True),
-                "feature_dim": self.manifest["feature_dim"],
-                "mel_mean": mean.tolist(),
-                "mel_std": std.tolist(),
-                # the fbank settings serving computes features from audio with (null: Kaldi made them)
-                "features": recorded_feature_config(self.manifest),
-                "voices": list(self.config.tts.speakers) if self.config.model == "tts" else [],  # synthesis: by name
-            },
-        )
-        atomic_write_json(self.workdir / "train_summary.json", {k: v for k, v in summary.items() if k != "history"})

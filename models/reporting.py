@@ -1,13 +1,60 @@
-"""What a training run reports at its end: every rank's figures gathered, and the final MLflow record."""
+"""What a training run reports to MLflow: rank 0's run shared with every rank, its params at the
+start, and at its end every rank's figures gathered and the final record."""
 
 from __future__ import annotations
 
 import json
 import resource
+import time
+
+from common import config as configlib
+from models import tracking
 
 
 class Reporting:
-    """Mixed into models.loop.Trainer: the end-of-run summary and its MLflow record."""
+    """Mixed into models.loop.Trainer: its MLflow run's id on every rank, its params, the end-of-run
+    summary and its MLflow record."""
+
+    def _shared_run_id(self, run_id: str | None) -> str:
+        """Rank 0's MLflow run id on every rank. Horovod: a broadcast; in an elastic job (which a
+        worker may join at any time, when no other rank would join a broadcast) from the run file."""
+        if not self.config.elastic:
+            return self.hvd.broadcast_object(run_id, root_rank=0)
+        deadline = time.monotonic() + 300
+        while run_id is None:
+            run_id = (tracking.load_run_file(self.workdir) or {}).get("run_id")
+            if run_id is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {self.rank}: rank 0 wrote no {tracking.RUN_FILE} in {self.workdir}")
+                time.sleep(0.5)
+        return run_id
+
+    def _log_params(self) -> None:
+        """Logs the new run's params (the resolved config of this model, the world size, the steps,
+        the shards, the threads and the library versions) and the shards as its input dataset."""
+        c = self.config
+        params = configlib.flatten(configlib.to_dict(c))
+        params = {k: v for k, v in params.items() if not k.startswith("asr." if c.model == "tts" else "tts.")}
+        params.update(
+            world_size=self.size,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+            shards=str(self.shards.resolve()),
+            **{f"threads.{k}": v for k, v in self.threads.items()},
+            **tracking.versions(),
+        )
+        tracking.log_params(params)
+        tracking.log_shards_input(self.shards, self.manifest)
+
+    def _log_step(self, run, log, step: int, record: dict) -> None:
+        """Rank 0's metrics record of step `step` (`record`: loss, learning rate, epoch, the task's
+        metrics), completed by the step times since the last record, the strategy's figures and the
+        profile, to MLflow through `log` and to the run's history."""
+        record = {**record, **run.times.flush_window(), **self.strategy.metrics()}
+        if run.profiles:
+            record.update(run.profile_ms())
+        log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
+        run.history.append({"step": step, **record})
 
     def _gather(self, summary: dict) -> dict:
         """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""

@@ -1,4 +1,5 @@
-"""Which batches a rank trains on, and where its steps fall in the epochs: the Trainer's schedule.
+"""Which batches a rank trains on, where its steps fall in the epochs, and the learning rate of each
+step: the Trainer's schedule, planned again when an elastic job's world size changes.
 
 Allreduce steps in lockstep through exact epochs, each rank over its own shards (the epochs counted
 from an origin, which an elastic job moves when its world size changes); asynchronous training
@@ -8,11 +9,16 @@ this rank's own tf.data pipeline or a tf.data service.
 
 from __future__ import annotations
 
+import sys
+
 from common.fsutil import read_json
+from models import tracking
+from models.train_config import learning_rate
 
 
 class Schedule:
-    """Mixed into models.loop.Trainer: the methods that plan its input."""
+    """Mixed into models.loop.Trainer: the methods that plan its input and its learning rate, and
+    plan them again after an elastic reset."""
 
     def _steps_per_epoch(self) -> int:
         """Steps of one rank per epoch; asynchronous training: the epoch's batches divided by the
@@ -100,6 +106,22 @@ class Schedule:
         # Task-side additions (the synthesis model's speaker rows) are made here, after the service.
         return iter(self.task.prepare(data_service.distribute_shared(shared, address, job), self.manifest, "train"))
 
+    def _next_batch(self, iterator, step: int):
+        """The next batch of `iterator`; None when asynchronous training has used up the epochs'
+        batches (its budget is spent). A damaged shard is named; lockstep input ending early is an error."""
+        try:
+            return next(iterator)
+        except self.tf.errors.DataLossError as err:
+            # A record failed its checksum: name the shard (hashing them all costs only now).
+            from pipeline import records
+
+            records.check_shards(self.shards, self.manifest, "train", content=True)
+            raise ValueError(f"rank {self.rank}: a shard of {self.shards} is damaged ({err.message})") from err
+        except StopIteration:
+            if self.budget_in_data:
+                return None
+            raise RuntimeError(f"rank {self.rank}: the input ended at step {step} of {self.total_steps}") from None
+
     def _global_steps_done(self) -> int:
         """Asynchronous training: the steps all ranks took before this run (their position files)."""
         done = 0
@@ -125,3 +147,40 @@ class Schedule:
         )
         self._profile_sample = next(iter(dataset.take(1)))
         return self._profile_sample
+
+    def _set_learning_rate(self, step: int) -> None:
+        """Sets the rate that step `step` (1-based) will use; asynchronous training counts all ranks'
+        steps together (as the gossip rounds last reported them), divided by the ranks."""
+        if self.budget_in_data and self.strategy.global_steps:
+            step = self.strategy.global_steps // self.size + 1
+        strategy = self.config.strategy
+        workers = self.size if strategy.name == "allreduce" or strategy.gossip_scale_lr else 1
+        self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
+        self.optimizer.learning_rate.assign(self.current_lr)
+
+    def _on_reset(self, state, log) -> None:
+        """Elastic: the world changed. The survivors (and new workers) go on from the last commit:
+        the epoch it was in starts again for the new world size (no utterance is skipped, part of
+        that epoch is seen twice), the learning rate follows the new size."""
+        self.rank, self.size = self.hvd.rank(), self.hvd.size()
+        step = state.step
+        epoch = self._epoch_of(step, state.origin)
+        self._progress.world_sizes.append([step, self.size])
+        self.steps_per_epoch = self._steps_per_epoch()
+        state.origin = [epoch, step]
+        self._origin = (epoch, step)
+        # Horovod: after this callback, sync() sets every attribute back to the last saved state
+        # (rank 0's, broadcast); without a save here the old origin would return, and the input
+        # would skip into the epoch by the old world size's steps while the count is of the new.
+        state.save()  # the weights it saves are those just restored from the commit
+        self.total_steps = step + (self.last_epoch - epoch) * self.steps_per_epoch
+        if self.config.max_steps:
+            self.total_steps = min(self.total_steps, max(step, self.config.max_steps))
+        self._set_learning_rate(step + 1)
+        print(f"rank {self.rank}: the job now has {self.size} workers; going on from step {step}", file=sys.stderr)
+        if self.rank == 0:
+            log.log_metric("world_size", self.size, step=step)
+            try:
+                tracking.client().set_tag(log.run_id, "speechflow.world_size_changes", repr(self._progress.world_sizes))
+            except Exception as err:  # MLflow down: the metric above waits in the log's spool; the tag is lost
+                print(f"rank {self.rank}: could not tag the MLflow run ({err})", file=sys.stderr)

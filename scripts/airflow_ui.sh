@@ -26,7 +26,7 @@ export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-2}
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT=$PORT
 export AIRFLOW__API__BASE_URL=http://127.0.0.1:$PORT
-# The DAG's cluster mode renders pods with workflow.manifests, which needs no installation from here.
+# The DAG's cluster mode renders pods with workflow.pods and workflow.training_job, which need no installation from here.
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 # standalone starts its parts as `airflow ...` from PATH.
 export PATH=$ROOT/.venv-airflow/bin:$PATH

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes side without a cluster, with the tools of .venv-k8s (requirements/k8s.in):
 #   1. renders k8s/base and every overlay with `kubectl kustomize`, and the pods, MPIJobs (fixed-size
-#      and Horovod elastic) and tf.data service objects that workflow/manifests.py renders for each
+#      and Horovod elastic) and tf.data service objects that `python -m workflow.manifests` prints for each
 #      overlay's cluster.yaml;
 #   2. kubernetes-validate (strict: unknown fields are errors) on every manifest of a built-in kind;
 #   3. the MPIJobs (k8s/mpijob/ and the rendered ones) against the MPIJob CRD schema of the MPI
 #      Operator (made strict), its controller's own rules, and their pod templates against Kubernetes;
-#   4. checkov on k8s/, on each rendering together with the pods workflow/manifests.py would start, and on
+#   4. checkov on k8s/, on each rendering together with the pods `workflow.manifests` prints, and on
 #      docker/: every failed check fails, unless the manifest skips it with a reason;
 #   5. hadolint on docker/*.Dockerfile, shellcheck on the shell scripts embedded in the manifests,
 #      yamllint on k8s/ (the third-party schemas in k8s/schemas/ excepted).
@@ -104,7 +104,7 @@ checkov_sources() {
   "${CHECKOV[@]}" --framework kubernetes -d k8s
 }
 checkov_rendered() {
-  # Each overlay's rendering together with the pods workflow/manifests.py renders for it, so that checks
+  # Each overlay's rendering together with the pods `workflow.manifests` prints for it, so that checks
   # relating pods to NetworkPolicies see both. MPIJob pod templates are checked as Pods.
   local overlay status=0
   for overlay in "${OVERLAYS[@]}"; do

@@ -558,9 +558,9 @@ class FakeCluster:
 
 
 def job_manifest():
-    from workflow import manifests
+    from workflow import training_job
 
-    return manifests.render_mpijob("job", ["--model", "asr"], 2, 1)
+    return training_job.render_mpijob("job", ["--model", "asr"], 2, 1)
 
 
 def test_mpijob_is_followed_with_the_launcher_log_until_it_succeeds():

@@ -1,4 +1,4 @@
-"""Cluster mode without a cluster: what workflow/manifests.py renders, the kustomize tree, and the validators.
+"""Cluster mode without a cluster: what workflow/training_job.py and workflow/pods.py render, the kustomize tree, and the validators.
 
 The MPIJob checks use the MPI Operator's CRD shipped in k8s/schemas/. The end-to-end run of
 scripts/validate_k8s.sh needs .venv-k8s.
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import AIRFLOW_BIN, ROOT
-from workflow import cluster, manifests, mpijob
+from workflow import cluster, manifests, mpijob, pods, training_job
 
 CRD = ROOT / "k8s" / "schemas" / "mpijobs.kubeflow.org-v0.8.2.yaml"
 VENV_K8S = ROOT / ".venv-k8s"
@@ -92,7 +92,7 @@ def find(docs: list[dict], kind: str, name: str) -> dict:
 
 def test_mpijob_launcher_runs_horovodrun_over_all_gpus_with_the_train_args():
     settings = dataclasses.replace(cluster.ClusterSettings(), image="registry.example/speechflow/train:1.2.3")
-    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=4, settings=settings)
+    job = training_job.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=4, settings=settings)
 
     assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
     assert job["metadata"] == {
@@ -116,7 +116,7 @@ def test_mpijob_launcher_runs_horovodrun_over_all_gpus_with_the_train_args():
 
 def test_mpijob_workers_get_gpus_slots_gpu_nodes_shm_and_nccl_settings():
     settings = settings_of("gpu")
-    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=3, settings=settings)
+    job = training_job.render_mpijob("asr-run", TRAIN_ARGS, num_workers=3, settings=settings)
     spec = job["spec"]
     assert spec["slotsPerWorker"] == settings.gpus_per_worker == 4
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
@@ -152,7 +152,7 @@ def test_mpijob_workers_get_gpus_slots_gpu_nodes_shm_and_nccl_settings():
 
 
 def test_mpijob_pods_are_unprivileged():
-    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
+    job = training_job.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
     for role in ("Launcher", "Worker"):
         pod = replica(job, role)["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -167,7 +167,7 @@ def test_mpijob_pods_are_unprivileged():
 
 
 def test_mpijob_without_gpus_runs_one_slot_per_worker_anywhere():
-    job = manifests.render_mpijob("cpu-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=0)
+    job = training_job.render_mpijob("cpu-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=0)
     assert job["spec"]["slotsPerWorker"] == 1
     assert container(job, "Launcher")["command"][:3] == ["horovodrun", "-np", "2"]
     assert "nvidia.com/gpu" not in container(job, "Worker")["resources"]["limits"]
@@ -185,7 +185,7 @@ def test_mpijob_without_gpus_runs_one_slot_per_worker_anywhere():
 )
 def test_mpijob_rejects_bad_input(name, workers, gpus, message):
     with pytest.raises(ValueError, match=message):
-        manifests.render_mpijob(name, TRAIN_ARGS, num_workers=workers, gpus_per_worker=gpus)
+        training_job.render_mpijob(name, TRAIN_ARGS, num_workers=workers, gpus_per_worker=gpus)
 
 
 def test_safe_name_makes_distinct_valid_job_names_from_run_ids():
@@ -194,7 +194,7 @@ def test_safe_name_makes_distinct_valid_job_names_from_run_ids():
     long = cluster.safe_name("train-asr", "scheduled__" + "x" * 80)
     for name in (a, b, long):
         assert len(name) <= cluster.MAX_JOB_NAME and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
-        manifests.render_mpijob(name, TRAIN_ARGS, num_workers=1)  # accepted
+        training_job.render_mpijob(name, TRAIN_ARGS, num_workers=1)  # accepted
     assert a != b and a == cluster.safe_name("train-asr", "manual__2026-01-01T00:00:00+00:00")
     assert cluster.safe_name("train-asr") == "train-asr"
 
@@ -206,7 +206,7 @@ def test_safe_name_makes_distinct_valid_job_names_from_run_ids():
 @pytest.mark.parametrize("gpus", [None, 0])
 def test_rendered_mpijob_meets_the_crd_schema_and_operator_rules(overlay, gpus):
     settings = settings_of(overlay) if overlay else cluster.ClusterSettings()
-    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=gpus, settings=settings)
+    job = training_job.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2, gpus_per_worker=gpus, settings=settings)
     schema = crd_schema()
     # Through YAML, as kubectl would receive it.
     assert validate_mpijob.validate_mpijob(yaml.safe_load(manifests.to_yaml(job)), schema) == []
@@ -214,7 +214,7 @@ def test_rendered_mpijob_meets_the_crd_schema_and_operator_rules(overlay, gpus):
 
 def test_crd_validation_catches_unknown_fields_and_bad_values():
     schema = crd_schema()
-    job = manifests.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
+    job = training_job.render_mpijob("asr-run", TRAIN_ARGS, num_workers=2)
     job["spec"]["slotPerWorker"] = 4  # typo: the API server would reject it as an unknown field
     container(job, "Worker")["resources"]["limits"]["nvidia.com/gpu"] = "one"
     replica(job, "Launcher")["replicas"] = 2
@@ -227,7 +227,7 @@ def test_crd_validation_catches_unknown_fields_and_bad_values():
 def test_committed_mpijob_template_is_the_renderer_output():
     path = ROOT / "k8s" / "mpijob" / "train-asr.yaml"
     committed = yaml.safe_load(path.read_text())
-    rendered = manifests.render_mpijob(
+    rendered = training_job.render_mpijob(
         "speechflow-train-asr",
         ["--model", "asr", "--strategy", "allreduce", "--shards", "/data/shards"]
         + ["--workdir", "/data/runs/speechflow-train-asr"],
@@ -245,7 +245,7 @@ def test_committed_mpijob_template_is_the_renderer_output():
 
 def test_elastic_mpijob_discovers_its_workers_through_the_api():
     settings = settings_of("gpu")
-    job = manifests.render_mpijob("asr-el", TRAIN_ARGS, num_workers=4, settings=settings, min_workers=2)
+    job = training_job.render_mpijob("asr-el", TRAIN_ARGS, num_workers=4, settings=settings, min_workers=2)
     command = container(job, "Launcher")["command"]
     # 4 pods x 4 slots at most, 2 pods x 4 slots at least; hosts come from the discovery script.
     assert command[:7] == ["horovodrun", "-np", "16", "--min-np", "8", "--max-np", "16"]
@@ -275,7 +275,7 @@ def test_elastic_mpijob_discovers_its_workers_through_the_api():
     assert validate_mpijob.validate_mpijob(yaml.safe_load(manifests.to_yaml(job)), crd_schema()) == []
 
     # A fixed-size job keeps the hostfile and mounts no token.
-    fixed = manifests.render_mpijob("asr-fixed", TRAIN_ARGS, num_workers=4, settings=settings)
+    fixed = training_job.render_mpijob("asr-fixed", TRAIN_ARGS, num_workers=4, settings=settings)
     assert "--hostfile" in container(fixed, "Launcher")["command"]
     assert replica(fixed, "Launcher")["template"]["spec"]["automountServiceAccountToken"] is False
 
@@ -290,13 +290,13 @@ def test_elastic_mpijob_discovers_its_workers_through_the_api():
 )
 def test_elastic_mpijob_rejects_what_horovod_elastic_cannot_run(min_workers, args, message):
     with pytest.raises(ValueError, match=message):
-        manifests.render_mpijob("asr-el", args, num_workers=2, min_workers=min_workers)
+        training_job.render_mpijob("asr-el", args, num_workers=2, min_workers=min_workers)
 
 
 def test_committed_elastic_mpijob_is_the_renderer_output():
     path = ROOT / "k8s" / "mpijob" / "train-asr-elastic.yaml"
     committed = yaml.safe_load(path.read_text())
-    rendered = manifests.render_mpijob(
+    rendered = training_job.render_mpijob(
         "speechflow-train-asr-elastic",
         ["--model", "asr", "--strategy", "allreduce", "--shards", "/data/shards"]
         + ["--workdir", "/data/runs/speechflow-train-asr-elastic"],
@@ -329,7 +329,7 @@ def test_elastic_rbac_lets_the_launcher_read_pods_and_nothing_else():
 
 
 def test_stage_pod_runs_the_module_with_the_data_claim():
-    pod = manifests.render_stage_pod("features", "pipeline.features", ["--data-dir", "/data/corpus/train"])
+    pod = pods.render_stage_pod("features", "pipeline.features", ["--data-dir", "/data/corpus/train"])
     assert pod["kind"] == "Pod" and pod["metadata"]["namespace"] == "speechflow"
     spec = pod["spec"]
     c = spec["containers"][0]
@@ -343,19 +343,17 @@ def test_stage_pod_runs_the_module_with_the_data_claim():
     assert not [e for e in c["env"] if e["name"].startswith(("AWS_", "S3_")) or "valueFrom" in e]  # no credentials
     assert "nvidia.com/gpu" not in c["resources"]["limits"] and "nodeSelector" not in spec
 
-    gpu_pod = manifests.render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
+    gpu_pod = pods.render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
     assert gpu_pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert gpu_pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
     with pytest.raises(ValueError, match="not a Python module"):
-        manifests.render_stage_pod("x", "pipeline/features.py", [])
+        pods.render_stage_pod("x", "pipeline/features.py", [])
 
 
 def test_stage_pod_operator_kwargs_carry_image_command_and_template():
-    pod = manifests.render_stage_pod(
-        "shards", "pipeline.shards", ["--split", "train=/data/c/train", "--out", "/data/s"]
-    )
-    kwargs = manifests.stage_pod_operator_kwargs(pod)
+    pod = pods.render_stage_pod("shards", "pipeline.shards", ["--split", "train=/data/c/train", "--out", "/data/s"])
+    kwargs = pods.stage_pod_operator_kwargs(pod)
     assert kwargs["image"] == "speechflow/train:0.1.0"
     assert kwargs["cmds"] == ["python", "-m", "pipeline.shards"]
     assert kwargs["arguments"] == ["--split", "train=/data/c/train", "--out", "/data/s"]
@@ -388,7 +386,7 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
         import json
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
         from kubernetes.client import ApiClient
-        from workflow.manifests import render_stage_pod, stage_pod_operator_kwargs
+        from workflow.pods import render_stage_pod, stage_pod_operator_kwargs
 
         pod = render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
         op = KubernetesPodOperator(task_id="evaluate", **stage_pod_operator_kwargs(pod))
@@ -432,10 +430,10 @@ def test_data_service_renders_a_dispatcher_service_and_workers_on_the_data_claim
     settings = dataclasses.replace(
         settings_of("gpu"), data_service_worker_cpu="6", data_service_node_selector=(("pool", "cpu"),)
     )
-    service, dispatcher, workers = manifests.render_data_service(
+    service, dispatcher, workers = pods.render_data_service(
         "data-asr", 3, settings, work_dir="/data/runs/r1/data-service/asr/try-1"
     )
-    assert manifests.data_service_address("data-asr") == "grpc://data-asr-dispatcher:5050"
+    assert pods.data_service_address("data-asr") == "grpc://data-asr-dispatcher:5050"
     assert service["kind"] == "Service" and service["metadata"]["name"] == "data-asr-dispatcher"
     assert service["spec"]["ports"] == [{"name": "grpc", "port": 5050, "targetPort": "grpc", "protocol": "TCP"}]
     # The Service selects the dispatcher's pods, and only this run's.
@@ -475,7 +473,7 @@ def test_data_service_renders_a_dispatcher_service_and_workers_on_the_data_claim
         assert c["securityContext"]["readOnlyRootFilesystem"] is True
 
     # Without a journal the dispatcher only reads the claim.
-    _, plain, _ = manifests.render_data_service("data-asr", 1, settings)
+    _, plain, _ = pods.render_data_service("data-asr", 1, settings)
     assert "--work-dir" not in plain["spec"]["template"]["spec"]["containers"][0]["args"]
     assert {"name": "data", "mountPath": "/data", "readOnly": True} in plain["spec"]["template"]["spec"]["containers"][
         0
@@ -488,7 +486,7 @@ def test_data_service_renders_a_dispatcher_service_and_workers_on_the_data_claim
 )
 def test_data_service_rejects_bad_input(workers, work_dir, message):
     with pytest.raises(ValueError, match=message):
-        manifests.render_data_service("data-asr", workers, work_dir=work_dir)
+        pods.render_data_service("data-asr", workers, work_dir=work_dir)
 
 
 def test_cli_prints_the_data_service(capsys):
@@ -496,7 +494,7 @@ def test_cli_prints_the_data_service(capsys):
     assert manifests.main(["--settings", str(settings), "data-service", "--name", "d", "--num-workers", "2"]) == 0
     out = capsys.readouterr().out
     assert "--data-service grpc://d-dispatcher:5050" in out.splitlines()[0]
-    assert list(yaml.safe_load_all(out)) == manifests.render_data_service("d", 2, settings_of("gpu"))
+    assert list(yaml.safe_load_all(out)) == pods.render_data_service("d", 2, settings_of("gpu"))
 
 
 # ---- MPIJob status ---------------------------------------------------------------------------
@@ -565,13 +563,20 @@ def test_cli_prints_the_rendered_mpijob(capsys):
     ]
     assert manifests.main(argv) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed == manifests.render_mpijob("asr-run", TRAIN_ARGS, 2, settings=settings_of("gpu"))
+    assert printed == training_job.render_mpijob("asr-run", TRAIN_ARGS, 2, settings=settings_of("gpu"))
 
 
 def test_workflow_package_imports_without_tensorflow_or_mlflow():
     """What the Airflow image ships (workflow/, common/) must not need the training stack."""
     modules = sorted(f"workflow.{p.stem}" for p in (ROOT / "workflow").glob("*.py") if p.stem != "__init__")
-    assert {"workflow.plan", "workflow.commands", "workflow.runner", "workflow.manifests"} <= set(modules)
+    assert {
+        "workflow.plan",
+        "workflow.commands",
+        "workflow.runner",
+        "workflow.manifests",
+        "workflow.pods",
+        "workflow.training_job",
+    } <= set(modules)
     probe = (
         f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
         "heavy = [m for m in ('tensorflow', 'mlflow', 'keras', 'horovod') if m in sys.modules]; "
@@ -595,12 +600,12 @@ def test_renderer_defaults_match_the_kustomize_base():
     # The NetworkPolicies select the labels the renderer puts on pipeline pods: stage pods, MPIJob
     # pods and the tf.data service's, so the ranks reach the dispatcher and the workers.
     pipeline_policy = find(docs, "NetworkPolicy", "pipeline")["spec"]
-    job = manifests.render_mpijob("j", TRAIN_ARGS, 1)
+    job = training_job.render_mpijob("j", TRAIN_ARGS, 1)
     templates = [
-        {"metadata": manifests.render_stage_pod("x", "pipeline.corpus", [])["metadata"]},
+        {"metadata": pods.render_stage_pod("x", "pipeline.corpus", [])["metadata"]},
         replica(job, "Launcher")["template"],
         replica(job, "Worker")["template"],
-        *(d["spec"]["template"] for d in manifests.render_data_service("d", 1)[1:]),
+        *(d["spec"]["template"] for d in pods.render_data_service("d", 1)[1:]),
     ]
     for template in templates:
         assert pipeline_policy["podSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
@@ -654,7 +659,7 @@ def test_renderer_defaults_match_the_training_image():
     assert f"USER {settings.run_as_user}:{settings.run_as_user}" in dockerfile
     assert f"'Port {settings.ssh_port}'" in dockerfile
     assert f"'HostKey {settings.home}/.ssh/id_rsa'" in dockerfile
-    worker = container(manifests.render_mpijob("j", TRAIN_ARGS, 1), "Worker")
+    worker = container(training_job.render_mpijob("j", TRAIN_ARGS, 1), "Worker")
     assert f"> {worker['command'][-1]}" in dockerfile  # the sshd config the worker starts with
 
 

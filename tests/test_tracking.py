@@ -1,5 +1,5 @@
-"""MLflow tracking: the default store, the experiment's kind, metrics that survive an outage of a real
-`mlflow server`, and per-rank system metrics."""
+"""MLflow tracking: the default store, the experiment's kind (models/tracking.py), metrics that survive an
+outage of a real `mlflow server` (models/spool.py), and per-rank system metrics (models/system_metrics.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import mlflow.tracking._tracking_service.utils as mlflow_uri_state
 import pytest
 from mlflow.exceptions import MlflowException
 
-from models import tracking
+import models.spool
+from models import system_metrics, tracking
+from models.spool import RunLog, spool_path
 from tests.mlflow_server import MlflowServer, free_port
 
 
@@ -54,9 +56,9 @@ def test_default_store_is_under_runs_and_experiments_are_model_training(tmp_path
 
 def test_metrics_survive_an_outage_of_the_tracking_server(server, tmp_path, capsys):
     run_id = new_run(server.uri, "outage")
-    spool = tracking.spool_path(tmp_path, rank=0)
+    spool = spool_path(tmp_path, rank=0)
     # A generous timeout: a server that just started may take seconds over its first request.
-    log = tracking.RunLog(run_id, spool, server.uri, retry_s=0.5, timeout_s=30.0)
+    log = RunLog(run_id, spool, server.uri, retry_s=0.5, timeout_s=30.0)
     log.log_params({"lr": 0.1})
     for step in range(3):
         log.log_metrics({"loss": 10.0 - step, "lr": 0.1}, step=step)
@@ -89,22 +91,22 @@ def test_metrics_survive_an_outage_of_the_tracking_server(server, tmp_path, caps
 
 def test_records_left_by_a_dead_training_are_sent_by_replay(server, tmp_path, capsys):
     run_id = new_run(server.uri, "outage")
-    spool = tracking.spool_path(tmp_path, rank=1)
-    dead = tracking.RunLog(run_id, spool, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    spool = spool_path(tmp_path, rank=1)
+    dead = RunLog(run_id, spool, f"http://127.0.0.1:{free_port()}")  # nothing listens there
     dead.log_metrics({"loss": 3.0}, step=1)
     dead.log_metrics({"loss": 2.0}, step=2)
     dead.close(wait_s=0)
     assert "records stay in" in capsys.readouterr().err and dead.waiting() == 2
     with pytest.raises(SystemExit) as exit_code:
-        tracking.main(["replay", str(spool), "--uri", server.uri])
+        models.spool.main(["replay", str(spool), "--uri", server.uri])
     assert exit_code.value.code == 0 and not spool.exists()
     assert history(server.uri, run_id, "loss") == {1: 3.0, 2: 2.0}
 
 
 def test_system_metrics_of_a_rank_reach_the_run(server, tmp_path):
     run_id = new_run(server.uri, "system")
-    log = tracking.RunLog(run_id, tracking.spool_path(tmp_path, rank=1), server.uri)
-    with tracking.SystemMetrics(log, rank=1, local_rank=1, interval_s=0.2) as sampler:
+    log = RunLog(run_id, spool_path(tmp_path, rank=1), server.uri)
+    with system_metrics.SystemMetrics(log, rank=1, local_rank=1, interval_s=0.2) as sampler:
         sum(i * i for i in range(2_000_000))  # some CPU work to measure
         time.sleep(0.5)
     assert sampler.points >= 2
@@ -131,7 +133,7 @@ def test_a_rank_reports_only_its_own_gpu():
         def clear_metrics(self):
             pass
 
-    assert tracking._OneGpu(FakeNvml(), 1).aggregate_metrics() == {"gpu_utilization_percentage": 90.0}
-    assert tracking.nvml_index(local_rank=1, count=4) == 1
-    assert tracking.nvml_index(local_rank=1, count=4, visible="2,3") == 3
-    assert tracking.nvml_index(local_rank=5, count=4, visible="GPU-0f1e,GPU-aa") == 1
+    assert system_metrics._OneGpu(FakeNvml(), 1).aggregate_metrics() == {"gpu_utilization_percentage": 90.0}
+    assert system_metrics.nvml_index(local_rank=1, count=4) == 1
+    assert system_metrics.nvml_index(local_rank=1, count=4, visible="2,3") == 3
+    assert system_metrics.nvml_index(local_rank=5, count=4, visible="GPU-0f1e,GPU-aa") == 1

@@ -1,7 +1,8 @@
 """Cluster settings and the pieces every pod of the pipeline shares (names, labels, security, volumes).
 
-`ClusterSettings` says where and how pods run; workflow/manifests.py builds whole objects (the
-training MPIJob, stage pods) from it, workflow/mpijob.py submits and follows an MPIJob. Pure
+`ClusterSettings` says where and how pods run; workflow/training_job.py (the training MPIJob) and
+workflow/pods.py (stage pods, the tf.data service) build whole objects from it, workflow/mpijob.py
+submits and follows an MPIJob. Pure
 functions over plain data: no Kubernetes client and no TensorFlow, so the Airflow image runs them.
 """
 

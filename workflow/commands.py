@@ -96,7 +96,7 @@ def train_args(
 
 def uses_data_service(plan: Plan, model: str) -> bool:
     """Whether `model` reads its batches from a tf.data service in this run: with data_service_workers,
-    the acoustic model always; the synthesis model only under adpsgd (models/loop.py serves it only the
+    the acoustic model always; the synthesis model only under adpsgd (models/schedule.py serves it only the
     shared batches of asynchronous training)."""
     return plan.data_service_workers > 0 and (model == "asr" or plan.strategy == "adpsgd")
 

@@ -1,7 +1,7 @@
 """Submitting and following the training MPIJob: the DAG's cluster-mode client.
 
 `run_mpijob` deletes an earlier attempt's job, submits the manifest from
-`workflow.manifests.render_mpijob`, streams the launcher pod's log into the task log, and deletes the
+`workflow.training_job.render_mpijob`, streams the launcher pod's log into the task log, and deletes the
 job unless it succeeds (its GPUs go back to the cluster). The Kubernetes clients are handed in, so
 the tests drive it with fakes; `kubernetes_apis` gets the real ones from Airflow's Kubernetes hook.
 """

@@ -51,18 +51,18 @@ def stage_operator(
     """The KubernetesPodOperator that runs `python -m MODULE ARGS` in a pod of the training image."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    from workflow import manifests
+    from workflow import pods
 
-    pod = manifests.render_stage_pod(pod_name(plan, stage), module, args, settings or cluster_settings(), gpus=gpus)
-    return KubernetesPodOperator(task_id=task_id, do_xcom_push=xcom, **manifests.stage_pod_operator_kwargs(pod))
+    pod = pods.render_stage_pod(pod_name(plan, stage), module, args, settings or cluster_settings(), gpus=gpus)
+    return KubernetesPodOperator(task_id=task_id, do_xcom_push=xcom, **pods.stage_pod_operator_kwargs(pod))
 
 
 def training_job(plan: Plan, model: str, parent_run_id: str, settings=None, data_service: str | None = None) -> dict:
     """The MPIJob manifest that trains `model` for this run (reading from `data_service` when given)."""
-    from workflow import manifests
     from workflow.cluster import safe_name
+    from workflow.training_job import render_mpijob
 
-    return manifests.render_mpijob(
+    return render_mpijob(
         safe_name(f"train-{model}", plan.dag_run_id),
         commands.plan_train_args(plan, model, parent_run_id, data_service=data_service),
         plan.num_workers,
@@ -167,9 +167,9 @@ def data_service_name(plan: Plan, model: str) -> str:
 def data_service_objects(plan: Plan, model: str, attempt: int = 1, settings=None) -> list[dict]:
     """The tf.data service (Service, dispatcher and worker Deployments) beside `model`'s MPIJob; the
     dispatcher journals into a directory of this task attempt's own on the data claim."""
-    from workflow import manifests
+    from workflow import pods
 
-    return manifests.render_data_service(
+    return pods.render_data_service(
         data_service_name(plan, model),
         plan.data_service_workers,
         settings or cluster_settings(),
@@ -248,7 +248,7 @@ def run_training(plan: Plan, context: Mapping[str, Any], model: str, parent_run_
     workdir = Path(plan.workdirs[model])
     with_service = commands.uses_data_service(plan, model)
     if plan.mode != "local":
-        from workflow import manifests, mpijob
+        from workflow import mpijob, pods
 
         settings = cluster_settings()
         custom_api, core_api = mpijob.kubernetes_apis()
@@ -256,7 +256,7 @@ def run_training(plan: Plan, context: Mapping[str, Any], model: str, parent_run_
         service, address = contextlib.nullcontext(), None
         if with_service:
             objects = data_service_objects(plan, model, context["ti"].try_number, settings)
-            address = manifests.data_service_address(data_service_name(plan, model))
+            address = pods.data_service_address(data_service_name(plan, model))
             service = cluster_data_service(objects, core_api, kubernetes_apps_api())
             result["data_service"] = address
         with service:
