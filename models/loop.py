@@ -77,7 +77,6 @@ class Trainer(Schedule, Reporting):
         from models.strategies import init_horovod, make_strategy
         from models.tasks import make_task
         from pipeline import records
-        from pipeline.records import load_manifest
 
         c = self.config
         self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
@@ -89,9 +88,9 @@ class Trainer(Schedule, Reporting):
         keras.utils.set_random_seed(c.seed)
         if c.precision == "mixed_bfloat16":
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        self.manifest = load_manifest(self.shards)
-        records.check_shards(self.shards, self.manifest, "train")  # sizes: a truncated shard stops us here
-        self.task = make_task(c.model, c.asr, c.tts, self.manifest, c.input)
+        self.shards = records.open_shard_set(self.shards)  # the directory, its manifest read and checked once
+        records.check_shards(self.shards, "train")  # sizes: a truncated shard stops us here
+        self.task = make_task(c.model, c.asr, c.tts, self.shards, c.input)
         resolved = {
             "asr": dataclasses.replace(c, asr=self.task.config),
             "tts": dataclasses.replace(c, tts=self.task.config),
@@ -133,7 +132,7 @@ class Trainer(Schedule, Reporting):
         if self.rank == 0:
             from models.validation import DevSelection
 
-            self.dev = DevSelection(self.task, self.model, self.shards, self.manifest, c, self.workdir, self._owners())
+            self.dev = DevSelection(self.task, self.model, self.shards, c, self.workdir, self._owners())
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
@@ -278,7 +277,7 @@ class Trainer(Schedule, Reporting):
 
         c = self.config
         configlib.save(c, self.workdir / "config.yaml")
-        atomic_write_json(self.workdir / "manifest_fingerprint.json", self.manifest["fingerprint"])
+        atomic_write_json(self.workdir / "manifest_fingerprint.json", self.shards.fingerprint)
         previous = tracking.load_run_file(self.workdir)
         resume_id = previous["run_id"] if previous and self.position["step"] else None
         tags = {"speechflow.stage": f"train_{c.model}", "speechflow.strategy": c.strategy.name}
@@ -295,12 +294,12 @@ class Trainer(Schedule, Reporting):
                     world_size=self.size,
                     steps_per_epoch=self.steps_per_epoch,
                     total_steps=self.total_steps,
-                    shards=str(self.shards.resolve()),
+                    shards=str(self.shards.root.resolve()),
                     **{f"threads.{k}": v for k, v in self.threads.items()},
                     **tracking.versions(),
                 )
                 tracking.log_params(params)
-                tracking.log_shards_input(self.shards, self.manifest)
+                tracking.log_shards_input(self.shards)
             bar = progress_bar(
                 total=self.total_steps,
                 initial=self.position["step"],
@@ -383,8 +382,8 @@ class Trainer(Schedule, Reporting):
                 # A record failed its checksum: name the shard (hashing them all costs only now).
                 from pipeline import records
 
-                records.check_shards(self.shards, self.manifest, "train", content=True)
-                raise ValueError(f"rank {self.rank}: a shard of {self.shards} is damaged ({err.message})") from err
+                records.check_shards(self.shards, "train", content=True)
+                raise ValueError(f"rank {self.rank}: a shard of {self.shards.root} is damaged ({err.message})") from err
             except StopIteration:
                 if self.budget_in_data:
                     break  # the epochs' batches are used up: the budget is spent
@@ -515,18 +514,18 @@ class Trainer(Schedule, Reporting):
         from models.serving import recorded_feature_config
         from pipeline.dataset import mel_stats
 
-        mean, std = mel_stats(self.manifest)
+        mean, std = mel_stats(self.shards)
         atomic_write_json(
             model_dir / "data.json",
             {
                 "model": self.config.model,
-                "vocabulary": self.manifest["vocabulary"],
-                "lowercase": self.manifest.get("lowercase", True),
-                "feature_dim": self.manifest["feature_dim"],
+                "vocabulary": list(self.shards.vocabulary),
+                "lowercase": self.shards.lowercase,
+                "feature_dim": self.shards.feature_dim,
                 "mel_mean": mean.tolist(),
                 "mel_std": std.tolist(),
                 # the fbank settings serving computes features from audio with (null: Kaldi made them)
-                "features": recorded_feature_config(self.manifest),
+                "features": recorded_feature_config(self.shards),
                 "voices": list(self.config.tts.speakers) if self.config.model == "tts" else [],  # synthesis: by name
             },
         )
