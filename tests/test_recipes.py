@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from pipeline import audio_io, features, kaldi, records, shards
+from pipeline import audio_io, features, kaldi, records, shards, split_validation
 from pipeline.audio_io import Source
 from tests.conftest import ROOT, quiet_env, shard_set
 from tests.kaldi_fixtures import make_feats_dir, make_recipe_dirs, make_wav_dir, tone, write_table
@@ -353,7 +353,7 @@ def test_shard_stage_takes_lengths_from_the_feature_stage(tmp_path, monkeypatch)
     def no_reading(task):
         raise AssertionError("pass 1 read a matrix the feature stage vouches for")
 
-    monkeypatch.setattr(shards, "_validate_chunk", no_reading)
+    monkeypatch.setattr(split_validation, "_validate_chunk", no_reading)
     vouched = shards.make_shards({"train": data_dir}, tmp_path / "vouched", cfg, progress=False)
     for key in ("utterances", "frames", "classes", "cmvn", "speakers"):
         assert vouched["splits"]["train"][key] == expected["splits"]["train"][key], key
