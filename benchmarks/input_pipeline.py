@@ -94,14 +94,14 @@ class SeedLoader:
 
 def tfdata_epochs(out_dir: Path, cfg: dataset.InputConfig, epochs: int):
     """(an iterator over `epochs` epochs of rank 0 of 1, [batches per epoch]): what the trainer iterates."""
-    manifest = records.load_manifest(out_dir)
+    shard_set = records.open_shard_set(out_dir)
     chained = dataset.chain_epochs(
-        lambda e: dataset.asr_dataset(out_dir, "train", cfg, 0, 1, e, True, manifest)[0],
+        lambda e: dataset.asr_dataset(shard_set, "train", cfg, 0, 1, e, True)[0],
         0,
         epochs,
         prefetch=cfg.prefetch_batches,
     )
-    batches = dataset.batch_plan(manifest, "train", 1, cfg, training=True).batches
+    batches = dataset.batch_plan(shard_set.split("train"), 1, cfg, training=True).batches
     return iter(chained), [batches] * epochs
 
 

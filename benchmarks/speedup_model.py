@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     from models import asr
     from models.tasks import resolve_asr
     from models.train_config import TrainConfig
-    from pipeline.records import load_manifest
+    from pipeline.records import open_shard_set
 
     work, config, shards, common = asr_setup(args, "speedup_model-", tiny_steps=8)
     common.append("intra_op_threads=1")
-    model_cfg = resolve_asr(configlib.load(TrainConfig, config).asr, load_manifest(shards))
+    model_cfg = resolve_asr(configlib.load(TrainConfig, config).asr, open_shard_set(shards))
     parameters = int(sum(np.prod(v.shape) for v in asr.build_asr(model_cfg).trainable_variables))
     one = run_training(shards, work / "np1", 1, config, common)
     # Tiny (the tests): the gossip run only; allreduce's np=2 run goes through the same lines.

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from common import config as configlib
     from models import asr
     from models.tasks import resolve_asr
-    from pipeline.records import load_manifest
+    from pipeline.records import open_shard_set
 
     for model, np_, precision in runs:
         key = f"{model}_np{np_}" + ("_bf16" if precision != "float32" else "")
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         if model == "asr":
             from models.train_config import TrainConfig
 
-            cfg = resolve_asr(configlib.load(TrainConfig, configs[model]).asr, load_manifest(shards))
+            cfg = resolve_asr(configlib.load(TrainConfig, configs[model]).asr, open_shard_set(shards))
             flops = asr.flops_per_frame(cfg) * summary["frames_per_s_total"]
             peak = results["matmul_peak_flops_float32"]
             results[f"{key}_flops"] = flops

@@ -23,6 +23,7 @@ from pathlib import Path
 from common import cli
 from common import config as configlib
 from common.fsutil import atomic_write_json
+from pipeline.records import ShardSet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,30 +54,30 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
     from models import evaluate_asr, evaluate_tts
     from models.serving import load_model_dir
     from models.tasks import AsrTask, TtsTask
-    from pipeline.records import load_manifest
+    from pipeline.records import open_shard_set
 
     model_dir = Path(model_dir)
     model, config, data = load_model_dir(model_dir / "model")
-    manifest = load_manifest(shards)
-    check_vocabulary(data, manifest, model_dir, shards)
+    shards = open_shard_set(shards)
+    check_vocabulary(data, shards, model_dir)
     splits = list(cfg.splits)
     if not splits:
         candidates = ("dev", "test", "test_noisy") if config.model == "asr" else ("dev", "test")
-        splits = [s for s in candidates if s in manifest["splits"]]
+        splits = [s for s in candidates if s in shards.splits]
     out_dir = model_dir / "eval"
     out_dir.mkdir(exist_ok=True)
     metrics = {"model": config.model}
     for split in splits:
         if config.model == "asr":
             dataset, _ = AsrTask(config.asr).dataset(
-                shards, split, _input(config, cfg.asr_frames_per_batch), 0, 1, 0, False, manifest
+                shards, split, _input(config, cfg.asr_frames_per_batch), 0, 1, 0, False
             )
             metrics.update(
                 evaluate_asr.evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width)
             )
             continue
         dataset, _ = TtsTask(config.tts, cfg.voice).dataset(
-            shards, split, _input(config, cfg.tts_frames_per_batch), 0, 1, 0, False, manifest
+            shards, split, _input(config, cfg.tts_frames_per_batch), 0, 1, 0, False
         )
         # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
         spoken = list(evaluate_tts.synthesize(model, config, data, dataset, cfg.max_utterances))
@@ -100,11 +101,11 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
     return metrics
 
 
-def check_vocabulary(data: dict, manifest: dict, model_dir: Path, shards: Path) -> None:
+def check_vocabulary(data: dict, shards: ShardSet, model_dir: Path) -> None:
     """ValueError with the fix when the shards' token ids do not mean the model's characters: the
     references would be decoded with the wrong characters (or as `<unk>`) and every CER be wrong."""
-    ours, theirs = list(data["vocabulary"]), list(manifest["vocabulary"])
-    lowercase = bool(data.get("lowercase", True)), bool(manifest.get("lowercase", True))
+    ours, theirs = list(data["vocabulary"]), list(shards.vocabulary)
+    lowercase = bool(data.get("lowercase", True)), shards.lowercase
     if ours == theirs and lowercase[0] == lowercase[1]:
         return
     if ours == theirs:
@@ -118,7 +119,7 @@ def check_vocabulary(data: dict, manifest: dict, model_dir: Path, shards: Path) 
             f"{sorted(set(theirs) - set(ours))})"
         )
     raise ValueError(
-        f"the shards in {shards} were not made with the vocabulary of the model in {model_dir}: {differs}. "
+        f"the shards in {shards.root} were not made with the vocabulary of the model in {model_dir}: {differs}. "
         f"Make them again with it: `python -m pipeline.shards ... --vocabulary-from {model_dir} --out DIR`"
     )
 

@@ -74,7 +74,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         run_name: str | None,
         hooks: TrainHooks | None = None,
     ):
-        self.config, self.shards, self.workdir = config, shards, workdir
+        self.config, self.shard_dir, self.workdir = config, shards, workdir
         self.hooks = hooks or TrainHooks()
         self.run_id = None  # rank 0's MLflow run
         self._profile_sample = None
@@ -89,7 +89,6 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         from models.strategies import init_horovod, make_strategy
         from models.tasks import make_task
         from pipeline import records
-        from pipeline.records import load_manifest
 
         c = self.config
         self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
@@ -101,9 +100,9 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         keras.utils.set_random_seed(c.seed)
         if c.precision == "mixed_bfloat16":
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        self.manifest = load_manifest(self.shards)
-        records.check_shards(self.shards, self.manifest, "train")  # sizes: a truncated shard stops us here
-        self.task = make_task(c.model, c.asr, c.tts, self.manifest, c.input)
+        self.shards = records.open_shard_set(self.shard_dir)  # the manifest read and checked once
+        records.check_shards(self.shards, "train")  # sizes: a truncated shard stops us here
+        self.task = make_task(c.model, c.asr, c.tts, self.shards, c.input)
         resolved = {
             "asr": dataclasses.replace(c, asr=self.task.config),
             "tts": dataclasses.replace(c, tts=self.task.config),
@@ -135,7 +134,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         if self.rank == 0:
             from models.validation import DevSelection
 
-            self.dev = DevSelection(self.task, self.model, self.shards, self.manifest, c, self.workdir, self._owners())
+            self.dev = DevSelection(self.task, self.model, self.shards, c, self.workdir, self._owners())
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
 
@@ -170,7 +169,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
 
         c = self.config
         configlib.save(c, self.workdir / "config.yaml")
-        atomic_write_json(self.workdir / "manifest_fingerprint.json", self.manifest["fingerprint"])
+        atomic_write_json(self.workdir / "manifest_fingerprint.json", self.shards.fingerprint)
         previous = tracking.load_run_file(self.workdir)
         resume_id = previous["run_id"] if previous and self.position["step"] else None
         tags = {"speechflow.stage": f"train_{c.model}", "speechflow.strategy": c.strategy.name}

@@ -76,18 +76,18 @@ class Persistence:
         from models.serving import recorded_feature_config
         from pipeline.dataset import mel_stats
 
-        mean, std = mel_stats(self.manifest)
+        mean, std = mel_stats(self.shards)
         atomic_write_json(
             model_dir / "data.json",
             {
                 "model": self.config.model,
-                "vocabulary": self.manifest["vocabulary"],
-                "lowercase": self.manifest.get("lowercase", True),
-                "feature_dim": self.manifest["feature_dim"],
+                "vocabulary": list(self.shards.vocabulary),
+                "lowercase": self.shards.lowercase,
+                "feature_dim": self.shards.feature_dim,
                 "mel_mean": mean.tolist(),
                 "mel_std": std.tolist(),
                 # the fbank settings serving computes features from audio with (null: Kaldi made them)
-                "features": recorded_feature_config(self.manifest),
+                "features": recorded_feature_config(self.shards),
                 "voices": list(self.config.tts.speakers) if self.config.model == "tts" else [],  # synthesis: by name
             },
         )

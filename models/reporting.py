@@ -39,12 +39,12 @@ class Reporting:
             world_size=self.size,
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
-            shards=str(self.shards.resolve()),
+            shards=str(self.shards.root.resolve()),
             **{f"threads.{k}": v for k, v in self.threads.items()},
             **tracking.versions(),
         )
         tracking.log_params(params)
-        tracking.log_shards_input(self.shards, self.manifest)
+        tracking.log_shards_input(self.shards)
 
     def _log_step(self, run, log, step: int, record: dict) -> None:
         """Rank 0's metrics record of step `step` (`record`: loss, learning rate, epoch, the task's

@@ -30,8 +30,8 @@ class Schedule:
         if self.config.data_service and self.config.model != "asr" and not self.budget_in_data:
             raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
         if self.budget_in_data or not self.config.data_service:
-            return batch_plan(self.manifest, "train", self.size, self.config.input, training=True).batches
-        return max(1, round(data_service.steps_per_epoch(self.manifest, "train", self.config.input, self.size)))
+            return batch_plan(self.shards.split("train"), self.size, self.config.input, training=True).batches
+        return max(1, round(data_service.steps_per_epoch(self.shards, "train", self.config.input, self.size)))
 
     def _total_steps(self) -> int:
         """Steps of the whole run; also sets `last_epoch`, the epochs needed to reach them."""
@@ -51,7 +51,7 @@ class Schedule:
         # resumed run starts a new job instead of rejoining the rounds of a dead one.
         job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
         served = data_service.service_dataset(
-            self.shards, "train", self.config.input, self.size, first_epoch, self.last_epoch, self.manifest
+            self.shards, "train", self.config.input, self.size, first_epoch, self.last_epoch
         )
         return data_service.distribute(served, self.config.data_service, job, self.rank, self.size)
 
@@ -69,9 +69,7 @@ class Schedule:
             from pipeline.dataset import chain_epochs
 
             dataset = chain_epochs(
-                lambda e: self.task.dataset(
-                    self.shards, "train", c.input, self.rank, self.size, e, True, self.manifest
-                )[0],
+                lambda e: self.task.dataset(self.shards, "train", c.input, self.rank, self.size, e, True)[0],
                 first_epoch,
                 self.last_epoch,
                 skip,
@@ -97,14 +95,13 @@ class Schedule:
             c.input,
             first_epoch,
             self.last_epoch,
-            self.manifest,
             self.size,
             one_worker=not c.data_service,
         )
         if c.max_steps:  # max_steps per rank, counted for all ranks together (exact with one worker)
             shared = shared.take(max(0, c.max_steps * self.size - self._global_steps_done()))
         # Task-side additions (the synthesis model's speaker rows) are made here, after the service.
-        return iter(self.task.prepare(data_service.distribute_shared(shared, address, job), self.manifest, "train"))
+        return iter(self.task.prepare(data_service.distribute_shared(shared, address, job), self.shards, "train"))
 
     def _next_batch(self, iterator, step: int):
         """The next batch of `iterator`; None when asynchronous training has used up the epochs'
@@ -115,8 +112,8 @@ class Schedule:
             # A record failed its checksum: name the shard (hashing them all costs only now).
             from pipeline import records
 
-            records.check_shards(self.shards, self.manifest, "train", content=True)
-            raise ValueError(f"rank {self.rank}: a shard of {self.shards} is damaged ({err.message})") from err
+            records.check_shards(self.shards, "train", content=True)
+            raise ValueError(f"rank {self.rank}: a shard of {self.shards.root} is damaged ({err.message})") from err
         except StopIteration:
             if self.budget_in_data:
                 return None
@@ -142,9 +139,7 @@ class Schedule:
 
     def _sample_batch(self, epoch: int):
         """One fixed batch for the per-module profile (read once, outside the training pipeline)."""
-        dataset, _ = self.task.dataset(
-            self.shards, "train", self.config.input, self.rank, self.size, epoch, True, self.manifest
-        )
+        dataset, _ = self.task.dataset(self.shards, "train", self.config.input, self.rank, self.size, epoch, True)
         self._profile_sample = next(iter(dataset.take(1)))
         return self._profile_sample
 

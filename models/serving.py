@@ -44,6 +44,7 @@ import math
 import tempfile
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import numpy as np
@@ -51,6 +52,7 @@ import numpy as np
 from common import config as configlib
 from common.fsutil import read_json
 from models import checkpoint
+from pipeline.records import ShardSet
 
 FRAMES_PER_BATCH = 40000  # padded input frames per batch of a request (the evaluation's batch size)
 
@@ -66,24 +68,24 @@ def load_model_dir(model_dir: Path):
         raise FileNotFoundError(f"{model_dir} holds no trained model (config.yaml and ckpt-*.npz); train first")
     config = configlib.load(TrainConfig, model_dir / "config.yaml")
     data = json.loads((model_dir / "data.json").read_text())
-    manifest_like = {
-        "feature_dim": data["feature_dim"],
-        "vocabulary": data["vocabulary"],
-        "num_targets": config.asr.num_targets,
-    }
-    task = make_task(config.model, config.asr, config.tts, manifest_like)
+    # What make_task reads of a shard set, as the model recorded it (no splits: its voices are its own).
+    sizes = SimpleNamespace(
+        feature_dim=data["feature_dim"], vocabulary=data["vocabulary"], num_targets=config.asr.num_targets, splits={}
+    )
+    task = make_task(config.model, config.asr, config.tts, sizes)
     model = task.build()
     checkpoint.restore(weights, model.weights, owners=(model.name,))
     return model, config, data
 
 
-def recorded_feature_config(manifest: dict, split: str = "train") -> dict | None:
-    """The FeatureConfig (as a dict) that the feature stage used for `split` of a shard manifest,
-    from the done-marker in the split's data directory; None when the stage did not make those
-    features (Kaldi made them) or the directory is not readable from here. For `data.json`."""
+def recorded_feature_config(shards: ShardSet, split: str = "train") -> dict | None:
+    """The FeatureConfig (as a dict) that the feature stage used for `split` of a shard set
+    (pipeline/records.py `ShardSet`), from the done-marker in the split's data directory; None when
+    the stage did not make those features (Kaldi made them) or the directory is not readable from
+    here. For `data.json`."""
     from pipeline import features
 
-    data_dir = manifest.get("splits", {}).get(split, {}).get("data_dir")
+    data_dir = shards.splits[split].data_dir if split in shards.splits else None
     marker = read_json(Path(data_dir) / features.MARKER) if data_dir else None
     if not marker or marker.get("state") != "done":
         return None

@@ -9,39 +9,36 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from models import asr, tts
-from pipeline import dataset, frontend, text
+from pipeline import dataset, frontend, records, text
 
 
-def resolve_asr(config: asr.AsrConfig, manifest: dict) -> asr.AsrConfig:
+def resolve_asr(config: asr.AsrConfig, shards: records.ShardSet) -> asr.AsrConfig:
     """Fills the sizes that come from the data (feature dim, vocabulary, pdf count)."""
     loss = config.loss
-    if loss == "frame_ce" and not manifest.get("num_targets"):
+    if loss == "frame_ce" and not shards.num_targets:
         raise ValueError("loss=frame_ce needs shards with frame targets: re-shard with --alignments train=ali.scp")
     return dataclasses.replace(
         config,
-        feature_dim=manifest["feature_dim"],
-        vocab_size=config.vocab_size or len(manifest["vocabulary"]),
-        num_targets=config.num_targets or manifest.get("num_targets", 0),
+        feature_dim=shards.feature_dim,
+        vocab_size=config.vocab_size or len(shards.vocabulary),
+        num_targets=config.num_targets or shards.num_targets,
     )
 
 
-def resolve_tts(config: tts.TtsConfig, manifest: dict) -> tts.TtsConfig:
+def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfig:
     """Fills the sizes that come from the data (vocabulary, mel bins) and the voices: the training
     split's speakers, one speaker-embedding row each (a config that names them keeps its own: a
     trained model's, read back for evaluation or serving)."""
     speakers = config.speakers
-    train = manifest.get("splits", {}).get("train")
+    train = shards.splits.get("train")
     if not speakers and config.speaker_dim > 0 and train is not None:
-        speakers = tuple(train["speakers"])
-    return dataclasses.replace(
-        config, vocab_size=len(manifest["vocabulary"]), n_mels=manifest["feature_dim"], speakers=speakers
-    )
+        speakers = train.speakers
+    return dataclasses.replace(config, vocab_size=len(shards.vocabulary), n_mels=shards.feature_dim, speakers=speakers)
 
 
 class AsrTask:
@@ -56,18 +53,17 @@ class AsrTask:
 
     def dataset(
         self,
-        shards: Path,
+        shards: records.ShardSet,
         split: str,
         cfg: dataset.InputConfig,
         rank: int,
         size: int,
         epoch: int,
         training: bool,
-        manifest: dict,
     ):
-        return dataset.asr_dataset(shards, split, cfg, rank, size, epoch, training, manifest)
+        return dataset.asr_dataset(shards, split, cfg, rank, size, epoch, training)
 
-    def prepare(self, batches, manifest: dict, split: str):
+    def prepare(self, batches, shards: records.ShardSet, split: str):
         """What the trainer adds to batches that came from elsewhere (the tf.data service): nothing."""
         return batches
 
@@ -124,46 +120,46 @@ class TtsTask:
 
     def dataset(
         self,
-        shards: Path,
+        shards: records.ShardSet,
         split: str,
         cfg: dataset.InputConfig,
         rank: int,
         size: int,
         epoch: int,
         training: bool,
-        manifest: dict,
     ):
         """The synthesis batches (pipeline/dataset.py `tts_dataset`) with `speaker_ids` [B] int32
         added: each utterance's row of the speaker table (see `voices`)."""
-        batches, count = dataset.tts_dataset(shards, split, cfg, rank, size, epoch, training, manifest)
-        return self.prepare(batches, manifest, split), count
+        batches, count = dataset.tts_dataset(shards, split, cfg, rank, size, epoch, training)
+        return self.prepare(batches, shards, split), count
 
-    def prepare(self, batches, manifest: dict, split: str):
+    def prepare(self, batches, shards: records.ShardSet, split: str):
         """`batches` of `tts_dataset` (here or from the tf.data service) with `speaker_ids` [B] int32
         added for a model with voices: each utterance's row of the speaker table (see `voices`)."""
         if not self.config.multi_speaker:
             return batches
-        names, rows = zip(*self.voices(manifest, split).items())
+        names, rows = zip(*self.voices(shards, split).items())
         table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(tf.constant(names), tf.constant(rows, tf.int32)), default_value=0
         )
         return batches.map(lambda b: {**b, "speaker_ids": table.lookup(b["speaker"])})
 
-    def voices(self, manifest: dict, split: str) -> dict[str, int]:
+    def voices(self, shards: records.ShardSet, split: str) -> dict[str, int]:
         """Each speaker of `split` -> the speaker-table row it is spoken with: `self.voice` for all
         when set; a training voice its own row; a voice training never heard the training voice whose
         mean log-mel spectrum (from the shards' CMVN statistics) is nearest, or the default voice
         (row 0) when the shards hold no training split to compare with."""
-        speakers = manifest["splits"][split]["speakers"]
+        part = shards.split(split)
+        speakers = part.speakers
         if self.voice:
             return dict.fromkeys(speakers, int(tts.speaker_ids(self.config, [self.voice])[0]))
         own = {name: i for i, name in enumerate(self.config.speakers)}
         unseen = [s for s in speakers if s not in own]
         nearest = dict.fromkeys(unseen, 0)
-        train = manifest["splits"].get("train", {}).get("cmvn", {})
-        known = [s for s in self.config.speakers if s in train]
+        train = shards.splits.get("train")
+        known = [s for s in self.config.speakers if train is not None and s in train.cmvn_speakers]
         if unseen and known:
-            means, voices = _speaker_means(manifest, split), _speaker_means(manifest, "train")
+            means, voices = _speaker_means(part), _speaker_means(train)
             table = np.stack([voices[s] for s in known])  # [V, D]
             for s in unseen:
                 nearest[s] = own[known[int(np.argmin(np.sum((table - means[s]) ** 2, axis=1)))]]
@@ -223,9 +219,9 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
     return {"mels": mels.astype(np.float32), "lengths": mel_lengths, "voices": [names[i] for i in ids]}
 
 
-def _speaker_means(manifest: dict, split: str) -> dict[str, np.ndarray]:
-    """Each speaker of `split` -> the mean [D] of its log-mel frames (the shards' CMVN statistics)."""
-    names, means, _ = dataset.cmvn_tables(manifest, split, "speaker")
+def _speaker_means(part: records.SplitShards) -> dict[str, np.ndarray]:
+    """Each speaker of a split -> the mean [D] of its log-mel frames (the shards' CMVN statistics)."""
+    names, means, _ = dataset.cmvn_tables(part, "speaker")
     return dict(zip(names, means))
 
 
@@ -304,13 +300,14 @@ def make_task(
     model_name: str,
     asr_config: asr.AsrConfig,
     tts_config: tts.TtsConfig,
-    manifest: dict,
+    shards: records.ShardSet,
     augment: dataset.InputConfig | None = None,
 ):
-    """The task of `model_name`, sized from the manifest; `augment`: the input config whose
-    SpecAugment settings the acoustic model trains with."""
+    """The task of `model_name`, sized from the shards' data (a served model passes what it
+    recorded of them: `feature_dim`, `vocabulary`, `num_targets` and no `splits`); `augment`: the
+    input config whose SpecAugment settings the acoustic model trains with."""
     if model_name == "asr":
-        return AsrTask(resolve_asr(asr_config, manifest), augment)
+        return AsrTask(resolve_asr(asr_config, shards), augment)
     if model_name == "tts":
-        return TtsTask(resolve_tts(tts_config, manifest))
+        return TtsTask(resolve_tts(tts_config, shards))
     raise ValueError(f"--model must be 'asr' or 'tts', got {model_name!r}")

@@ -130,28 +130,29 @@ def versions() -> dict[str, str]:
     }
 
 
-def log_shards_input(shards_dir: Path, manifest: dict, context: str = "training") -> None:
-    """Records the shards' manifest as the run's input dataset (lineage: model <- shards <- Kaldi dirs)."""
+def log_shards_input(shards, context: str = "training") -> None:
+    """Records the shards' manifest (of a pipeline/records.py `ShardSet`) as the run's input dataset
+    (lineage: model <- shards <- Kaldi dirs)."""
     import mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
     from common.fsutil import config_hash
 
-    digest = manifest.get("fingerprint", {})
+    digest = shards.fingerprint
     with warnings.catch_warnings():
         # MLflow registers two equivalent local-file sources and warns that it picks one.
         warnings.simplefilter("ignore")
-        source = resolve_dataset_source(str(Path(shards_dir).resolve() / "manifest.json"))
+        source = resolve_dataset_source(str(shards.root.resolve() / "manifest.json"))
     dataset = MetaDataset(
         source=source,
-        name=f"shards:{Path(shards_dir).name}",
+        name=f"shards:{shards.root.name}",
         digest=config_hash(digest),
     )
     # The Kaldi directories go into run tags (one per split): an input tag holds at most 500 characters.
     mlflow.log_input(dataset, context=context)
-    mlflow.set_tags({f"data.{split}.dir": info["data_dir"] for split, info in manifest["splits"].items()})
-    mlflow.set_tags({f"data.{split}.utterances": info["utterances"] for split, info in manifest["splits"].items()})
+    mlflow.set_tags({f"data.{name}.dir": split.data_dir for name, split in shards.splits.items()})
+    mlflow.set_tags({f"data.{name}.utterances": split.utterances for name, split in shards.splits.items()})
 
 
 def save_run_file(workdir: Path, run_id: str, experiment: str) -> None:

@@ -14,23 +14,24 @@ import time
 from pathlib import Path
 
 from models import checkpoint
+from pipeline.records import ShardSet
 
 DEV = "dev"
 
 
 class DevSelection:
-    def __init__(self, task, model, shards: Path, manifest: dict, config, workdir: Path, owners: tuple):
+    def __init__(self, task, model, shards: ShardSet, config, workdir: Path, owners: tuple):
         self.task, self.model, self.owners = task, model, owners
         self.every = config.eval_every
         self.best_dir = workdir / "best"
         self.metric = "dev_cer" if config.model == "asr" else "dev_loss"
         self.best, self.best_step = math.inf, 0
-        self.enabled = self.every > 0 and DEV in manifest["splits"]
+        self.enabled = self.every > 0 and DEV in shards.splits
         self.started = time.perf_counter()
         if self.enabled:
             cfg = dataclasses.replace(config.input, frames_per_batch=40000, max_batch_size=64)
-            self.dataset, _ = task.dataset(shards, DEV, cfg, 0, 1, 0, False, manifest)
-            self.vocabulary = manifest["vocabulary"]
+            self.dataset, _ = task.dataset(shards, DEV, cfg, 0, 1, 0, False)
+            self.vocabulary = shards.vocabulary
         saved = checkpoint.latest(self.best_dir)
         if saved is not None:  # a resumed run keeps the best it had found
             meta = checkpoint.restore_meta(saved)

@@ -35,20 +35,20 @@ PROCESSING_MODE = "distributed_epoch"  # every shard of an epoch goes to exactly
 
 
 def service_dataset(
-    out_dir: Path,
+    shards: records.ShardSet,
     split: str,
     cfg: dataset.InputConfig,
     num_consumers: int,
     first_epoch: int,
     last_epoch: int,
-    manifest: dict,
 ):
     """The infinite stream of sub-batches the workers serve: rounds of `num_consumers` batches of one
     class, pass after pass over the shards (`last_epoch` is unused: the trainers stop the stream)."""
     import tensorflow as tf
 
-    plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
-    paths = records.shard_paths(out_dir, manifest, split)
+    part = shards.split(split)
+    plan = dataset.batch_plan(part, 1, cfg, training=True)
+    paths = [str(f.path) for f in part.files]
     k = tf.constant([num_consumers * c for c in plan.chunks_per_batch], tf.int64)
     largest = num_consumers * max(plan.chunks_per_batch)
     class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
@@ -62,21 +62,21 @@ def service_dataset(
     stream = (
         files.repeat()
         .interleave(
-            lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
+            lambda path: tf.data.TFRecordDataset(path, compression_type=shards.compression_type),
             cycle_length=min(len(paths), 4),
             num_parallel_calls=dataset.AUTOTUNE,
         )
         .shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + first_epoch)
     )
     # The class of each chunk comes from the record itself (a worker's share of the files is only
-    # known to the dispatcher, so the manifest's sequence does not apply here).
+    # known to the dispatcher, so the split's class sequence does not apply here).
     keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))
     grouped = keyed.group_by_window(
         key_func=lambda serialized, key: key,
         reduce_func=lambda key, window: window.batch(largest),
         window_size_func=lambda key: k[key],
     )
-    assemble = dataset.asr_assembler(manifest, split, cfg)
+    assemble = dataset.asr_assembler(shards, part, cfg)
 
     def split_group(index, serialized, keys):
         batch = assemble(index, serialized, keys)
@@ -89,22 +89,21 @@ def service_dataset(
     return grouped.enumerate().flat_map(lambda i, group: split_group(i, *group))
 
 
-def steps_per_epoch(manifest: dict, split: str, cfg: dataset.InputConfig, num_consumers: int) -> float:
+def steps_per_epoch(shards: records.ShardSet, split: str, cfg: dataset.InputConfig, num_consumers: int) -> float:
     """Rounds (steps of every rank) per pass over the split: a fraction, as groups span epochs."""
-    plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
-    sequence = records.split_layout(manifest, split)["class_sequence"]
-    chunks = np.bincount(sequence, minlength=len(plan.chunks_per_batch)) * plan.files_per_rank
+    part = shards.split(split)
+    plan = dataset.batch_plan(part, 1, cfg, training=True)
+    chunks = np.bincount(part.class_sequence, minlength=len(plan.chunks_per_batch)) * plan.files_per_rank
     return float(sum(n / (num_consumers * k) for n, k in zip(chunks, plan.chunks_per_batch)))
 
 
 def shared_dataset(
     model: str,
-    out_dir: Path,
+    shards: records.ShardSet,
     split: str,
     cfg: dataset.InputConfig,
     first_epoch: int,
     last_epoch: int,
-    manifest: dict,
     num_ranks: int,
     one_worker: bool,
 ):
@@ -120,20 +119,21 @@ def shared_dataset(
     still in exactly one batch per pass over the shards."""
     import tensorflow as tf
 
-    assemble = dataset.assembler(model, manifest, split, cfg)
+    part = shards.split(split)
+    assemble = dataset.assembler(model, shards, part, cfg)
     build = {"asr": dataset.asr_dataset, "tts": dataset.tts_dataset}[model]
     if one_worker:
         epochs = []
         for epoch in range(first_epoch, last_epoch):
-            ranks = [build(out_dir, split, cfg, r, num_ranks, epoch, True, manifest) for r in range(num_ranks)]
+            ranks = [build(shards, split, cfg, r, num_ranks, epoch, True) for r in range(num_ranks)]
             turns = tf.data.Dataset.range(num_ranks).repeat(ranks[0][1])  # every rank's pipeline has as many
             epochs.append(tf.data.Dataset.choose_from_datasets([d for d, _ in ranks], turns))
         chained = epochs[0]
         for more in epochs[1:]:
             chained = chained.concatenate(more)
         return chained
-    plan = dataset.batch_plan(manifest, split, 1, cfg, training=True)
-    paths = records.shard_paths(out_dir, manifest, split)
+    plan = dataset.batch_plan(part, 1, cfg, training=True)
+    paths = [str(f.path) for f in part.files]
     k = tf.constant(plan.chunks_per_batch, tf.int64)
     class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
     files = tf.data.Dataset.from_tensor_slices(paths).shuffle(
@@ -142,7 +142,7 @@ def shared_dataset(
     stream = (
         files.repeat(last_epoch - first_epoch)
         .interleave(
-            lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
+            lambda path: tf.data.TFRecordDataset(path, compression_type=shards.compression_type),
             cycle_length=min(len(paths), 4),
             num_parallel_calls=dataset.AUTOTUNE,
         )

@@ -22,7 +22,6 @@ import dataclasses
 import math
 import random
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -50,7 +49,7 @@ class InputConfig:
 
 
 # ----------------------------------------------------------------------------------------------
-# The batch plan: known in advance from the manifest, identical on every rank.
+# The batch plan: known in advance from the split's layout, identical on every rank.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,31 +59,30 @@ class BatchPlan:
     files_per_rank: int  # shards each rank reads per epoch
 
 
-def batch_plan(manifest: dict, split: str, size: int, cfg: InputConfig, training: bool, files: int = 0) -> BatchPlan:
-    """How chunks become batches for `size` ranks. Training needs the same number of shards on
-    every rank (that keeps the ranks' class sequences equal): ValueError with the fix otherwise.
-    `files`: evaluation only, the number of shards this rank reads (the classes are counted over
-    the split's first `files` shards: evaluation batch counts are for progress bars only)."""
-    layout = records.split_layout(manifest, split)
-    count = len(manifest["splits"][split]["shards"])
+def batch_plan(part: records.SplitShards, size: int, cfg: InputConfig, training: bool, files: int = 0) -> BatchPlan:
+    """How the chunks of a split (`ShardSet.split`) become batches for `size` ranks. Training needs
+    the same number of shards on every rank (that keeps the ranks' class sequences equal):
+    ValueError with the fix otherwise. `files`: evaluation only, the number of shards this rank
+    reads (evaluation batch counts are for progress bars only)."""
+    count = len(part.files)
     if training and count < size:
         raise ValueError(
-            f"split {split!r} has {count} shards for {size} ranks: every rank needs at least one; "
+            f"split {part.name!r} has {count} shards for {size} ranks: every rank needs at least one; "
             f"re-run `python -m pipeline.shards ... --num-shards {size}` (or more)"
         )
     if training and count % size:
         multiple = size * math.ceil(count / size)
         raise ValueError(
-            f"split {split!r} has {count} shards for {size} ranks: every rank must read the same number of "
+            f"split {part.name!r} has {count} shards for {size} ranks: every rank must read the same number of "
             f"shards so that their batches line up; re-shard with `python -m pipeline.shards ... "
             f"--num-shards {multiple}` (a multiple of the number of ranks)"
         )
     per_rank = count // size if training else files
     k = tuple(
         max(1, min(cfg.max_batch_size // slots, cfg.frames_per_batch // (slots * max(1, longest))))
-        for longest, slots in zip(layout["max_lengths"], layout["slots"])
+        for longest, slots in zip(part.max_lengths, part.slots)
     )
-    chunks_per_class = np.bincount(layout["class_sequence"], minlength=len(k)) * per_rank
+    chunks_per_class = np.bincount(part.class_sequence, minlength=len(k)) * per_rank
     batches = sum(math.ceil(n / kc) for n, kc in zip(chunks_per_class, k))
     return BatchPlan(k, int(batches), per_rank)
 
@@ -104,13 +102,13 @@ def rank_files(paths: list[str], rank: int, size: int, epoch: int, seed: int) ->
 # Normalization
 
 
-def cmvn_tables(manifest: dict, split: str, mode: str):
-    """(speaker names, means [S+1, D], inverse stds [S+1, D]); the last row is the split-wide fallback."""
-    stats = manifest["splits"][split]["cmvn"]
-    dim = manifest["feature_dim"]
-    names = sorted(stats)
-    matrices = [np.asarray(stats[n], np.float64) for n in names]
-    total = np.sum(matrices, axis=0) if matrices else np.zeros((2, dim + 1))
+def cmvn_tables(part: records.SplitShards, mode: str):
+    """(speaker names, means [S+1, D], inverse stds [S+1, D]) of a split; the last row is the
+    split-wide fallback."""
+    names = list(part.cmvn_speakers)
+    matrices = part.cmvn_stats  # [S, 2, D+1]
+    dim = matrices.shape[2] - 1
+    total = matrices.sum(axis=0)  # [2, D+1]; zeros when the split has no speakers
     rows = [*matrices, total] if mode == "speaker" else [total] * (len(names) + 1)
     means, inv_stds = [], []
     for m in rows:
@@ -124,13 +122,13 @@ def cmvn_tables(manifest: dict, split: str, mode: str):
     return names, np.asarray(means, np.float32), np.asarray(inv_stds, np.float32)
 
 
-def mel_stats(manifest: dict, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+def mel_stats(shards: records.ShardSet, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """Global (mean, std) [D] of a split's features: the synthesis model's target normalization."""
-    _, means, inv_stds = cmvn_tables(manifest, split, "global")
+    _, means, inv_stds = cmvn_tables(shards.split(split), "global")
     return means[-1], 1.0 / inv_stds[-1]
 
 
-def _speaker_stats(manifest: dict, split: str, mode: str):
+def _speaker_stats(part: records.SplitShards, mode: str):
     """`stats(speakers [N]) -> (mean [N, D], inverse std [N, D])`: each utterance's CMVN statistics."""
     import tensorflow as tf
 
@@ -138,7 +136,7 @@ def _speaker_stats(manifest: dict, split: str, mode: str):
         raise ValueError(f"cmvn must be 'speaker', 'global', 'utterance' or 'none', got {mode!r}")
     # "utterance": the batch's affine map only dequantizes; the training step normalizes each
     # utterance by its own statistics (pipeline/frontend.py, flagged by `utterance_cmvn`).
-    names, means, inv_stds = cmvn_tables(manifest, split, "none" if mode == "utterance" else mode)
+    names, means, inv_stds = cmvn_tables(part, "none" if mode == "utterance" else mode)
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(
             tf.constant(names or [""], tf.string), tf.range(max(1, len(names)), dtype=tf.int64)
@@ -158,17 +156,17 @@ def _speaker_stats(manifest: dict, split: str, mode: str):
 # Reading
 
 
-def _chunk_stream(files, keys, manifest: dict, cfg: InputConfig, training: bool, epoch: int, plan: BatchPlan):
+def _chunk_stream(files, keys, compression_type: str, cfg: InputConfig, training: bool, epoch: int, plan: BatchPlan):
     """Chunks of `files` (a string tensor), grouped into batches by class: (serialized [k], keys [k]).
 
     The files are read interleaved record by record; `keys` are the chunks' classes in that order
-    (the manifest knows them). Training shuffles with the seed every rank shares: a shuffle's
+    (the split's layout knows them). Training shuffles with the seed every rank shares: a shuffle's
     permutation depends on the seed and the element count only, so the ranks' class sequences stay
     equal."""
     import tensorflow as tf
 
     stream = tf.data.Dataset.from_tensor_slices(files).interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=records.compression_type(manifest)),
+        lambda path: tf.data.TFRecordDataset(path, compression_type=compression_type),
         cycle_length=plan.files_per_rank if training else 1,
         block_length=1,
         num_parallel_calls=AUTOTUNE,
@@ -186,23 +184,23 @@ def _chunk_stream(files, keys, manifest: dict, cfg: InputConfig, training: bool,
     )
 
 
-def _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble) -> tuple:
-    """The part both models share: this rank's chunks, grouped into batches by class, parsed and
-    assembled by `assemble(batch_index, serialized [k], keys [k]) -> batch`."""
-    paths = records.shard_paths(out_dir, manifest, split)
-    shards = manifest["splits"][split]["shards"]
+def _batches(shards: records.ShardSet, part: records.SplitShards, cfg, rank, size, epoch, training, assemble):
+    """The part both models share: this rank's chunks of split `part`, grouped into batches by
+    class, parsed and assembled by `assemble(batch_index, serialized [k], keys [k]) -> batch`."""
+    paths = [str(f.path) for f in part.files]
+    # Every file follows the split's class sequence (checked when the shard set was opened).
+    sequence = np.asarray(part.class_sequence, np.int64)
     if training:
-        plan = batch_plan(manifest, split, size, cfg, training=True)
+        plan = batch_plan(part, size, cfg, training=True)
         files = rank_files(paths, rank, size, epoch, cfg.seed)
         # Record j of every file (round robin over the rank's files) has class sequence[j].
-        sequence = records.split_layout(manifest, split)["class_sequence"]
-        keys = np.repeat(np.asarray(sequence, np.int64), plan.files_per_rank)
+        keys = np.repeat(sequence, plan.files_per_rank)
     else:
         mine = list(range(len(paths)))[rank::size]
-        plan = batch_plan(manifest, split, size, cfg, training=False, files=len(mine))
+        plan = batch_plan(part, size, cfg, training=False, files=len(mine))
         files = [paths[i] for i in mine]
-        keys = np.asarray([c for i in mine for c in shards[i]["chunk_classes"]], np.int64)
-    grouped = _chunk_stream(files, keys, manifest, cfg, training, epoch, plan)
+        keys = np.tile(sequence, len(mine))  # the files one after the other
+    grouped = _chunk_stream(files, keys, shards.compression_type, cfg, training, epoch, plan)
     # deterministic: the batches keep the order of the class sequence (the ranks' lockstep).
     dataset = grouped.enumerate().map(
         lambda i, batch: assemble(i, *batch), num_parallel_calls=AUTOTUNE, deterministic=True
@@ -222,15 +220,16 @@ def _without_empty_slots(batch: dict, lengths) -> dict:
     )
 
 
-def asr_assembler(manifest: dict, split: str, cfg: InputConfig):
+def asr_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: InputConfig):
     """`assemble(batch index, serialized chunks [k], their classes [k]) -> batch` of the acoustic
-    model (see `asr_dataset`), for the local pipeline and the tf.data service alike."""
+    model for split `part` of `shards` (see `asr_dataset`), for the local pipeline and the tf.data
+    service alike."""
     import tensorflow as tf
 
-    with_targets = manifest.get("num_targets", 0) > 0
-    dim, dtype = manifest["feature_dim"], manifest["feature_dtype"]
-    stats = _speaker_stats(manifest, split, cfg.cmvn)
-    padded = tf.constant(records.split_layout(manifest, split)["max_lengths"], tf.int32)
+    with_targets = shards.num_targets > 0
+    dim, dtype = shards.feature_dim, shards.feature_dtype
+    stats = _speaker_stats(part, cfg.cmvn)
+    padded = tf.constant(part.max_lengths, tf.int32)  # [classes]
 
     def assemble(index, serialized, keys):
         chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype, with_targets)
@@ -256,16 +255,16 @@ def asr_assembler(manifest: dict, split: str, cfg: InputConfig):
 
 
 def asr_dataset(
-    out_dir: Path,
+    shards: records.ShardSet,
     split: str,
     cfg: InputConfig,
     rank: int = 0,
     size: int = 1,
     epoch: int = 0,
     training: bool = True,
-    manifest: dict | None = None,
 ):
-    """Batches for the acoustic model, for one epoch of one rank. Returns (dataset, batches).
+    """Batches for the acoustic model from `split` of `shards` (`records.open_shard_set`), for one
+    epoch of one rank. Returns (dataset, batches).
 
     Each element: `feats` [B, T, D] the stored features as they are (uint8 codes or float log-mel,
     padded to the class's longest utterance), `feat_lengths` int32 [B], `feat_scale` and
@@ -276,22 +275,20 @@ def asr_dataset(
     shards carry frame targets. `training=False`: this rank's share of the shards in order,
     unshuffled (evaluation).
     """
-    manifest = manifest or records.load_manifest(out_dir)
-    assemble = asr_assembler(manifest, split, cfg)
-    return _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble)
+    part = shards.split(split)
+    return _batches(shards, part, cfg, rank, size, epoch, training, asr_assembler(shards, part, cfg))
 
 
-def tts_assembler(manifest: dict, split: str, cfg: InputConfig):
+def tts_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: InputConfig):
     """`assemble(batch index, serialized chunks [k], their classes [k]) -> batch` of the synthesis
-    model (see `tts_dataset`)."""
+    model for split `part` of `shards` (see `tts_dataset`)."""
     import tensorflow as tf
 
-    dim, dtype = manifest["feature_dim"], manifest["feature_dtype"]
-    mean, std = (
-        tf.constant(v, tf.float32) for v in mel_stats(manifest, "train" if "train" in manifest["splits"] else split)
-    )
-
-    padded = tf.constant(records.split_layout(manifest, split)["max_lengths"], tf.int32)
+    dim, dtype = shards.feature_dim, shards.feature_dtype
+    # The training split's statistics when the set has one (a model normalizes as it trained).
+    _, means, inv_stds = cmvn_tables(shards.splits.get("train", part), "global")
+    mean, std = tf.constant(means[-1], tf.float32), tf.constant(1.0 / inv_stds[-1], tf.float32)  # [D] each
+    padded = tf.constant(part.max_lengths, tf.int32)  # [classes]
 
     def assemble(index, serialized, keys):
         chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype)
@@ -316,30 +313,29 @@ def tts_assembler(manifest: dict, split: str, cfg: InputConfig):
     return assemble
 
 
-def assembler(model: str, manifest: dict, split: str, cfg: InputConfig):
+def assembler(model: str, shards: records.ShardSet, part: records.SplitShards, cfg: InputConfig):
     """The batch assembler of `model` ("asr" or "tts")."""
-    return {"asr": asr_assembler, "tts": tts_assembler}[model](manifest, split, cfg)
+    return {"asr": asr_assembler, "tts": tts_assembler}[model](shards, part, cfg)
 
 
 def tts_dataset(
-    out_dir: Path,
+    shards: records.ShardSet,
     split: str,
     cfg: InputConfig,
     rank: int = 0,
     size: int = 1,
     epoch: int = 0,
     training: bool = True,
-    manifest: dict | None = None,
 ):
-    """Batches for the synthesis model, for one epoch of one rank. Returns (dataset, batches).
+    """Batches for the synthesis model from `split` of `shards` (`records.open_shard_set`), for one
+    epoch of one rank. Returns (dataset, batches).
 
     Each element: `tokens` int32 [B, N], `token_lengths` int32 [B], `mels` float32 [B, T, D]
     (log-mel normalized with the training split's global mean and std), `mel_lengths` int32 [B],
     `stop_targets` float32 [B, T] (1 from the last real frame on), `utt_id` and `speaker` string [B].
     """
-    manifest = manifest or records.load_manifest(out_dir)
-    assemble = tts_assembler(manifest, split, cfg)
-    return _batches(out_dir, split, cfg, rank, size, epoch, training, manifest, assemble)
+    part = shards.split(split)
+    return _batches(shards, part, cfg, rank, size, epoch, training, tts_assembler(shards, part, cfg))
 
 
 def chain_epochs(make_epoch: Callable, first_epoch: int, epochs: int, skip: int = 0, prefetch: int = 8):

@@ -20,11 +20,16 @@ Every shard of a split holds the same number of chunks of each length class, in 
 record by record, sees the same sequence of classes as every other rank: the input pipeline builds
 its batches from that sequence alone, and every rank's batch of a step comes from the same class.
 
+Readers open a shard directory once (`open_shard_set`): the manifest is read, its format version
+and every split's layout checked, and what the input pipeline needs (files, layout, statistics,
+vocabulary) handed on as one frozen `ShardSet`, so no reader looks anything up in the manifest again.
+
 Format 1 is refused with the command that rewrites the shards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -43,15 +48,15 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
 
 
-def rewrite_command(out_dir: Path, manifest: dict) -> str:
-    """The shard stage's command line that writes `out_dir` again from the manifest's data dirs."""
-    splits = " ".join(f"--split {name}={split['data_dir']}" for name, split in manifest.get("splits", {}).items())
+def rewrite_command(out_dir: Path, data_dirs: dict[str, str]) -> str:
+    """The shard stage's command line that writes `out_dir` again from the splits' data dirs."""
+    splits = " ".join(f"--split {name}={data_dir}" for name, data_dir in data_dirs.items())
     return f"python -m pipeline.shards {splits or '--split train=DATA/train ...'} --out {out_dir}"
 
 
 def load_manifest(out_dir: Path) -> dict:
-    """The manifest of a shard directory; FileNotFoundError or ValueError with the fix when it is
-    missing or of another format version."""
+    """The manifest of a shard directory as stored; FileNotFoundError or ValueError with the fix when
+    it is missing or of another format version. Readers want `open_shard_set`."""
     path = Path(out_dir) / MANIFEST
     manifest = fsutil.read_json(path)
     if manifest is None:
@@ -59,37 +64,134 @@ def load_manifest(out_dir: Path) -> dict:
     version = manifest.get("version")
     if version != FORMAT_VERSION:
         kind = {1: " (one tf.train.Example of float32 features per utterance)"}.get(version, "")
+        data_dirs = {name: split["data_dir"] for name, split in manifest.get("splits", {}).items()}
         raise ValueError(
             f"{path}: the shards are in format version {version}{kind}; this speechflow reads format "
             f"{FORMAT_VERSION} (chunks of same-length utterances, float16 features). Rewrite them with "
-            f"`{rewrite_command(Path(out_dir), manifest)}` (the shard stage replaces shards of another format)"
+            f"`{rewrite_command(Path(out_dir), data_dirs)}` (the shard stage replaces shards of another format)"
         )
     return manifest
 
 
-def shard_paths(out_dir: Path, manifest: dict, split: str) -> list[str]:
-    if split not in manifest["splits"]:
-        raise ValueError(f"split {split!r} is not in {Path(out_dir) / MANIFEST} (it has {sorted(manifest['splits'])})")
-    return [str(Path(out_dir) / shard["file"]) for shard in manifest["splits"][split]["shards"]]
+# ----------------------------------------------------------------------------------------------
+# The shard set: a shard directory, read and checked once, for every reader
 
 
-def check_shards(out_dir: Path, manifest: dict, split: str, content: bool = False) -> None:
+@dataclasses.dataclass(frozen=True)
+class ShardFile:
+    path: Path  # the TFRecord file
+    bytes: int  # its size when written
+    sha256: str  # its content when written
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SplitShards:
+    """One split of a shard set: its files, the layout every one of them follows, its statistics."""
+
+    name: str
+    data_dir: str  # the Kaldi data directory the split was made from
+    utterances: int
+    frames: int
+    speakers: tuple[str, ...]  # the speakers of its utterances, sorted
+    cmvn_speakers: tuple[str, ...]  # the rows of `cmvn_stats`, sorted
+    cmvn_stats: np.ndarray  # [S, 2, D+1] float64 Kaldi CMVN statistics per speaker (read-only)
+    files: tuple[ShardFile, ...]  # in the manifest's order (by file name)
+    class_sequence: tuple[int, ...]  # the length class of each record position, the same in every file
+    max_lengths: tuple[int, ...]  # per length class: its longest utterance = its records' padded length T
+    slots: tuple[int, ...]  # per length class: utterances per record
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardSet:
+    """A shard directory as its manifest describes it; made by `open_shard_set`."""
+
+    root: Path  # the directory: manifest.json and the shard files
+    fingerprint: dict  # the shard stage's inputs, config and code (what a rebuild compares)
+    feature_dim: int  # D
+    feature_dtype: str  # how features are stored: "uint8", "float16" or "float32"
+    compression_type: str  # TensorFlow's name for the files' compression ("" or "GZIP")
+    vocabulary: tuple[str, ...]  # token id -> character
+    lowercase: bool  # transcripts were lower-cased before tokenization
+    num_targets: int  # frame-target (pdf) classes; 0: the shards carry no frame targets
+    splits: dict[str, SplitShards]
+
+    def split(self, name: str) -> SplitShards:
+        """The split `name`; ValueError naming the manifest and its splits when it has no such split."""
+        if name not in self.splits:
+            raise ValueError(f"split {name!r} is not in {self.root / MANIFEST} (it has {sorted(self.splits)})")
+        return self.splits[name]
+
+    @property
+    def data_dirs(self) -> dict[str, str]:
+        """Each split's Kaldi data directory: what the shard stage reads to write them again."""
+        return {name: split.data_dir for name, split in self.splits.items()}
+
+    @classmethod
+    def from_manifest(cls, root: Path, manifest: dict) -> ShardSet:
+        """The pure core of `open_shard_set`: the manifest of `root` (format checked), each split's
+        layout checked, typed."""
+        dim = int(manifest["feature_dim"])
+        return cls(
+            root=Path(root),
+            fingerprint=manifest.get("fingerprint", {}),
+            feature_dim=dim,
+            feature_dtype=manifest["feature_dtype"],
+            compression_type=COMPRESSION[manifest["compression"]],
+            vocabulary=tuple(manifest["vocabulary"]),
+            lowercase=bool(manifest.get("lowercase", True)),
+            num_targets=int(manifest.get("num_targets", 0)),
+            splits={name: _split(Path(root), name, info, dim) for name, info in manifest["splits"].items()},
+        )
+
+
+def open_shard_set(out_dir: Path) -> ShardSet:
+    """The shard set in `out_dir`, its manifest read once and checked: the format version (see
+    `load_manifest`) and every split's layout (each file follows its split's class sequence).
+    FileNotFoundError or ValueError naming the manifest or the shard and the fix."""
+    return ShardSet.from_manifest(Path(out_dir), load_manifest(out_dir))
+
+
+def _split(root: Path, name: str, info: dict, dim: int) -> SplitShards:
+    """One split of the manifest, checked: every shard follows the split's class sequence (the
+    reader's batches rely on it); ValueError naming the shard that does not."""
+    sequence = tuple(info["class_sequence"])
+    for shard in info["shards"]:
+        if tuple(shard["chunk_classes"]) != sequence:
+            raise ValueError(
+                f"shard {shard['file']} of split {name!r} does not follow the split's class sequence; "
+                "the shards were changed after the manifest was written: rewrite them with the shard stage"
+            )
+    speakers = tuple(sorted(info["cmvn"]))
+    stats = np.asarray([info["cmvn"][s] for s in speakers], np.float64).reshape(len(speakers), 2, dim + 1)
+    stats.flags.writeable = False  # shared by every reader of the set
+    return SplitShards(
+        name=name,
+        data_dir=info["data_dir"],
+        utterances=info["utterances"],
+        frames=info["frames"],
+        speakers=tuple(info["speakers"]),
+        cmvn_speakers=speakers,
+        cmvn_stats=stats,  # [S, 2, D+1]
+        files=tuple(ShardFile(root / s["file"], s["bytes"], s["sha256"]) for s in info["shards"]),
+        class_sequence=sequence,
+        max_lengths=tuple(c["max_length"] for c in info["classes"]),
+        slots=tuple(c["slots"] for c in info["classes"]),
+    )
+
+
+def check_shards(shards: ShardSet, split: str, content: bool = False) -> None:
     """ValueError naming the first shard of `split` whose size (and with `content`, sha256) is not
     what the manifest recorded: a truncated, corrupted or replaced file."""
-    for shard in manifest["splits"][split]["shards"]:
-        path = Path(out_dir) / shard["file"]
-        fix = f"rewrite the shards: `{rewrite_command(Path(out_dir), manifest)}` (after deleting {path})"
+    for shard in shards.split(split).files:
+        path = shard.path
+        fix = f"rewrite the shards: `{rewrite_command(shards.root, shards.data_dirs)}` (after deleting {path})"
         if not path.is_file():
             raise FileNotFoundError(f"shard {path} is missing; {fix}")
         size = path.stat().st_size
-        if size != shard["bytes"]:
-            raise ValueError(f"shard {path} has {size} bytes, the manifest recorded {shard['bytes']}: {fix}")
-        if content and fsutil.file_sha256(path) != shard["sha256"]:
+        if size != shard.bytes:
+            raise ValueError(f"shard {path} has {size} bytes, the manifest recorded {shard.bytes}: {fix}")
+        if content and fsutil.file_sha256(path) != shard.sha256:
             raise ValueError(f"shard {path} is corrupted: its sha256 is not the manifest's: {fix}")
-
-
-def compression_type(manifest: dict) -> str:
-    return COMPRESSION[manifest["compression"]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,46 +367,20 @@ def parse_chunks(serialized, frames, dim: int, feature_dtype: str, with_targets:
     return out
 
 
-def read_utterances(out_dir: Path, split: str) -> Iterator[tuple[str, np.ndarray, str]]:
+def read_utterances(shards: ShardSet, split: str) -> Iterator[tuple[str, np.ndarray, str]]:
     """Yields `(utt_id, features float32 [frames, dim], transcript)` as the shards hold them
     (dequantized when stored as uint8)."""
     import tensorflow as tf
 
-    manifest = load_manifest(out_dir)
-    dim, dtype = manifest["feature_dim"], manifest["feature_dtype"]
-    max_lengths = split_layout(manifest, split)["max_lengths"]
-    paths = shard_paths(out_dir, manifest, split)
-    records = tf.data.TFRecordDataset(paths, compression_type=compression_type(manifest))
-    for serialized in records:
+    part = shards.split(split)
+    dim, dtype = shards.feature_dim, shards.feature_dtype
+    paths = [str(f.path) for f in part.files]
+    for serialized in tf.data.TFRecordDataset(paths, compression_type=shards.compression_type):
         length_class = tf.io.parse_single_example(serialized, chunk_spec(dtype, False))["class"]
-        chunk = parse_chunks(serialized[None], max_lengths[int(length_class)], dim, dtype)
+        chunk = parse_chunks(serialized[None], part.max_lengths[int(length_class)], dim, dtype)
         scale, offset = (v.numpy() for v in chunk["dequant"])
         feats = chunk["feats"].numpy()
         for i, (utt, transcript) in enumerate(zip(chunk["utt_id"].numpy(), chunk["transcript"].numpy())):
             n = int(chunk["lengths"][i])
             if n:
                 yield utt.decode(), feats[i, :n].astype(np.float32) * scale[i] + offset[i], transcript.decode()
-
-
-# ----------------------------------------------------------------------------------------------
-# The layout the reader relies on
-
-
-def split_layout(manifest: dict, split: str) -> dict:
-    """The split's length classes and the class of each chunk position, checked to be the same in
-    every shard (the shards' `chunk_classes`): `{"class_sequence": [...], "max_lengths": [...],
-    "slots": [...]}` (per class: its longest utterance = the records' padded length, utterances per
-    record). ValueError naming the shard that breaks the layout."""
-    info = manifest["splits"][split]
-    sequence = info["class_sequence"]
-    for shard in info["shards"]:
-        if shard["chunk_classes"] != sequence:
-            raise ValueError(
-                f"shard {shard['file']} of split {split!r} does not follow the split's class sequence; "
-                "the shards were changed after the manifest was written: rewrite them with the shard stage"
-            )
-    return {
-        "class_sequence": sequence,
-        "max_lengths": [c["max_length"] for c in info["classes"]],
-        "slots": [c["slots"] for c in info["classes"]],
-    }

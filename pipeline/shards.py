@@ -12,8 +12,9 @@ and every shard holds the same number of chunks of each class in the same order 
 so every Horovod rank's share has the same mix of lengths and the ranks' batches line up.
 Writes are atomic; a re-run with unchanged inputs does nothing and changed inputs rebuild.
 
-One file (about 540 lines): the shard stage's planning (classes, chunks, balance), writing and
-its CLI; the record format itself is pipeline/records.py.
+This file holds the stage's planning (classes, chunks, balance), writing and its CLI; pass 1, the
+check of every utterance of a split, is pipeline/split_validation.py, and the record format itself
+pipeline/records.py.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from common import config as configlib
 from common.parallel import worker_pool
 from common.progress import progress as progress_bar
 from pipeline import features as features_stage
-from pipeline import kaldi, records, text
+from pipeline import kaldi, records, split_validation, text
 
 REJECTED = "rejected.tsv"
 
@@ -137,138 +138,6 @@ def plan_layout(
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation (pass 1): every matrix is read once, in parallel.
-
-
-def _validate_chunk(task):
-    entries, check, targets = task
-    out = []
-    for entry in entries:
-        matrix, rejection = kaldi.check_matrix(entry.utt_id, entry.feats, check, None)
-        if rejection is None and targets is not None:
-            rejection = _check_targets(entry.utt_id, targets.get(entry.utt_id), len(matrix))
-        if rejection is not None:
-            out.append((entry.utt_id, None, None, rejection))
-        else:
-            x = matrix.astype(np.float64)
-            out.append((entry.utt_id, matrix.shape, np.stack([x.sum(0), (x * x).sum(0)]), None))
-    return out
-
-
-def _vouched(utt: str, frames: int, dim: int, check: kaldi.FeatureCheck, targets) -> tuple:
-    """Pass 1 of an utterance whose length the feature stage vouches for (it checked the matrix when
-    it wrote it): the checks that need only the length, no matrix read. As _validate_chunk's rows."""
-    rejection = None
-    if frames > check.max_frames:
-        rejection = kaldi.Rejection(utt, "too_many_frames", f"{frames} frames > max_frames={check.max_frames}")
-    elif targets is not None:
-        rejection = _check_targets(utt, targets.get(utt), frames)
-    return (utt, None, None, rejection) if rejection else (utt, (frames, dim), np.zeros((2, dim)), None)
-
-
-def _load_targets(spec) -> np.ndarray:
-    if isinstance(spec, np.ndarray):
-        return spec
-    import kaldiio
-
-    return np.asarray(kaldiio.load_mat(spec), dtype=np.int64)
-
-
-def _check_targets(utt: str, spec, frames: int) -> kaldi.Rejection | None:
-    if spec is None:
-        return kaldi.Rejection(utt, "missing_alignment", f"no frame targets for {utt!r}")
-    try:
-        targets = _load_targets(spec)
-    except Exception as err:  # kaldiio raises many types for a damaged alignment entry
-        return kaldi.Rejection(utt, "unreadable", f"alignment of {utt!r}: {type(err).__name__}: {err}")
-    if len(targets) != frames:
-        return kaldi.Rejection(utt, "alignment_length_mismatch", f"{utt!r}: {len(targets)} targets for {frames} frames")
-    return None
-
-
-@dataclasses.dataclass
-class SplitPlan:
-    """What pass 1 found for one split."""
-
-    name: str
-    data_dir: Path
-    entries: dict[str, kaldi.Entry]  # valid utterances
-    lengths: dict[str, int]  # frames per valid utterance
-    dim: int
-    rejections: list[kaldi.Rejection]
-    stats: dict[str, np.ndarray]  # speaker -> Kaldi CMVN stats [2, dim+1]
-    targets: dict | None
-
-
-def validate_split(
-    name: str, data_dir: Path, cfg: ShardConfig, pool, alignments: Path | None, progress: bool
-) -> SplitPlan:
-    entries, rejections = kaldi.scan_data_dir(data_dir, allow_pipes=cfg.allow_pipes, need_text=True, source="feats")
-    previous = Path(data_dir) / features_stage.REJECTED
-    if previous.is_file():
-        rejections += [r for _, r in kaldi.read_rejections(previous)]
-    targets = kaldi.load_alignments(alignments, cfg.allow_pipes) if alignments else None
-    check = kaldi.FeatureCheck(max_frames=cfg.max_frames)
-    # Features the feature stage wrote and vouches for are not read here: their lengths come from
-    # utt2num_frames (and CMVN from cmvn.scp); the others are read once to be checked.
-    lengths, vouched_dim = features_stage.vouched_lengths(data_dir) or ({}, 0)
-    results = [
-        _vouched(e.utt_id, lengths[e.utt_id], vouched_dim, check, targets) for e in entries if e.utt_id in lengths
-    ]
-    to_read = [e for e in entries if e.utt_id not in lengths]
-    chunks = [to_read[i : i + 16] for i in range(0, len(to_read), 16)]
-    bar = progress_bar(total=len(to_read), desc=f"validate {name}", unit="utt", disable=not progress)
-    for out in pool.imap(_validate_chunk, [(c, check, targets) for c in chunks]):  # in order: deterministic
-        results.extend(out)
-        bar.update(len(out))
-    bar.close()
-    dim = cfg.feature_dim or kaldi.most_common_dim(shape[1] for _, shape, _, _ in results if shape is not None)
-    by_id = {e.utt_id: e for e in entries}
-    valid, lengths, sums = {}, {}, collections.defaultdict(lambda: 0)
-    for utt, shape, moments, rejection in results:
-        if rejection is not None:
-            rejections.append(rejection)
-        elif shape[1] != dim:
-            rejections.append(
-                kaldi.Rejection(
-                    utt, "wrong_dimension", f"{by_id[utt].feats} has dimension {shape[1]}, the split has {dim}"
-                )
-            )
-        else:
-            valid[utt], lengths[utt] = by_id[utt], shape[0]
-            stats = np.zeros((2, dim + 1))
-            stats[:, :dim] = moments
-            stats[0, dim] = shape[0]
-            sums[by_id[utt].speaker] = sums[by_id[utt].speaker] + stats
-    return SplitPlan(
-        name, Path(data_dir), valid, lengths, dim or 0, rejections, _speaker_stats(data_dir, dict(sums), dim), targets
-    )
-
-
-def _speaker_stats(data_dir: Path, computed: dict[str, np.ndarray], dim: int | None) -> dict[str, np.ndarray]:
-    """Kaldi's cmvn.scp when the directory has one (it may come from Kaldi), else what pass 1 summed."""
-    cmvn = Path(data_dir) / "cmvn.scp"
-    if not cmvn.is_file() or not dim:
-        return computed
-    import kaldiio
-
-    stats = {}
-    for speaker, spec in kaldi.read_table(cmvn).values.items():
-        if kaldi.is_pipe(spec):
-            raise ValueError(f"{cmvn}: {speaker!r} -> {spec!r} is a command; CMVN statistics must be files")
-        matrix = np.asarray(kaldiio.load_mat(spec), dtype=np.float64)
-        if matrix.shape != (2, dim + 1):
-            raise ValueError(f"{cmvn}: statistics of {speaker!r} have shape {matrix.shape}, expected (2, {dim + 1})")
-        stats[speaker] = matrix
-    missing = set(computed) - set(stats)
-    if missing:
-        raise ValueError(
-            f"{cmvn} lacks speakers {sorted(missing)[:5]}; re-run `python -m pipeline.features --data-dir {data_dir}`"
-        )
-    return stats
-
-
-# ----------------------------------------------------------------------------------------------
 # Writing (pass 2): one process per shard at a time.
 
 
@@ -282,7 +151,7 @@ def _examples(utts, entries, vocabulary, targets, cfg: ShardConfig) -> Iterator[
             "matrix": kaldi.load_matrix(entry.feats),  # [frames, dim]
             "transcript": transcript,
             "tokens": text.encode(transcript, vocabulary),
-            "targets": None if targets is None else _load_targets(targets[utt]).tolist(),
+            "targets": None if targets is None else split_validation.load_targets(targets[utt]).tolist(),
         }
 
 
@@ -318,7 +187,7 @@ def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: Shar
     return {
         "inputs": per_dir,
         "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
-        "code": fsutil.code_version(sys.modules[__name__], kaldi, records, text),
+        "code": fsutil.code_version(sys.modules[__name__], split_validation, kaldi, records, text),
     }
 
 
@@ -372,7 +241,10 @@ def make_shards(
 
     jobs = cfg.jobs or os.cpu_count() or 1
     with worker_pool(jobs) as pool:
-        plans = {name: validate_split(name, d, cfg, pool, alignments.get(name), progress) for name, d in splits.items()}
+        plans = {
+            name: split_validation.validate_split(name, d, cfg, pool, alignments.get(name), progress)
+            for name, d in splits.items()
+        }
         rejected = [(name, r) for name, plan in plans.items() for r in plan.rejections]
         kaldi.write_rejections(out_dir / REJECTED, rejected)
         total = sum(len(p.entries) + len(p.rejections) for p in plans.values())
@@ -474,12 +346,12 @@ def load_vocabulary(path: str | Path) -> dict:
     )
 
 
-def _num_targets(plans: dict[str, SplitPlan]) -> int:
+def _num_targets(plans: dict[str, split_validation.SplitPlan]) -> int:
     highest = -1
     for plan in plans.values():
         if plan.targets is not None:
             for utt in plan.entries:
-                highest = max(highest, int(_load_targets(plan.targets[utt]).max(initial=-1)))
+                highest = max(highest, int(split_validation.load_targets(plan.targets[utt]).max(initial=-1)))
     return highest + 1
 
 

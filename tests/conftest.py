@@ -32,6 +32,24 @@ def horovodrun(args: list[str], np: int = 2, timeout: float = 600, env: dict | N
     return proc
 
 
+def shard_set(splits: dict, vocabulary=("<blank>", "<unk>", " ", "a"), feature_dim: int = 2, lowercase: bool = True):
+    """A pipeline/records.py `ShardSet` with no files: `splits` name -> the manifest fields a test
+    gives (`speakers`, `cmvn`); the rest of the manifest is filled with an empty layout."""
+    from pipeline import records
+
+    empty = {"data_dir": "DATA", "utterances": 0, "frames": 0, "speakers": [], "cmvn": {}}
+    layout = {"classes": [], "class_sequence": [], "shards": []}
+    manifest = {
+        "feature_dim": feature_dim,
+        "feature_dtype": "float16",
+        "compression": "none",
+        "vocabulary": list(vocabulary),
+        "lowercase": lowercase,
+        "splits": {name: {**empty, **fields, **layout} for name, fields in splits.items()},
+    }
+    return records.ShardSet.from_manifest(Path("shards"), manifest)
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

@@ -26,17 +26,17 @@ def sharded(tmp_path_factory):
     # float16: the tests compare values exactly (uint8 storage has its own round-trip tests)
     cfg = shards.ShardConfig(num_shards=4, chunk_utterances=3, length_classes=4, jobs=1, feature_dtype="float16")
     shards.make_shards({"train": train, "test": test}, root / "out", cfg, progress=False)
-    return root / "out", feats, texts
+    return records.open_shard_set(root / "out"), feats, texts
 
 
-def class_of_each_utterance(manifest: dict, split: str = "train") -> dict[str, int]:
-    """utt id -> its length class, from the manifest's record layout."""
-    out = {}
+def class_of_each_utterance(out: records.ShardSet, split: str = "train") -> dict[str, int]:
+    """utt id -> its length class, from the manifest's record layout (as stored)."""
+    manifest, classes = records.load_manifest(out.root), {}
     for shard in manifest["splits"][split]["shards"]:
         ids = iter(shard["utt_ids"])
         for length_class, size in zip(shard["chunk_classes"], shard["chunk_sizes"]):
-            out.update({next(ids): length_class for _ in range(size)})
-    return out
+            classes.update({next(ids): length_class for _ in range(size)})
+    return classes
 
 
 def epoch_ids(out, cfg, size, epoch=0):
@@ -52,7 +52,7 @@ def epoch_ids(out, cfg, size, epoch=0):
 @pytest.mark.parametrize("size", [1, 2, 4])
 def test_every_rank_takes_the_same_steps_from_the_same_class_and_sees_each_utterance_once(sharded, size):
     out, feats, _ = sharded
-    classes = class_of_each_utterance(records.load_manifest(out))
+    classes = class_of_each_utterance(out)
     assert len(set(classes.values())) == 4, "the fixture must exercise several classes"
     for epoch in (0, 1):
         per_rank = epoch_ids(out, CFG, size, epoch)
@@ -72,7 +72,7 @@ def test_shards_that_ranks_cannot_share_equally_are_refused_with_the_fix(sharded
 
 
 def test_ranks_read_disjoint_shards_that_change_each_epoch(sharded):
-    paths = records.shard_paths(sharded[0], records.load_manifest(sharded[0]), "train")
+    paths = [str(f.path) for f in sharded[0].split("train").files]
     e0 = [dataset.rank_files(paths, r, 2, 0, 0) for r in range(2)]
     e1 = [dataset.rank_files(paths, r, 2, 1, 0) for r in range(2)]
     assert sorted(e0[0] + e0[1]) == sorted(paths) and not set(e0[0]) & set(e0[1])
@@ -81,13 +81,13 @@ def test_ranks_read_disjoint_shards_that_change_each_epoch(sharded):
 
 def test_batches_respect_the_frame_budget_and_hold_the_stored_features(sharded):
     out, feats, _ = sharded
-    classes = records.load_manifest(out)["splits"]["train"]["classes"]
+    part = out.split("train")
     ds, _ = dataset.asr_dataset(out, "train", CFG)
     for batch in ds.as_numpy_iterator():
         b, t, d = batch["feats"].shape
         assert d == 13 and batch["feats"].dtype == np.float16
-        assert t in {c["max_length"] for c in classes} and t >= batch["feat_lengths"].max()  # padded to its class
-        slots = max(c["slots"] for c in classes)
+        assert t in part.max_lengths and t >= batch["feat_lengths"].max()  # padded to its class
+        slots = max(part.slots)
         assert b * t <= max(CFG.frames_per_batch, slots * t)  # one record is the smallest batch
         for i, utt in enumerate(batch["utt_id"]):
             n = batch["feat_lengths"][i]
@@ -131,7 +131,7 @@ def test_synthesis_batches(sharded):
     out, feats, texts = sharded
     ds, steps = dataset.tts_dataset(out, "train", CFG)
     count = 0
-    mean, std = dataset.mel_stats(records.load_manifest(out))
+    mean, std = dataset.mel_stats(out)
     for batch in ds.as_numpy_iterator():
         count += 1
         for i, utt in enumerate(batch["utt_id"]):
@@ -151,8 +151,8 @@ def test_synthesis_batches(sharded):
 @pytest.mark.slow
 def test_under_horovodrun_both_ranks_get_equal_batches_of_one_class_covering_the_epoch(sharded):
     out, feats, _ = sharded
-    classes = class_of_each_utterance(records.load_manifest(out))
-    proc = horovodrun(["tests/scripts/epoch_ids.py", str(out)], np=2, timeout=300)
+    classes = class_of_each_utterance(out)
+    proc = horovodrun(["tests/scripts/epoch_ids.py", str(out.root)], np=2, timeout=300)
     per_rank = {}
     for rank, payload in re.findall(r"EPOCH rank=(\d) (.*)", proc.stdout):
         per_rank[int(rank)] = json.loads(payload)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from pipeline import audio_io, features, kaldi, records, shards
+from pipeline import audio_io, features, kaldi, records, shards, split_validation
 from pipeline.audio_io import Source
-from tests.conftest import ROOT, quiet_env
+from tests.conftest import ROOT, quiet_env, shard_set
 from tests.kaldi_fixtures import make_feats_dir, make_recipe_dirs, make_wav_dir, tone, write_table
 from workflow import commands
 from workflow.plan import Plan, make_plan
@@ -353,7 +353,7 @@ def test_shard_stage_takes_lengths_from_the_feature_stage(tmp_path, monkeypatch)
     def no_reading(task):
         raise AssertionError("pass 1 read a matrix the feature stage vouches for")
 
-    monkeypatch.setattr(shards, "_validate_chunk", no_reading)
+    monkeypatch.setattr(split_validation, "_validate_chunk", no_reading)
     vouched = shards.make_shards({"train": data_dir}, tmp_path / "vouched", cfg, progress=False)
     for key in ("utterances", "frames", "classes", "cmvn", "speakers"):
         assert vouched["splits"]["train"][key] == expected["splits"]["train"][key], key
@@ -396,12 +396,12 @@ def test_evaluation_refuses_shards_made_with_another_vocabulary(tmp_path):
     from models.evaluate import check_vocabulary
 
     model = {"vocabulary": ["<blank>", "<unk>", " ", "a", "b"], "lowercase": True}
-    check_vocabulary(model, dict(model), tmp_path / "runs/asr", tmp_path / "shards")  # the same: no error
-    other = {"vocabulary": ["<blank>", "<unk>", " ", "a", "c", "d"], "lowercase": True}
+    check_vocabulary(model, shard_set({}, model["vocabulary"]), tmp_path / "runs/asr")  # the same: no error
+    other = shard_set({}, ["<blank>", "<unk>", " ", "a", "c", "d"])
     with pytest.raises(ValueError, match=r"token 4 is 'b' for the model and 'c' in the shards .*--vocabulary-from"):
-        check_vocabulary(model, other, tmp_path / "runs/asr", tmp_path / "shards")
+        check_vocabulary(model, other, tmp_path / "runs/asr")
     with pytest.raises(ValueError, match="lower-cased, the shards are not"):
-        check_vocabulary(model, {**model, "lowercase": False}, tmp_path / "runs/asr", tmp_path / "shards")
+        check_vocabulary(model, shard_set({}, model["vocabulary"], lowercase=False), tmp_path / "runs/asr")
 
 
 # ---- the DAG's parameters -------------------------------------------------------------------------

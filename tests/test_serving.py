@@ -124,7 +124,7 @@ def pipeline_transcripts(model_path: Path, shard_dir: Path, cmvn: str) -> dict[s
     model, config, data = serving.load_model_dir(model_path)
     cfg = dataclasses.replace(config.input, cmvn=cmvn)
     out = {}
-    for batch in dataset.asr_dataset(shard_dir, "train", cfg, training=False)[0]:
+    for batch in dataset.asr_dataset(records.open_shard_set(shard_dir), "train", cfg, training=False)[0]:
         hyps = asr.transcribe(model, AsrTask.features(batch), batch["feat_lengths"], data["vocabulary"])
         out.update({u.decode(): h for u, h in zip(batch["utt_id"].numpy(), hyps)})
     return out
@@ -132,11 +132,11 @@ def pipeline_transcripts(model_path: Path, shard_dir: Path, cmvn: str) -> dict[s
 
 def test_the_input_pipeline_flags_utterance_cmvn_and_the_step_applies_it(wav_shards):
     root, _ = wav_shards
-    manifest = records.load_manifest(root / "shards")
+    shard_set = records.open_shard_set(root / "shards")
     cfg = dataset.InputConfig(cmvn="utterance")
-    stored = {utt: feats for utt, feats, _ in records.read_utterances(root / "shards", "train")}
+    stored = {utt: feats for utt, feats, _ in records.read_utterances(shard_set, "train")}
     seen = 0
-    for batch in dataset.asr_dataset(root / "shards", "train", cfg, training=False, manifest=manifest)[0]:
+    for batch in dataset.asr_dataset(shard_set, "train", cfg, training=False)[0]:
         assert batch["utterance_cmvn"].numpy().all()
         normalized = AsrTask.features(batch).numpy()
         for i, utt in enumerate(batch["utt_id"].numpy()):
@@ -146,16 +146,15 @@ def test_the_input_pipeline_flags_utterance_cmvn_and_the_step_applies_it(wav_sha
             np.testing.assert_allclose(normalized[i, :n], (x - x.mean(0)) / x.std(0), atol=1e-3)
             seen += 1
     assert seen == 6
-    speaker = dataset.asr_dataset(root / "shards", "train", dataclasses.replace(cfg, cmvn="speaker"), training=False)
+    speaker = dataset.asr_dataset(shard_set, "train", dataclasses.replace(cfg, cmvn="speaker"), training=False)
     assert not next(iter(speaker[0]))["utterance_cmvn"].numpy().any()
 
 
 @pytest.mark.parametrize("cmvn", ["utterance", "global", "none"])
 def test_served_transcripts_of_audio_are_the_models_on_the_training_features(wav_shards, tmp_path, cmvn):
     root, wavs = wav_shards
-    manifest = records.load_manifest(root / "shards")
     # global: the training split's statistics, which data.json holds and serving uses
-    mean, std = dataset.mel_stats(manifest)
+    mean, std = dataset.mel_stats(records.open_shard_set(root / "shards"))
     path = model_dir(tmp_path / "model", "asr", cmvn)
     data = json.loads((path / "data.json").read_text())
     (path / "data.json").write_text(json.dumps({**data, "mel_mean": mean.tolist(), "mel_std": std.tolist()}))
@@ -184,7 +183,7 @@ def test_served_transcripts_of_audio_are_the_models_on_the_training_features(wav
 
 def asr_beam(model_path: Path, shard_dir: Path, utt: str) -> list[str]:
     model, config, data = serving.load_model_dir(model_path)
-    for batch in dataset.asr_dataset(shard_dir, "train", config.input, training=False)[0]:
+    for batch in dataset.asr_dataset(records.open_shard_set(shard_dir), "train", config.input, training=False)[0]:
         ids = [u.decode() for u in batch["utt_id"].numpy()]
         if utt in ids:
             hyps = asr.transcribe(model, AsrTask.features(batch), batch["feat_lengths"], data["vocabulary"], 4)

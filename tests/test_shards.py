@@ -33,7 +33,10 @@ def test_round_trip_of_every_ark_format(tmp_path, kind, method, atol):
         # Compressed matrices are lossy: the shards must hold exactly what kaldiio decodes.
         feats = {utt: kaldiio.load_mat(spec) for utt, spec in kaldi.read_table(data_dir / "feats.scp").values.items()}
     shards.make_shards({"train": data_dir}, tmp_path / "out", CFG, progress=False)
-    got = {utt: (matrix, text) for utt, matrix, text in records.read_utterances(tmp_path / "out", "train")}
+    got = {
+        utt: (matrix, text)
+        for utt, matrix, text in records.read_utterances(records.open_shard_set(tmp_path / "out"), "train")
+    }
     assert sorted(got) == sorted(feats)
     for utt, (matrix, text) in got.items():
         assert matrix.dtype == np.float32 and matrix.shape == feats[utt].shape
@@ -52,7 +55,7 @@ def test_any_feature_dimension_and_gzip(tmp_path, dim):
     )
     assert manifest["feature_dim"] == dim
     assert all(s["file"].endswith(".tfrecord.gz") for s in manifest["splits"]["train"]["shards"])
-    got = dict((u, m) for u, m, _ in records.read_utterances(tmp_path / "out", "train"))
+    got = dict((u, m) for u, m, _ in records.read_utterances(records.open_shard_set(tmp_path / "out"), "train"))
     np.testing.assert_array_equal(got[sorted(feats)[0]], feats[sorted(feats)[0]])
 
 
@@ -87,7 +90,10 @@ def test_uint8_and_float16_shards_hold_the_features_within_their_precision(tmp_p
         manifest = shards.make_shards({"train": data_dir}, tmp_path / dtype, cfg, progress=False)
         assert manifest["feature_dtype"] == dtype and manifest["version"] == records.FORMAT_VERSION
         sizes[dtype] = sum(s["bytes"] for s in manifest["splits"]["train"]["shards"])
-        got = {utt: (matrix, text) for utt, matrix, text in records.read_utterances(tmp_path / dtype, "train")}
+        got = {
+            utt: (matrix, text)
+            for utt, matrix, text in records.read_utterances(records.open_shard_set(tmp_path / dtype), "train")
+        }
         assert sorted(got) == sorted(feats)
         for utt, (matrix, text) in got.items():
             assert text == texts[utt] and matrix.shape == feats[utt].shape
@@ -129,7 +135,7 @@ def test_shards_of_the_old_format_are_refused_with_the_command_that_rewrites_the
     old.pop("skipped")
     (tmp_path / "out" / records.MANIFEST).write_text(json.dumps(old))
     with pytest.raises(ValueError, match=r"format version 1 .*pipeline\.shards --split train=.* --out"):
-        records.load_manifest(tmp_path / "out")
+        records.open_shard_set(tmp_path / "out")
     # The shard stage itself rewrites them (the manifest's fingerprint no longer matches).
     again = shards.make_shards({"train": data_dir}, tmp_path / "out", CFG, progress=False)
     assert not again["skipped"] and records.load_manifest(tmp_path / "out")["version"] == records.FORMAT_VERSION

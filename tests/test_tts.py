@@ -17,6 +17,7 @@ from models import audio
 from models.tasks import TtsTask, resolve_tts, speak
 from models.tts import TtsConfig, build_tts, speaker_ids
 from models.tts_alignment import attention_diagonality, attention_monotonicity, monotonic_alignment
+from tests.conftest import shard_set
 
 TINY = TtsConfig(
     vocab_size=16,
@@ -350,11 +351,12 @@ def two_voice_model():
 
 
 def test_config_and_task_take_the_voices_from_the_training_split():
-    manifest = {"vocabulary": list("abc"), "feature_dim": 80, "splits": {"train": {"speakers": ["s1", "s2"]}}}
-    config = resolve_tts(TtsConfig(), manifest)
+    shards = shard_set({"train": {"speakers": ["s1", "s2"]}}, vocabulary="abc", feature_dim=80)
+    config = resolve_tts(TtsConfig(), shards)
     assert config.speakers == ("s1", "s2") and config.multi_speaker
-    assert resolve_tts(TtsConfig(speaker_dim=0), manifest).speakers == ()  # one voice, on request
-    assert resolve_tts(config, {**manifest, "splits": {}}).speakers == ("s1", "s2")  # a trained model keeps its own
+    assert resolve_tts(TtsConfig(speaker_dim=0), shards).speakers == ()  # one voice, on request
+    other = shard_set({}, vocabulary="abc", feature_dim=80)
+    assert resolve_tts(config, other).speakers == ("s1", "s2")  # a trained model keeps its own
     with pytest.raises(ValueError, match="twice"):
         TtsConfig(speakers=("a", "a"))
     np.testing.assert_array_equal(speaker_ids(config, ["s2", None, "", "s1"]), [1, 0, 0, 0])
@@ -371,16 +373,16 @@ def cmvn(mean):
 
 
 def test_unseen_voices_are_spoken_in_the_nearest_training_voice():
-    manifest = {
-        "feature_dim": 2,
-        "splits": {
+    shards = shard_set(
+        {
             "train": {"speakers": ["a", "b"], "cmvn": {"a": cmvn([0, 0]), "b": cmvn([10, 10])}},
             "test": {"speakers": ["a", "x", "y"], "cmvn": {"a": cmvn([0, 0]), "x": cmvn([9, 8]), "y": cmvn([1, -1])}},
         },
-    }
+        feature_dim=2,
+    )
     config = TtsConfig(speakers=("a", "b"))
-    assert TtsTask(config).voices(manifest, "test") == {"a": 0, "x": 1, "y": 0}
-    assert TtsTask(config, voice="b").voices(manifest, "test") == {"a": 1, "x": 1, "y": 1}
+    assert TtsTask(config).voices(shards, "test") == {"a": 0, "x": 1, "y": 0}
+    assert TtsTask(config, voice="b").voices(shards, "test") == {"a": 1, "x": 1, "y": 1}
     with pytest.raises(ValueError, match="voice 'c'"):
         TtsTask(config, voice="c")
 
