@@ -123,7 +123,7 @@ def compute_fbank(wave: np.ndarray, cfg: FeatureConfig) -> np.ndarray:
     return np.stack([fbank.get_frame(i) for i in range(frames)]).astype(np.float32)
 
 
-def _featurize_recording(task):
+def featurize_recording(task):
     """Worker: one recording (and all its segments). Returns [(utt, matrix | None, Rejection | None)]."""
     spec, entries, cfg = task
     try:
@@ -282,7 +282,7 @@ def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True, 
 
     bar = progress_bar(total=len(entries), desc=f"fbank {source.name}", unit="utt", disable=not progress)
     with worker_pool(jobs) as pool, kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as writer:
-        for results in pool.imap(_featurize_recording, tasks):
+        for results in pool.imap(featurize_recording, tasks):
             for utt, feats, rejection in results:
                 if rejection is not None:
                     rejections.append(rejection)

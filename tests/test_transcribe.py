@@ -1,0 +1,154 @@
+"""Batch inference from the command line: `models.transcribe` against `models.evaluate`, its CTM, and
+`models.synthesize`."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+import soundfile
+
+from models import evaluate, inference, synthesize, transcribe
+from pipeline import features, kaldi, shards
+from tests.kaldi_fixtures import make_wav_dir
+from tests.test_serving import model_dir
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory):
+    """Six utterances of two speakers (22.05 kHz WAVs) through the feature and shard stages (float32),
+    an untrained acoustic model with per-speaker CMVN, its evaluation, and the transcription of the
+    same data directory."""
+    root = tmp_path_factory.mktemp("transcribe")
+    data = make_wav_dir(root / "test", num_utts=6, rate=22050, seconds=0.6)
+    features.compute_features(data, features.FeatureConfig(jobs=1), progress=False)
+    model = model_dir(root / "work" / "model", "asr", cmvn="speaker")
+    cfg = shards.ShardConfig(num_shards=1, jobs=1, feature_dtype="float32", vocabulary_from=str(model))
+    shards.make_shards({"test": data}, root / "shards", cfg, progress=False)
+    evaluate.evaluate(root / "work", root / "shards", evaluate.EvalConfig(splits=("test",), beam_width=4))
+    with open(root / "work" / "eval" / "test_hypotheses.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    evaluated = {r["utt_id"]: r["greedy"] for r in rows}
+    assert (
+        transcribe.main(
+            [
+                "--model",
+                str(root / "work" / "model"),
+                "--data-dir",
+                str(data),
+                "--out",
+                str(root / "out"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    return root, data, evaluated
+
+
+def test_transcripts_of_a_data_dir_are_the_evaluations_hypotheses(decoded):
+    root, _, evaluated = decoded
+    text = dict(line.split(" ", 1) for line in (root / "out" / "text").read_text().splitlines())
+    assert len(evaluated) == 6 and all(h.strip() for h in evaluated.values()), "untrained: non-empty garbage"
+    assert text == evaluated
+
+
+def test_ctm_words_are_the_transcripts_in_order_within_each_utterance(decoded):
+    root, data, _ = decoded
+    text = dict(line.split(" ", 1) for line in (root / "out" / "text").read_text().splitlines())
+    wavs = kaldi.read_table(data / "wav.scp").values
+    ctm: dict[str, list] = {}
+    for line in (root / "out" / "ctm").read_text().splitlines():
+        utt, channel, start, duration, word = line.split(" ")
+        assert channel == "1"
+        ctm.setdefault(utt, []).append((float(start), float(duration), word))
+    for utt, hypothesis in text.items():
+        words = ctm.get(utt, [])
+        assert [w for _, _, w in words] == hypothesis.split()
+        seconds = soundfile.info(wavs[utt]).duration
+        ends = 0.0
+        for start, duration, _ in words:
+            assert duration > 0 and start >= ends - 1e-6 and start + duration <= seconds + 0.05, (utt, words)
+            ends = start + duration
+
+
+def test_audio_files_and_beam_search_from_the_command_line(decoded, tmp_path):
+    root, data, evaluated = decoded
+    wavs = kaldi.read_table(data / "wav.scp").values
+    first = sorted(wavs)[:2]
+    files = [str(wavs[u]) for u in first]
+    (tmp_path / "broken.wav").write_bytes(b"RIFF not audio")
+    out = tmp_path / "out"
+    args = ["--model", str(root / "work" / "model"), *files, str(tmp_path / "broken.wav"), "--out", str(out)]
+    assert transcribe.main([*args, "--beam-width", "4", "--no-progress"]) == 0
+    text = dict(line.split(" ", 1) for line in (out / "text").read_text().splitlines())
+    assert sorted(text) == first  # each file its own speaker: per-speaker CMVN of its own frames
+    rejected = (out / "rejected.tsv").read_text()
+    assert "broken" in rejected, "the unreadable file is listed with its reason"
+
+
+def test_ctc_forced_alignment_is_the_best_path_of_the_labels():
+    import itertools
+
+    rng = np.random.default_rng(0)
+    log_probs = np.log(rng.dirichlet(np.ones(5), size=7))  # [T=7, V=5]
+    labels = [2, 2, 3]  # a repeat: a blank must stand between its two
+    path = inference.ctc_forced_alignment(log_probs, labels)
+    tokens = [0 if i < 0 else labels[i] for i in path]
+
+    def collapse(seq):
+        return [t for k, t in enumerate(seq) if t != 0 and (k == 0 or seq[k - 1] != t)]
+
+    def score(seq):
+        return sum(log_probs[t, tok] for t, tok in enumerate(seq))
+
+    assert collapse(tokens) == labels
+    best = max(score(seq) for seq in itertools.product([0, 2, 3], repeat=7) if collapse(list(seq)) == labels)
+    assert score(tokens) == pytest.approx(best)
+    words = inference.word_times("ab c", np.asarray([-1, 0, 0, 1, -1, -1, 2, 3, -1, -1, -1, -1]), 0.04)
+    assert [w for w, _, _ in words] == ["ab", "c"]
+    assert words[0][1] == pytest.approx(0.04) and words[0][2] == pytest.approx(0.12)
+
+
+def test_synthesize_writes_one_wav_per_sentence(tmp_path):
+    path = model_dir(tmp_path / "tts", "tts", voices=("a", "b"))
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("the cat sat\n\na dog\nhello there\n", encoding="utf-8")
+    cfg = synthesize.SynthesizeConfig(voice="b", max_steps=20, griffin_lim_iters=2, progress=False)
+    rows = synthesize.synthesize(str(path), sentences, tmp_path / "wavs", cfg)
+    assert [r["line"] for r in rows] == [1, 3, 4] and all(r["voice"] == "b" for r in rows)
+    for row in rows:
+        info = soundfile.info(tmp_path / "wavs" / row["file"])
+        assert info.samplerate == 16000 and info.frames > 0
+    with open(tmp_path / "wavs" / "index.tsv") as f:
+        listed = list(csv.DictReader(f, delimiter="\t"))
+    assert [r["text"] for r in listed] == ["the cat sat", "a dog", "hello there"]
+    with pytest.raises(ValueError, match="voice 'c'"):
+        synthesize.synthesize(str(path), sentences, tmp_path / "x", dataclasses.replace(cfg, voice="c"))
+
+
+@pytest.mark.slow  # logging a pyfunc model into a registry: about 20 s
+def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, monkeypatch):
+    import mlflow
+
+    from models import serving
+
+    root, data, evaluated = decoded
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        _, config, info = serving.load_model_dir(root / "work" / "model")
+        with mlflow.start_run():
+            logged = serving.log_model(root / "work" / "model", config, info)
+        version = mlflow.register_model(logged.model_uri, "tiny-asr")
+        mlflow.MlflowClient().set_registered_model_alias("tiny-asr", "champion", version.version)
+        cfg = transcribe.TranscribeConfig(progress=False)
+        transcribe.transcribe("models:/tiny-asr@champion", tmp_path / "out", cfg, data_dir=data)
+    finally:
+        mlflow.set_tracking_uri(None)
+    text = dict(line.split(" ", 1) for line in (tmp_path / "out" / "text").read_text().splitlines())
+    assert text == evaluated
+    with pytest.raises(ValueError, match="models:/missing@champion"):
+        inference.open_model("models:/missing@champion")
