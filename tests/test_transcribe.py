@@ -140,7 +140,8 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, monkeypat
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     try:
         _, config, info = serving.load_model_dir(root / "work" / "model")
-        with mlflow.start_run():
+        experiment = mlflow.create_experiment("transcribe", artifact_location=(tmp_path / "artifacts").as_uri())
+        with mlflow.start_run(experiment_id=experiment):
             logged = serving.log_model(root / "work" / "model", config, info)
         version = mlflow.register_model(logged.model_uri, "tiny-asr")
         mlflow.MlflowClient().set_registered_model_alias("tiny-asr", "champion", version.version)
