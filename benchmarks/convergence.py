@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = chosen
     common = [f"epochs={epochs}", "max_steps=0", "log_model=false", "eval_every=20"]
     results: dict = {"tiny": args.tiny, "epochs": epochs, "seeds": seeds}
+    # Part 1 trains seeds 0..N-1 of every variant, part 2 seed 0; the corpus is the stage's seed 0.
+    seeds_used = {"training": list(range(seeds)), "demo_corpus" if not args.tiny else "synthetic_shards": 0}
     earlier = reference(parser, args.reference, epochs) if args.reference else {}
     for name, flags in variants.items():
         cers, wers = earlier_seeds(earlier, name, seeds)  # measured on the same code, shards and budget
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{name}_cers"] = cers
         results[f"{name}_wer"] = float(np.mean(wers))
         results[f"{name}_wers"] = wers
-        write_json(args.json, results)  # each variant kept if a later one is cut short
+        write_json(args.json, results, seeds=seeds_used)  # each variant kept if a later one is cut short
     carried = [n for n in VARIANTS if n not in variants and earlier_seeds(earlier, n, seeds)[0]]
     for name in carried:  # not asked for this time: the earlier run's rows stay in the table
         results.update({k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k})
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = compare_to_allreduce(results, [*variants, *carried])
     print_table(["strategy", "seeds", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"], rows)
 
-    write_json(args.json, results)  # part 1 kept if part 2 is cut short
+    write_json(args.json, results, seeds=seeds_used)  # part 1 kept if part 2 is cut short
     gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]
     if not args.half_speed or not gossip:
         return 0
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{name}_half_speed_dev_curve"] = curves[name]  # [minutes, dev CER] per evaluation
         results[f"{name}_half_speed_final_dev_cer"] = summary.get("last_dev_cer")
         results[f"{name}_half_speed_batches"] = [r["batches"] for r in summary.get("per_rank_trained", [])]
-        write_json(args.json, results)
+        write_json(args.json, results, seeds=seeds_used)
     # A gossip run may end a little above allreduce's CER (never reaching the target); then the
     # level both reached, the higher of the two final dev CERs, compares them at equal quality.
     level = max(results[f"{name}_half_speed_final_dev_cer"] for name in curves)
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[f"{name}_half_speed_job_minutes"],
             ]
         )
-    write_json(args.json, results)
+    write_json(args.json, results, seeds=seeds_used)
     headers = ["rank 1 at half speed", "target dev CER", "minutes to it", "final dev CER", "minutes to both's level"]
     print_table([*headers, "job minutes"], rows)
     if args.json:

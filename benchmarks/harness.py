@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -14,6 +15,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+
+# What the benchmarks of short runs on synthetic shards seed: the shards (synthetic_shards' default)
+# and the training (TrainConfig.seed's default, which the configs they train leave alone).
+SHORT_RUN_SEEDS = {"synthetic_shards": 0, "training": 0}
 
 
 def synthetic_shards(
@@ -134,10 +139,59 @@ def delay_rounds(summary: dict) -> dict:
     return {"rounds": summary["gossip_rounds"], "rounds_before_merge": summary["per_rank_gossip_rounds_before_merge"]}
 
 
-def write_json(path: Path | None, results: dict) -> None:
+def machine() -> dict:
+    """The CPU this process runs on: its model name, its cores and whether it has AVX-512."""
+    cpu_model, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and cpu_model is None:
+                cpu_model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:  # not Linux: the model name is all that is lost
+        pass
+    return {"cpu_model": cpu_model, "cores": os.cpu_count(), "avx512": "avx512f" in flags}
+
+
+def git_commit() -> str | None:
+    """HEAD's commit, with "-dirty" when the working tree has changes the commit lacks."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None  # not a git checkout (an image's copy of the tree)
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
+def run_metadata(seeds) -> dict:
+    """What a benchmark's JSON records about the run that made it: commit, UTC date, machine,
+    command line and the seeds it used (docs/benchmarks.md prints it beside every table)."""
+    return {
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "command": command_line(),
+        "seeds": seeds,
+    }
+
+
+def command_line() -> str:
+    """sys.argv joined; the program as a path inside the repository when it is one."""
+    program = Path(sys.argv[0]).resolve()
+    first = program.relative_to(ROOT).as_posix() if program.is_relative_to(ROOT) else sys.argv[0]
+    return " ".join([first, *sys.argv[1:]])
+
+
+def write_json(path: Path | None, results: dict, seeds) -> None:
+    """Writes `results` with the run's metadata under "meta" (see run_metadata); `seeds` names the
+    seeds the benchmark used, e.g. {"training": [0, 1], "synthetic_shards": 0}."""
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2, sort_keys=True, default=float) + "\n")
+        record = {**results, "meta": run_metadata(seeds)}
+        path.write_text(json.dumps(record, indent=2, sort_keys=True, default=float) + "\n")
 
 
 def asr_setup(args, prefix: str, tiny_steps: int = 8):

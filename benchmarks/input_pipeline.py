@@ -23,7 +23,6 @@ the seed-style loader hands over unnormalized float32 padded with numpy.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness import write_json  # noqa: E402
 from pipeline import dataset, records, shards  # noqa: E402
 
 
@@ -237,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     results["frames_per_s_per_core"] = results["tfdata_frames_per_s"] / max(1, results["cores"])
     results["gpu_b1024_cores_needed"] = GPU_B1024_FRAMES_PER_S / results["frames_per_s_per_core"]
     print_table(results)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    write_json(args.json, results, seeds={"corpora": 0})
     return 0
 
 

@@ -27,7 +27,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import HOROVODRUN, PYTHON, ROOT, asr_setup, print_table, run_training, write_json  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    HOROVODRUN,
+    PYTHON,
+    ROOT,
+    SHORT_RUN_SEEDS,
+    asr_setup,
+    print_table,
+    run_training,
+    write_json,
+)
 
 PROBE = """
 import sys, time, numpy as np, tensorflow as tf, horovod.tensorflow as hvd
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results["plot"] = plot.name  # logged to MLflow with the numbers
     results["mlflow_run_id"] = log_to_mlflow(results, plot)
-    write_json(args.json, results)
+    write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
     return 0
 
 

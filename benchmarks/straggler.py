@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import (  # noqa: E402
+    SHORT_RUN_SEEDS,
     asr_setup,
     delay_rounds,
     pick_variants,
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         ["strategy", "rank 1 speed", "job s alone", "job s slowed", "batches r0/r1", "job ratio", "ideal", "fast rank"],
         rows,
     )
-    write_json(args.json, results)
+    write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
     return 0
 
 

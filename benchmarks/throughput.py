@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks.harness import ROOT, SHORT_RUN_SEEDS, print_table, run_training, synthetic_shards, write_json  # noqa: E402
 
 
 def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
@@ -241,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         print_table(["", "encoder", "decoder", "post-net"], profile_rows)
         batches = (4,) if args.tiny else (16, 32, 64)
         results.update(tts_curve(batches, args.tiny, repeats=1 if args.tiny else 3))
+        results["gpu_calibration_tts"] = {str(b): list(row) for b, row in GPU_CALIBRATION_TTS.items()}
         print_tts_curve(results, batches)
-    write_json(args.json, results)
+    write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
     return 0
 
 
