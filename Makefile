@@ -6,7 +6,7 @@ RUNS := $(CURDIR)/.runs
 export MLFLOW_TRACKING_URI ?= sqlite:///$(RUNS)/mlflow.db
 export AIRFLOW_HOME ?= $(RUNS)/airflow
 
-.PHONY: setup test test-fast test-e2e lint demo airflow-ui mlflow-ui bench lock clean
+.PHONY: setup test test-fast test-e2e lint demo airflow-ui mlflow-ui bench bench-report lock clean
 
 setup:
 	@bash scripts/setup.sh
@@ -41,7 +41,7 @@ mlflow-ui: setup
 	$(PY) -m mlflow server --host 127.0.0.1 --port 5000 \
 	  --backend-store-uri "$(MLFLOW_TRACKING_URI)" --artifacts-destination "$(RUNS)/mlartifacts"
 
-# All benchmarks at full size (about an hour on 2 cores); tables on stdout, JSON in benchmarks/results/.
+# All benchmarks at full size (hours on 2 cores); tables on stdout, JSON in benchmarks/results/, then the page.
 BENCHMARKS := input_pipeline throughput straggler speedup_model convergence faults
 bench: setup
 	@mkdir -p benchmarks/results
@@ -49,6 +49,12 @@ bench: setup
 	  echo "== $$b"; \
 	  $(PY) benchmarks/$$b.py --json benchmarks/results/$$b.json || exit 1; \
 	done
+	$(MAKE) bench-report
+
+# docs/benchmarks.md from benchmarks/results/*.json (tables, provenance, plots); tests/test_docs.py
+# fails when the committed page is not what this makes of the committed JSON.
+bench-report:
+	$(PY) benchmarks/report.py
 
 # Re-resolve the lock files after editing requirements/*.in.
 lock:

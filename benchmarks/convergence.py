@@ -56,6 +56,16 @@ VARIANTS = {
     "delay-by-one": ["--strategy", "adpsgd", "--gossip", "delay-by-one"],
     "hierarchical": ["--strategy", "adpsgd", "--gossip", "fixed-ring", "--hierarchical-gossip"],
 }
+# The tables' columns (benchmarks/report.py prints the same ones from the JSON).
+TABLE = ["strategy", "seeds", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"]
+HALF_SPEED_TABLE = [
+    "rank 1 at half speed",
+    "target dev CER",
+    "minutes to it",
+    "final dev CER",
+    "minutes to both's level",
+    "job minutes",
+]
 HOSTS = "localhost:2,127.0.0.1:2"  # two hosts of two ranks on this machine (Horovod groups by host name)
 
 
@@ -263,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         results.update({k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k})
         results[f"{name}_from"] = f"{args.reference.name} only"
     rows = compare_to_allreduce(results, [*variants, *carried])
-    print_table(["strategy", "seeds", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"], rows)
+    print_table(TABLE, rows)
 
     write_json(args.json, results, seeds=seeds_used)  # part 1 kept if part 2 is cut short
     gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]
@@ -311,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     write_json(args.json, results, seeds=seeds_used)
-    headers = ["rank 1 at half speed", "target dev CER", "minutes to it", "final dev CER", "minutes to both's level"]
-    print_table([*headers, "job minutes"], rows)
+    print_table(HALF_SPEED_TABLE, rows)
     if args.json:
         print("plot:", dev_cer_plot(curves, target, args.json.with_suffix(".png")))
     return 0

@@ -42,6 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import PYTHON, ROOT, print_table, write_json  # noqa: E402
 from workflow import commands  # noqa: E402
 
+# The table's columns (benchmarks/report.py prints the same ones from the JSON).
+TABLE = ["fault", "exit code", "seconds to detect", "steps lost", "final test CER / outcome"]
+
 
 def env(**extra: str) -> dict:
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
@@ -419,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(["MLflow down, then back", code, "", "", f"{len(points)}/{summary['steps']} loss points"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_table(["fault", "exit code", "seconds to detect", "steps lost", "final test CER / outcome"], rows)
+    print_table(TABLE, rows)
     write_json(args.json, results, seeds={"demo_corpus": 0, "training": 0})
     return 0
 

@@ -38,6 +38,16 @@ from benchmarks.harness import (  # noqa: E402
     write_json,
 )
 
+# The table's columns (benchmarks/report.py prints the same ones from the JSON).
+TABLE = [
+    "strategy",
+    "predicted n=1",
+    "predicted n=2",
+    "measured n=2 (training)",
+    "measured n=2 (job)",
+    "predicted n=128",
+]
+
 PROBE = """
 import sys, time, numpy as np, tensorflow as tf, horovod.tensorflow as hvd
 from common.runtime import configure_tensorflow
@@ -141,17 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Tcalc {tcalc * 1000:.1f} ms, Ttransmit {ttransmit * 1000:.2f} ms ({parameters:,} float32 weights), "
         f"Tmerge {tmerge * 1000:.2f} ms"
     )
-    print_table(
-        [
-            "strategy",
-            "predicted n=1",
-            "predicted n=2",
-            "measured n=2 (training)",
-            "measured n=2 (job)",
-            "predicted n=128",
-        ],
-        rows,
-    )
+    print_table(TABLE, rows)
     results["plot"] = plot.name  # logged to MLflow with the numbers
     results["mlflow_run_id"] = log_to_mlflow(results, plot)
     write_json(args.json, results, seeds=SHORT_RUN_SEEDS)

@@ -40,6 +40,9 @@ from benchmarks.harness import (  # noqa: E402
     write_json,
 )
 
+# The table's columns (benchmarks/report.py prints the same ones from the JSON).
+TABLE = ["strategy", "rank 1 speed", "job s alone", "job s slowed", "batches r0/r1", "job ratio", "ideal", "fast rank"]
+
 VARIANTS = {
     "allreduce": ["--strategy", "allreduce"],
     "fixed-ring": ["--strategy", "adpsgd", "--gossip", "fixed-ring"],
@@ -110,10 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             batches = "/".join(str(r["batches"]) for r in slowed["per_rank_trained"])
             rows.append([name, f"1/{factor}", alone["job_wall_s"], slowed["job_wall_s"], batches, ratio, ideal, fast])
-    print_table(
-        ["strategy", "rank 1 speed", "job s alone", "job s slowed", "batches r0/r1", "job ratio", "ideal", "fast rank"],
-        rows,
-    )
+    print_table(TABLE, rows)
     write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
     return 0
 

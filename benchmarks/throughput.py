@@ -45,6 +45,10 @@ def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
+# The tables' columns (benchmarks/report.py prints the same ones from the JSON).
+TABLE = ["run", "frames/s", "steps/s", "input share", "comm share", "GFLOP/s", "of fp32 peak"]
+CURVE_TABLE = ["", "encoder", "decoder", "post-net", "backward + Adam", "frames/s"]
+
 # ../shared/gpu-calibration.md, synthesis model on one H100 (PyTorch eager, fp32): batch ->
 # (encoder, decoder, post-net forward, backward + Adam) in ms, and frames/s.
 GPU_CALIBRATION_TTS = {
@@ -122,7 +126,8 @@ def tts_curve(batches: tuple[int, ...], tiny: bool, repeats: int) -> dict:
     return results
 
 
-def print_tts_curve(results: dict, batches: tuple[int, ...]) -> None:
+def tts_curve_rows(results: dict, batches: tuple[int, ...]) -> list[list]:
+    """The batch-size curve's rows (CURVE_TABLE's columns): this machine's, then the GPU calibration's."""
     rows = []
     for mode in ("graph", "xla"):
         for b in batches:
@@ -137,10 +142,16 @@ def print_tts_curve(results: dict, batches: tuple[int, ...]) -> None:
                     results[f"{key}_frames_per_s"],
                 ]
             )
-    for b, (enc, dec, post, back, fps) in GPU_CALIBRATION_TTS.items():
+    calibration = sorted(results.get("gpu_calibration_tts", {}).items(), key=lambda item: int(item[0]))
+    for b, (enc, dec, post, back, fps) in calibration:  # batch sizes as JSON keys: strings
         rows.append([f"H100 calibration, PyTorch eager, batch {b}", enc, dec, post, back, fps])
+    return rows
+
+
+def print_tts_curve(results: dict, batches: tuple[int, ...]) -> None:
+    rows = tts_curve_rows(results, batches)
     print("synthesis training step, 60 characters x 600 frames, r=3 (forward per module; ms):")
-    print_table(["", "encoder", "decoder", "post-net", "backward + Adam", "frames/s"], rows)
+    print_table(CURVE_TABLE, rows)
     for mode in ("graph", "xla"):
         k = f"tts_curve_{mode}_b"
         growth = results[f"{k}{batches[-1]}_frames_per_s"] / results[f"{k}{batches[0]}_frames_per_s"]
@@ -228,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         f"matmul peak: float32 {results['matmul_peak_flops_float32'] / 1e9:.0f} GFLOP/s, "
         f"bfloat16 {results['matmul_peak_flops_bfloat16'] / 1e9:.0f} GFLOP/s"
     )
-    print_table(["run", "frames/s", "steps/s", "input share", "comm share", "GFLOP/s", "of fp32 peak"], rows)
+    print_table(TABLE, rows)
     if args.only != "asr":
         profile_rows = [
             [f"np={n}, {part}"]

@@ -53,7 +53,7 @@ class TtsConfig:
     prenet_dropout_at_inference: bool = True  # Tacotron 2 keeps it on; off only for exact repeats
     # "attention": feed each decoder step the previous frame (through the pre-net), as Tacotron does.
     # False: the decoder sees only the attention context and its own state, so synthesis runs exactly
-    # the computation training ran (no exposure bias). See docs on synthesis in the README.
+    # the computation training ran (no exposure bias). See docs/training.md.
     decoder_feedback: bool = True
     decoder_lstm_units: int = 192  # units of every decoder LSTM layer; 256 trains ~20% slower on 2 cores
     decoder_lstm_layers: int = 1  # "attention": the first is the attention RNN; more are stacked above it

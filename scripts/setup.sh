@@ -105,7 +105,7 @@ if ! stamp_ok .venv/.stamp-horovod "$hvd_hash" || ! .venv/bin/python -c 'import 
   .venv/bin/python -m pip uninstall -q -y horovod 2>/dev/null || true
   env $hvd_flags MAKEFLAGS="-j$(nproc)" PATH="/usr/bin:$PATH" \
     .venv/bin/python -m pip install -q --no-build-isolation -r "$REQ/horovod.in" -c "$REQ/train.lock" \
-    || die "the Horovod build failed; see the README's troubleshooting section."
+    || die "the Horovod build failed; see docs/troubleshooting.md."
   .venv/bin/python -c 'import horovod.tensorflow as h; assert h.gloo_built(), "Horovod built without Gloo"'
   echo "$hvd_hash" > .venv/.stamp-horovod
 fi

@@ -1,6 +1,7 @@
 """Kaldi recipe data directories in: decoder commands read without a shell, segments to the end of
 their recording, channels kept apart, read-only corpora, a new test set with a trained model's
-vocabulary, failures that stay failures on retry, and the README's by-hand steps as written."""
+vocabulary, failures that stay failures on retry, and the by-hand steps of the README and of
+docs/data.md as written."""
 
 from __future__ import annotations
 
@@ -430,19 +431,22 @@ def test_dag_params_for_pipes_and_a_features_directory(tmp_path):
     assert plan.features_dir("train") == f"{tmp_path / 'feats'}/train"
 
 
-# ---- the README's steps ---------------------------------------------------------------------------
+# ---- the documented steps ---------------------------------------------------------------------------
 
 
-def readme_block(heading: str, index: int = 0) -> str:
-    """The `index`-th bash block of the README section under `heading`."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(heading, 1)[1].split("\n### ", 1)[0]
+def doc_block(page: str, heading: str, index: int = 0) -> str:
+    """The `index`-th bash block of the section under `heading` (e.g. "### The stages by hand") of
+    `page` (README.md, docs/data.md), up to the next heading of the same level."""
+    text = (ROOT / page).read_text()
+    assert f"\n{heading}\n" in text, f"{page} has no section {heading!r}: update this test with it"
+    level = heading.split(" ", 1)[0]
+    section = text.split(f"\n{heading}\n", 1)[1].split(f"\n{level} ", 1)[0]
     return re.findall(r"```bash\n(.*?)```", section, re.S)[index]
 
 
 def substitute(script: str, changes: dict[str, str]) -> str:
     for old, new in changes.items():
-        assert old in script, f"the README no longer has {old!r}: update this test with it"
+        assert old in script, f"the documented commands no longer have {old!r}: update this test with it"
         script = script.replace(old, new)
     return script
 
@@ -450,20 +454,20 @@ def substitute(script: str, changes: dict[str, str]) -> str:
 @pytest.mark.slow
 def test_the_readme_steps_by_hand_run_as_written(tmp_path):
     """The README's by-hand block, run by bash in a fresh directory, on 40 utterances and a tiny model;
-    then its new-test-set block against the model registered from that run."""
+    then docs/data.md's new-test-set block against the model registered from that run."""
     work = tmp_path / "work"
     work.mkdir()
     (work / ".venv").symlink_to(ROOT / ".venv")
     env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{work / 'mlflow.db'}")
     by_hand = substitute(
-        readme_block("### The stages by hand"),
+        doc_block("README.md", "### The stages by hand"),
         {
             "--out data/": "--out data/ --num-utterances 40",
             "--config configs/demo_asr.yaml": f"--config {ROOT}/tests/configs/tiny_asr.yaml --max-steps 4",
         },
     )
     new_set = substitute(
-        readme_block("### Bring your own Kaldi data directory", 1),
+        doc_block("docs/data.md", "## A new test set for a trained model"),
         {"/corpora/other/data/eval": "other/eval"},
     )
     register = ".venv/bin/python -m models.registry register --workdir runs/asr --name speechflow-asr\n"

@@ -1,0 +1,116 @@
+"""The documentation: docs/benchmarks.md is what `make bench-report` makes of the committed JSON,
+every relative link in the README and docs/ resolves, and the benchmarks record their provenance."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import harness, report
+from tests.conftest import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "k8s" / "README.md"]
+# [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def test_the_benchmarks_page_is_what_the_report_makes_of_the_committed_json(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    assert report.main(["--out", str(out)]) == 0
+    assert out.read_text() == (ROOT / "docs" / "benchmarks.md").read_text(), (
+        "docs/benchmarks.md differs from what benchmarks/report.py makes of benchmarks/results/: run `make bench-report`"
+    )
+
+
+def test_the_report_refuses_a_results_file_it_has_no_section_for(tmp_path):
+    (tmp_path / "new_benchmark.json").write_text("{}")
+    with pytest.raises(ValueError, match="new_benchmark.json: add a section"):
+        report.render(tmp_path, ROOT / "docs" / "benchmarks.md")
+
+
+def test_the_report_texts_hold_no_figures():
+    """Figures come from the JSON; the fixed texts kept in report.py only say what to read."""
+    for name, (_, what, _, analysis) in report.SECTIONS.items():
+        for text in (what, analysis):
+            # A number standing alone is a figure; one inside a name (float32, bfloat16) is not.
+            figure = re.search(r"(?<![\w.])\d[\d,.]*%?(?!\w)", re.sub(r"`[^`]*`", "", text))
+            assert not figure, f"{name}: a figure ({figure.group()}) in a fixed text: {text}"
+
+
+def test_every_results_file_says_where_its_figures_come_from():
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        meta = json.loads(path.read_text()).get("meta")
+        assert meta, f"{path.name} has no meta"
+        assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", meta["commit"]), path.name
+        assert meta["date"] and "machine" in meta and "command" in meta and "seeds" in meta, path.name
+        assert meta["machine"] is not None or meta.get("provenance"), f"{path.name}: no machine and no provenance"
+
+
+def test_write_json_records_commit_date_machine_command_and_seeds(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "straggler.py"), "--epochs", "2"])
+    out = tmp_path / "straggler.json"
+    harness.write_json(out, {"epochs": 2}, seeds={"synthetic_shards": 0, "training": 0})
+    meta = json.loads(out.read_text())["meta"]
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", meta["commit"])
+    assert meta["date"].endswith("+00:00")
+    assert meta["machine"]["cores"] == os.cpu_count() and isinstance(meta["machine"]["avx512"], bool)
+    assert meta["command"] == "benchmarks/straggler.py --epochs 2"  # the program as a repository path
+    assert meta["seeds"] == {"synthetic_shards": 0, "training": 0}
+    # A file written this way renders with its machine, not "not recorded".
+    line = report.provenance(meta, {})[0]
+    assert f"{meta['machine']['cores']} cores" in line and "not recorded" not in line
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower()).replace("`", "")
+    return "".join(c for c in text if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # no headings inside code blocks
+    return {slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)  # nor in inline code
+    return LINK.findall(text)
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    broken = []
+    for page in PAGES:
+        for target in links(page):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_check_sees_links_and_headings():
+    """A link checker that finds nothing passes everything: it must see the README's links."""
+    targets = links(ROOT / "README.md")
+    assert "docs/benchmarks.md#the-demo" in targets and "k8s/README.md" in targets
+    assert "the-demo" in anchors(ROOT / "docs" / "benchmarks.md")
+    assert slug("Cluster mode (`execution_mode=kubernetes`)") == "cluster-mode-execution_modekubernetes"
+
+
+def test_the_readme_quotes_only_figures_the_benchmarks_page_has():
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    quoted = re.findall(r"\d+(?:\.\d+)?%|\d+\.\d+ minutes", readme)
+    assert quoted, "the README quotes no figure: this test checks nothing"
+    missing = [q for q in quoted if q.split()[0] not in page]
+    assert not missing, f"figures in the README that docs/benchmarks.md lacks: {missing}"
+    assert readme.count("docs/benchmarks.md") >= 2
