@@ -42,7 +42,7 @@ GOALS = {"rtf_1_client": 0.05, "p99_s_4_clients": 2.0, "failed_16_clients": 0}
 VOCABULARY_TEXT = "abcdefghijklmnopqrstuvwxyz '"
 
 
-def model_dir(path: Path, config_file: Path) -> tuple[Path, object, dict]:
+def model_dir(path: Path, config_file: Path) -> Path:
     """A model directory of `config_file`'s acoustic model with untrained weights (data.json as the
     trainer writes it: the feature stage's defaults, per-utterance CMVN from the config)."""
     import keras
@@ -72,7 +72,7 @@ def model_dir(path: Path, config_file: Path) -> tuple[Path, object, dict]:
         "voices": [],
     }
     (path / "data.json").write_text(json.dumps(data))
-    return path, config, data
+    return path
 
 
 def utterances(count: int, low: float, high: float, seed: int = 0) -> list[tuple[float, str]]:
@@ -165,18 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=48, help="requests per level (split among its clients)")
     args = parser.parse_args(argv)
 
-    import mlflow
-
-    from models import serving
     from workflow import serve
 
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     config_file = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
-    path, config, data = model_dir(work / "model", config_file)
-    store = f"sqlite:///{work / 'mlflow.db'}"
-    mlflow.set_tracking_uri(store)
-    with mlflow.start_run():
-        uri = serving.log_model(path, config, data).model_uri
+    uri, store = serve.log_to_new_store(model_dir(work / "model", config_file), work)
     levels = (1, 2) if args.tiny else (1, 4, 16)
     total = 4 if args.tiny else args.requests
     utts = utterances(4 if args.tiny else 24, 3.0, 6.0)

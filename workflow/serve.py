@@ -3,6 +3,7 @@ started, waited for until it answers /ping, and stopped (tests and benchmarks/se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -70,14 +71,46 @@ class ModelServer:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
     def __exit__(self, *exc) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-        self.proc = None
+        if self.proc is not None:
+            stop_session(self.proc, grace=20)
+            self.proc = None
+
+
+def stop_session(proc: subprocess.Popen, grace: float) -> None:
+    """Ends a server started with `start_new_session` and every process of its session (uvicorn's
+    workers): SIGTERM, SIGKILL after `grace` seconds, and SIGKILL again for any worker left, so the
+    port is free for the next server."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def log_to_new_store(model_dir: Path, work: Path) -> tuple[str, str]:
+    """Logs a model directory (models/serving.py `log_model`) to a new MLflow store in `work` (SQLite,
+    its artifacts beside it rather than in ./mlruns) and returns (model URI, tracking URI): what
+    `serve_command` and the server's MLFLOW_TRACKING_URI need."""
+    import json
+
+    import mlflow
+
+    from common import config as configlib
+    from models import serving
+    from models.train_config import TrainConfig
+
+    config = configlib.load(TrainConfig, Path(model_dir) / "config.yaml")
+    data = json.loads((Path(model_dir) / "data.json").read_text())
+    store, before = f"sqlite:///{work / 'mlflow.db'}", mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(store)
+    try:
+        experiment = mlflow.create_experiment("served", artifact_location=(work / "artifacts").as_uri())
+        with mlflow.start_run(experiment_id=experiment):
+            return serving.log_model(model_dir, config, data).model_uri, store
+    finally:
+        mlflow.set_tracking_uri(before)
