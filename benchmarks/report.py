@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 # The benchmarks' own table columns; importing them loads no TensorFlow.
 import benchmarks.convergence  # noqa: E402
 import benchmarks.faults  # noqa: E402
+import benchmarks.serving  # noqa: E402
 import benchmarks.speedup_model  # noqa: E402
 import benchmarks.straggler  # noqa: E402
 import benchmarks.throughput  # noqa: E402
@@ -483,6 +484,42 @@ def tts_levers(r: dict) -> list[str]:
     return out
 
 
+def serving(r: dict) -> list[str]:
+    rows = []
+    for workers in sorted({int(k[1]) for k in r if k.startswith("w") and "_" in k}):
+        levels = sorted((v for k, v in r.items() if k.startswith(f"w{workers}_c")), key=lambda v: v["clients"])
+        for v in levels:
+            rows.append(
+                [
+                    f"{workers} worker(s), {v['clients']} client(s)",
+                    v["requests"],
+                    num(v["requests_per_s"], 1),
+                    num(v["p50_s"], 3),
+                    num(v["p99_s"], 3),
+                    num(v["rtf_p50"], 3),
+                    num(v["rtf_p99"], 3),
+                    v["failed"],
+                ]
+            )
+        b = r[f"w{workers}_batch"]
+        rtf = num(b["latency_s"] / b["audio_s"], 3)
+        latency = num(b["latency_s"], 3)
+        rows.append(
+            [f"{workers} worker(s), 1 request of {b['rows']} rows", 1, "", latency, latency, rtf, rtf, int(not b["ok"])]
+        )
+    goals = r["goals"]
+    out = [f"Model: {r['model']}. Clients post base64 WAVs of 3 to 6 s on the server's own machine.", ""]
+    out += table(benchmarks.serving.TABLE, rows)
+    out += [
+        f"Goals at one worker: real-time factor at one client {num(r['rtf_1_client'], 3)} (goal <= "
+        f"{goals['rtf_1_client']}); p99 latency at 4 clients {num(r['p99_s_4_clients'], 2)} s (goal <= "
+        f"{goals['p99_s_4_clients']} s); failed requests at 16 clients {r['failed_16_clients']} (goal "
+        f"{goals['failed_16_clients']}).",
+        "",
+    ]
+    return out
+
+
 # ---- the page -------------------------------------------------------------------------------------
 
 # Per results file: its section's title, what it measures (no figures), its renderer, and what
@@ -590,6 +627,16 @@ SECTIONS: dict[str, Section] = {
         "rest of its budget on one worker, with the learning rate scaled for one; its final CER is one run "
         "and not separated from run-to-run noise. The reset's seconds are spent in Horovod's elastic driver "
         "and its new rendezvous.",
+    ),
+    "serving.json": (
+        "Serving under load",
+        "`benchmarks/serving.py`: `mlflow models serve` of an acoustic model of the demo's shapes under "
+        "concurrent clients, and one request of many rows; latency from post to answer, real-time factor = "
+        "latency / seconds of audio.",
+        serving,
+        "One worker serves a two-core machine best: concurrent requests run in threads that share "
+        "TensorFlow's thread pools, while two worker processes compete for the same cores. The model runs "
+        "as one traced graph for every input length. Untrained weights cost what trained ones do.",
     ),
     "tts_levers.json": (
         "Synthesis: what limits intelligibility",

@@ -52,6 +52,14 @@ import numpy as np
 from common import config as configlib
 from common.fsutil import read_json
 from models import checkpoint
+from models.serving_policy import (
+    ENV_PREFIX,
+    RequestError,
+    ServingConfig,
+    allowed_file,
+    check_duration,
+    check_rate,
+)
 from pipeline.records import ShardSet
 
 FRAMES_PER_BATCH = 40000  # padded input frames per batch of a request (the evaluation's batch size)
@@ -131,70 +139,107 @@ def _rows(model_input) -> list[dict]:
     return list(model_input)
 
 
-def utterances(model_input) -> list[tuple[object, object]]:
-    """The request's utterances in order: (audio, sample rate or None) for each.
+def utterances(model_input) -> list[tuple[str, object, object]]:
+    """The request's utterances in order: (label, audio, sample rate or None) for each, the label
+    naming the row (and the item of a row's list) for error messages.
 
-    A row's `audio` is a string (a file path or base64 file bytes), a waveform (a list or array of
-    floats, with the row's `sample_rate`), or a list of strings (MLflow makes one row of a dict
-    `{"audio": ["a.wav", "b.wav"]}`)."""
+    A row's `audio` is a string (base64 file bytes, or a file path inside the directory the operator
+    allowed), a waveform (a list or array of numbers, with the row's `sample_rate`), or a list of
+    strings (MLflow makes one row of a dict `{"audio": ["a.wav", "b.wav"]}`)."""
     out = []
     for i, row in enumerate(_rows(model_input)):
         audio, rate = row.get("audio"), row.get("sample_rate")
         if isinstance(audio, str):
-            out.append((audio, None))
+            out.append((f"row {i}", audio, None))
         elif isinstance(audio, (list, tuple, np.ndarray)) and len(audio) and all(isinstance(a, str) for a in audio):
-            out += [(a, None) for a in audio]
+            out += [(f"row {i} item {k}", a, None) for k, a in enumerate(audio)]
         elif isinstance(audio, (list, tuple, np.ndarray)):
-            out.append((audio, None if _missing(rate) else rate))
+            out.append((f"row {i}", audio, None if _missing(rate) else rate))
         else:
-            raise ValueError(f"row {i}: `audio` must be a file path, base64 file bytes or a waveform, got {audio!r}")
+            raise RequestError(
+                f"row {i}: `audio` must be base64 file bytes, a file path or a waveform, got {str(audio)[:80]!r}"
+            )
     return out
 
 
-def read_audio_cell(value: str) -> tuple[int, np.ndarray]:
-    """An `audio` string: a file path on this machine, or base64 of a file's bytes. Returns (rate,
-    float32 [samples, channels] on the int16 scale), read as the feature stage reads files."""
-    from pipeline import audio_io
-
-    try:
-        is_file = Path(value).is_file()
-    except (OSError, ValueError):  # a long base64 string is no file name
-        is_file = False
-    if is_file:
-        return audio_io.read_file(Path(value))
+def read_audio_cell(value: str, settings: ServingConfig) -> tuple[int, np.ndarray]:
+    """An `audio` string: base64 of a file's bytes (or a data: URI of them), or a file path inside
+    `settings.audio_dir` (absolute, or relative to it). Returns (rate, float32 [samples, channels]
+    on the int16 scale), read as the feature stage reads files, after checking from the header that
+    it is no longer than the limit."""
+    if len(value) > settings.max_audio_bytes:
+        raise RequestError(
+            f"`audio` is {len(value)} characters, over this server's limit of {settings.max_audio_bytes} "
+            f"({ENV_PREFIX}MAX_AUDIO_BYTES)"
+        )
+    path = allowed_file(value, settings)
+    if path is not None:
+        return _read_checked(path, settings)
     encoded = value.split(",", 1)[1] if value.startswith("data:") else value  # a data: URI's payload
     try:
         raw = base64.b64decode("".join(encoded.split()), validate=True)
     except (binascii.Error, ValueError) as err:
-        raise ValueError(f"`audio` is neither a file on the serving machine nor base64: {value[:80]!r}") from err
+        files = (
+            f"nor a file in {settings.audio_dir}"
+            if settings.audio_dir
+            else f"(this server reads no file a request names: the operator allows a directory with {ENV_PREFIX}AUDIO_DIR)"
+        )
+        raise RequestError(f"`audio` is not base64 file bytes {files}: {value[:80]!r}") from err
+    if not raw:
+        raise RequestError("`audio` is empty")
     with tempfile.TemporaryDirectory() as tmp:  # read_file checks and decodes files, so the bytes become one
         path = Path(tmp) / "audio"
         path.write_bytes(raw)
-        return audio_io.read_file(path)
+        return _read_checked(path, settings)
 
 
-def audio_features(audio, sample_rate, cfg) -> np.ndarray:
+def _read_checked(path: Path, settings: ServingConfig) -> tuple[int, np.ndarray]:
+    import soundfile
+
+    from pipeline import audio_io
+
+    try:
+        info = soundfile.info(str(path))
+    except Exception:  # not audio: read_file says why, in the feature stage's words
+        info = None
+    if info is not None:
+        check_duration(info.frames, max(info.samplerate, 1), settings)  # before decoding (a FLAC of hours)
+    rate, samples = audio_io.read_file(path)
+    check_rate(rate)
+    return rate, samples
+
+
+def audio_features(audio, sample_rate, cfg, settings: ServingConfig | None = None) -> np.ndarray:
     """One utterance (see `utterances`) -> log-mel fbank float32 [frames, D], as the feature stage
-    computes it: read, mixed down and resampled by `prepare_waveform`, then `compute_fbank`."""
+    computes it: read, mixed down and resampled by `prepare_waveform`, then `compute_fbank`.
+    Raises RequestError for audio that is unusable or over `settings`' limits (default: the defaults)."""
     from pipeline import features
     from pipeline.audio_io import AudioError
 
+    settings = settings or ServingConfig()
     try:
         if isinstance(audio, str):
-            rate, waveform = read_audio_cell(audio)
+            rate, waveform = read_audio_cell(audio, settings)
         else:
-            if sample_rate is None or float(sample_rate) <= 0:
-                raise ValueError("a waveform needs its `sample_rate` (Hz)")
-            rate, waveform = int(sample_rate), np.asarray(audio, np.float32)
+            if sample_rate is None:
+                raise RequestError("a waveform needs its `sample_rate` (Hz)")
+            rate = check_rate(sample_rate)
+            check_duration(len(audio), rate, settings)
+            try:
+                waveform = np.asarray(audio, np.float32)
+            except (TypeError, ValueError) as err:
+                raise RequestError(f"a waveform is one list of numbers in [-1, 1] ({err})") from err
             if waveform.ndim != 1:
-                raise ValueError(f"a waveform is one list of samples, got an array of shape {waveform.shape}")
+                raise RequestError(f"a waveform is one list of samples, got an array of shape {waveform.shape}")
+            if not np.isfinite(waveform).all() or np.abs(waveform).max(initial=0.0) > 1.0:
+                raise RequestError("a waveform's samples must be finite numbers in [-1, 1]")
             waveform = waveform[:, None] * 32768.0  # [samples, 1]; [-1, 1] -> the int16 scale
         wave = features.prepare_waveform(rate, waveform, None, cfg)
     except AudioError as err:
-        raise ValueError(f"unusable audio ({err.reason}): {err}") from err
+        raise RequestError(f"unusable audio ({err.reason}): {err}") from err
     feats = features.compute_fbank(wave, cfg)  # [frames, D]
     if len(feats) == 0:
-        raise ValueError(
+        raise RequestError(
             f"{len(wave) / cfg.sample_rate:.3f} s of audio give no frame ({cfg.frame_length_ms} ms needed)"
         )
     return feats
@@ -275,10 +320,31 @@ def texts_and_voices(model_input) -> tuple[list[str], list[str | None]]:
     return texts, voices
 
 
+def compiled_asr(model, feature_dim: int):
+    """The acoustic model as one graph for every batch shape: feats float32 [B, T, D] (normalized),
+    lengths int32 [B] -> (logits [B, T', V], lengths' [B]). Called eagerly, Keras steps each LSTM
+    in Python (about 1 s per second of audio on 2 cores); a tf.function without a fixed signature
+    builds a new graph for each new length."""
+    import tensorflow as tf
+
+    signature = [tf.TensorSpec([None, None, feature_dim], tf.float32), tf.TensorSpec([None], tf.int32)]
+    return tf.function(lambda feats, lengths: model(feats, lengths), input_signature=signature)
+
+
+def _param(params: dict, name: str, default: int, low: int, high: int) -> int:
+    value = params.get(name)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise RequestError(f"param `{name}` must be a whole number in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
 class SpeechModel(mlflow.pyfunc.PythonModel):
-    """The pyfunc model of a model directory (see the module docstring for inputs and outputs)."""
+    """The pyfunc model of a model directory (see the module docstring for inputs and outputs);
+    what it accepts is set by the operator's environment (models/serving_policy.py)."""
 
     def load_context(self, context):
+        self.settings = ServingConfig.from_env()
         self.model, self.config, self.data = load_model_dir(context.artifacts["model_dir"])
         if self.config.model == "asr" and self.config.input.cmvn == "speaker":
             warnings.warn(
@@ -287,27 +353,56 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
                 "(train with input.cmvn=utterance for a served model)",
                 stacklevel=2,
             )
+        if self.config.model == "asr":
+            self.infer = compiled_asr(self.model, self.data["feature_dim"])
+            # Trace now, so the first request does not wait for the graph (about a second).
+            dim = self.data["feature_dim"]
+            transcribe_features(self.infer, self.config, self.data, [np.zeros([100, dim], np.float32)])
 
     def predict(self, context, model_input, params=None):
         params = params or {}
         if self.config.model == "asr":
-            cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
-            feats = []
-            for i, (audio, rate) in enumerate(utterances(model_input)):
-                try:
-                    feats.append(audio_features(audio, rate, cfg))
-                except ValueError as err:
-                    raise ValueError(f"utterance {i}: {err}") from err
-            if not feats:
-                return []
-            beam = int(params.get("beam_width") or 0)
-            return transcribe_features(self.model, self.config, self.data, feats, beam)
+            return self.transcribe(model_input, params)
+        return self.speak(model_input, params)
+
+    def transcribe(self, model_input, params: dict) -> list[str]:
+        cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
+        beam = _param(params, "beam_width", 0, 0, 256)
+        rows = utterances(model_input)
+        self._check_rows(len(rows))
+        feats, seconds = [], 0.0
+        for label, audio, rate in rows:
+            try:
+                feats.append(audio_features(audio, rate, cfg, self.settings))
+            except RequestError as err:
+                raise RequestError(f"{label}: {err.message}") from err
+            seconds += len(feats[-1]) * cfg.frame_shift_ms / 1000
+            if seconds > self.settings.max_request_seconds:
+                raise RequestError(
+                    f"{label}: the request holds over {self.settings.max_request_seconds:g} s of audio, this "
+                    f"server's limit ({ENV_PREFIX}MAX_REQUEST_SECONDS); send it in several requests"
+                )
+        if not feats:
+            return []
+        return transcribe_features(self.infer, self.config, self.data, feats, beam)
+
+    def speak(self, model_input, params: dict) -> dict:
         from models import audio, tasks
 
+        max_steps = _param(params, "max_steps", 400, 1, 2000)
+        iterations = _param(params, "griffin_lim_iters", 48, 0, 200)
         texts, voices = texts_and_voices(model_input)
-        # Raises ValueError naming the model's voices for a voice it lacks (models/tts_base.py speaker_ids).
-        out = tasks.speak(self.model, self.data, texts, voices, max_steps=int(params.get("max_steps") or 400))
-        iterations = int(params.get("griffin_lim_iters", 48))
+        self._check_rows(len(texts))
+        for i, sentence in enumerate(texts):
+            if not sentence.strip() or len(sentence) > self.settings.max_text_chars:
+                raise RequestError(
+                    f"sentence {i}: {len(sentence)} characters; a sentence has 1 to {self.settings.max_text_chars} "
+                    f"({ENV_PREFIX}MAX_TEXT_CHARS)"
+                )
+        try:
+            out = tasks.speak(self.model, self.data, texts, voices, max_steps=max_steps)
+        except ValueError as err:  # a voice the model lacks (models/tts_base.py speaker_ids names its voices)
+            raise RequestError(str(err)) from err
         mels, lengths = out["mels"], out["lengths"]
         return {
             "audio": [wav_base64(m[:n], iterations) if iterations > 0 else "" for m, n in zip(mels, lengths)],
@@ -316,6 +411,13 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
             "mels": mels,
             "lengths": lengths,
         }
+
+    def _check_rows(self, count: int) -> None:
+        if count > self.settings.max_rows:
+            raise RequestError(
+                f"{count} rows, over this server's limit of {self.settings.max_rows} per request "
+                f"({ENV_PREFIX}MAX_ROWS); send them in several requests"
+            )
 
 
 def signature(config, data: dict):

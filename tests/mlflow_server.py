@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -12,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.conftest import PYTHON, ROOT, quiet_env
+from workflow.serve import stop_session
 
 # `mlflow server` also starts a job runner (about eight Huey consumers, each polling and together near
 # half a core on this 2-core machine) for MLflow's GenAI jobs, which nothing here uses.
@@ -60,18 +58,8 @@ class MlflowServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            # uvicorn would wait for idle keep-alive connections (a test's client holds some) to close.
-            self.proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-        # The uvicorn worker shares the session; make sure it is gone before the port is reused.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        # uvicorn would wait for idle keep-alive connections (a test's client holds some) to close.
+        stop_session(self.proc, grace=3)
         self.proc = None
 
     def __enter__(self) -> MlflowServer:

@@ -13,11 +13,8 @@ import base64
 import dataclasses
 import io
 import json
-import os
-import signal
 import socket
 import subprocess
-import time
 import types
 import urllib.error
 import urllib.request
@@ -30,11 +27,13 @@ import soundfile
 
 from common import config as configlib
 from models import asr, checkpoint, serving, tts
+from models.serving_policy import RequestError, ServingConfig
 from models.tasks import AsrTask
 from models.train_config import TrainConfig
 from pipeline import dataset, features, frontend, kaldi, records, shards, text
 from tests.conftest import CONFIGS, PYTHON, ROOT, quiet_env
 from tests.kaldi_fixtures import make_wav_dir, tone
+from workflow import serve
 
 VOCABULARY = text.build_vocabulary(["the quick brown fox jumps over a lazy dog's back"])
 
@@ -73,10 +72,12 @@ def model_dir(path: Path, model: str, cmvn: str = "utterance", mel_stats=(0.0, 1
     return path
 
 
-def served(path: Path) -> serving.SpeechModel:
-    """The pyfunc model as MLflow loads it (its context holds the model directory)."""
+def served(path: Path, **settings) -> serving.SpeechModel:
+    """The pyfunc model as MLflow loads it (its context holds the model directory), with the
+    operator's `settings` (ServingConfig fields) in place of the environment's."""
     model = serving.SpeechModel()
     model.load_context(types.SimpleNamespace(artifacts={"model_dir": str(path)}))
+    model.settings = ServingConfig(**settings)
     return model
 
 
@@ -161,7 +162,7 @@ def test_served_transcripts_of_audio_are_the_models_on_the_training_features(wav
     want = pipeline_transcripts(path, root / "shards", cmvn)
     ids = sorted(wavs)
     assert all(want[u].strip() for u in ids), "an untrained model's transcripts are non-empty garbage"
-    model = served(path)
+    model = served(path, audio_dir=str(root))
     by_path = model.predict(None, pd.DataFrame({"audio": [wavs[u] for u in ids]}))
     assert by_path == [want[u] for u in ids]
     if cmvn != "utterance":
@@ -199,21 +200,134 @@ def test_stereo_and_other_rates_are_read_as_the_feature_stage_reads_them(tmp_pat
     want = features.compute_fbank(features.prepare_waveform(rate, samples, None, cfg), cfg)
     got = serving.audio_features(base64.b64encode(stereo.read_bytes()).decode(), None, cfg)
     np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(serving.audio_features(str(stereo), None, cfg), want)
+    np.testing.assert_array_equal(
+        serving.audio_features(str(stereo), None, cfg, ServingConfig(audio_dir=str(tmp_path))), want
+    )
 
 
-def test_unusable_requests_are_refused_with_the_reason(tmp_path):
-    model = served(model_dir(tmp_path / "model", "asr"))
-    with pytest.raises(ValueError, match="utterance 0: .*neither a file on the serving machine nor base64"):
-        model.predict(None, pd.DataFrame({"audio": ["no/such/file.wav"]}))
-    with pytest.raises(ValueError, match="utterance 0: a waveform needs its `sample_rate`"):
-        model.predict(None, pd.DataFrame({"audio": [[0.0] * 800]}))
-    with pytest.raises(ValueError, match="a waveform is one list of samples"):
-        model.predict(None, {"audio": [[0.0] * 800, [0.0] * 800], "sample_rate": 16000})
-    with pytest.raises(ValueError, match="utterance 0: 0.010 s of audio give no frame"):
-        model.predict(None, pd.DataFrame({"audio": [[0.0] * 160], "sample_rate": [16000]}))
-    with pytest.raises(ValueError, match="unusable audio"):
-        model.predict(None, pd.DataFrame({"audio": [base64.b64encode(b"RIFF....WAVEjunk").decode()]}))
+def _wav_base64(seconds: float, rate: int = 16000, subtype: str = "PCM_16", fmt: str = "WAV") -> str:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, tone(seconds, rate, 300, seed=1), rate, subtype=subtype, format=fmt)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+_SECOND = [0.0] * 16000
+# (the request's rows, what the refusal says): every row names itself and its fault
+MALFORMED = {
+    "not base64": (
+        [{"audio": "no/such/file.wav"}],
+        r"row 0: `audio` is not base64 file bytes \(this server reads no file",
+    ),
+    "empty": ([{"audio": ""}], "row 0: `audio` is empty"),
+    "not audio": ([{"audio": base64.b64encode(b"RIFF....WAVEjunk").decode()}], "row 0: unusable audio"),
+    "a number": ([{"audio": 3.5}], "row 0: `audio` must be base64 file bytes, a file path or a waveform"),
+    "no rate": ([{"audio": _SECOND}], "row 0: a waveform needs its `sample_rate`"),
+    "text rate": ([{"audio": _SECOND, "sample_rate": "fast"}], "row 0: `sample_rate` must be a number of Hz"),
+    "odd rate": (
+        [{"audio": _SECOND, "sample_rate": 16000.5}],
+        r"row 0: `sample_rate` must be a whole number of Hz in \[4000",
+    ),
+    "NaN": ([{"audio": [float("nan")] * 800, "sample_rate": 16000}], "row 0: a waveform's samples must be finite"),
+    "loud": (
+        [{"audio": [3.0] * 800, "sample_rate": 16000}],
+        r"row 0: a waveform's samples must be finite numbers in \[-1, 1\]",
+    ),
+    "mixed": ([{"audio": [0.0, "x"] * 400, "sample_rate": 16000}], "row 0: a waveform is one list of numbers"),
+    "nested": ([{"audio": [[0.0] * 800] * 2, "sample_rate": 16000}], "row 0: a waveform is one list of samples"),
+    "short": ([{"audio": [0.0] * 160, "sample_rate": 16000}], "row 0: 0.010 s of audio give no frame"),
+    "second row": ([{"audio": _SECOND, "sample_rate": 16000}, {"audio": "%%"}], "row 1: `audio` is not base64"),
+    "list item": ([{"audio": [_wav_base64(0.5), "%%"]}], "row 0 item 1: `audio` is not base64"),
+    "too long": (
+        [{"audio": [0.0] * 16000 * 31, "sample_rate": 16000}],
+        r"row 0: 31.0 s of audio, over this server's limit of 30 s",
+    ),
+    "too long file": (
+        [{"audio": _wav_base64(31, rate=8000, fmt="FLAC", subtype="PCM_16")}],
+        "row 0: 31.0 s of audio, over",
+    ),
+}
+
+
+@pytest.mark.parametrize("rows, message", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_rows_are_refused_with_the_row_and_the_fault(asr_model, rows, message):
+    with pytest.raises(RequestError, match=message) as refused:
+        asr_model.predict(None, pd.DataFrame(rows))
+    assert refused.value.get_http_status_code() == 400  # what MLflow's scoring server answers
+
+
+@pytest.fixture(scope="module")
+def asr_model(tmp_path_factory):
+    return served(model_dir(tmp_path_factory.mktemp("asr") / "model", "asr"))
+
+
+def test_the_limits_on_a_request_are_the_operators(asr_model, tmp_path, monkeypatch):
+    model = asr_model
+    rows = pd.DataFrame([{"audio": _SECOND, "sample_rate": 16000}] * 3)
+    assert len(model.predict(None, rows)) == 3
+    model.settings = ServingConfig(max_rows=2)
+    with pytest.raises(RequestError, match="3 rows, over this server's limit of 2 per request"):
+        model.predict(None, rows)
+    model.settings = ServingConfig(max_request_seconds=2.5)
+    with pytest.raises(RequestError, match="row 2: the request holds over 2.5 s of audio"):
+        model.predict(None, rows)
+    model.settings = ServingConfig(max_audio_bytes=100)
+    with pytest.raises(RequestError, match="row 0: `audio` is .* characters, over this server's limit of 100"):
+        model.predict(None, pd.DataFrame([{"audio": _wav_base64(0.5)}]))
+    model.settings = ServingConfig()
+    with pytest.raises(RequestError, match=r"param `beam_width` must be a whole number in \[0, 256\]"):
+        model.predict(None, rows, {"beam_width": -1})
+    env = {"SPEECHFLOW_SERVE_MAX_ROWS": "4", "SPEECHFLOW_SERVE_MAX_SECONDS": "2.5", "OTHER": "x"}
+    assert ServingConfig.from_env(env) == ServingConfig(max_rows=4, max_seconds=2.5)
+    with pytest.raises(ValueError, match="SPEECHFLOW_SERVE_MAX_ROWS='many' is not a number"):
+        ServingConfig.from_env({"SPEECHFLOW_SERVE_MAX_ROWS": "many"})
+    with pytest.raises(ValueError, match="SPEECHFLOW_SERVE_MAX_SECONDS='0': a limit must be positive"):
+        ServingConfig.from_env({"SPEECHFLOW_SERVE_MAX_SECONDS": "0"})
+    with pytest.raises(ValueError, match="SPEECHFLOW_SERVE_AUDIO_DIR='/no/such/dir' is not a directory"):
+        ServingConfig.from_env({"SPEECHFLOW_SERVE_AUDIO_DIR": "/no/such/dir"})
+    monkeypatch.setenv("SPEECHFLOW_SERVE_MAX_ROWS", "1")  # what `mlflow models serve` passes on
+    loaded = serving.SpeechModel()
+    loaded.load_context(types.SimpleNamespace(artifacts={"model_dir": str(model_dir(tmp_path / "m", "asr"))}))
+    assert loaded.settings == ServingConfig(max_rows=1)
+
+
+def test_files_are_read_only_inside_the_directory_the_operator_allowed(asr_model, tmp_path):
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (allowed / "sub").mkdir(parents=True)
+    outside.mkdir()
+    soundfile.write(allowed / "sub" / "a.wav", tone(0.5, 16000, 300, seed=1), 16000, subtype="PCM_16")
+    soundfile.write(outside / "b.wav", tone(0.5, 16000, 300, seed=2), 16000, subtype="PCM_16")
+    (allowed / "link.wav").symlink_to(outside / "b.wav")
+    (allowed / "dirlink").symlink_to(outside)
+    model = asr_model
+    inside = allowed / "sub" / "a.wav"
+    rows = lambda *names: pd.DataFrame({"audio": list(names)})  # noqa: E731
+
+    model.settings = ServingConfig()  # the default: no file is read, not even one of the model's
+    with pytest.raises(RequestError, match="row 0: `audio` is not base64 file bytes .this server reads no file"):
+        model.predict(None, rows(str(inside)))
+
+    model.settings = ServingConfig(audio_dir=str(allowed))
+    want = model.predict(None, rows(_wav_base64(0.5)))  # the same samples as the file
+    assert model.predict(None, rows(str(inside))) == want
+    assert model.predict(None, rows("sub/a.wav")) == want  # relative to the directory
+    assert model.predict(None, rows(str(allowed / "sub" / ".." / "sub" / "a.wav"))) == want
+    for escape in [
+        str(outside / "b.wav"),
+        "../outside/b.wav",
+        str(allowed / ".." / "outside" / "b.wav"),
+        "link.wav",  # a symlink out of the directory
+        "dirlink/b.wav",
+        "/etc/passwd",
+    ]:
+        with pytest.raises(RequestError, match="row 0: `audio` names .*, which is outside the directory"):
+            model.predict(None, rows(escape))
+    with pytest.raises(RequestError, match=f"row 0: `audio` is not base64 file bytes nor a file in {allowed}"):
+        model.predict(None, rows("sub/missing.wav"))
+    model.settings = ServingConfig()
+
+
+def test_a_model_of_kaldi_features_refuses_audio(tmp_path):
+    served(model_dir(tmp_path / "model", "asr"))
     data = json.loads((tmp_path / "model" / "data.json").read_text())
     (tmp_path / "model" / "data.json").write_text(json.dumps({**data, "features": None}))
     with pytest.raises(ValueError, match="training features were made by Kaldi"):
@@ -295,7 +409,6 @@ def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path)
     CMVN, evaluation, registration; then `mlflow models serve -m models:/NAME@champion` answers
     WAV files posted as paths and as base64, and waveforms, with evaluation's hypotheses."""
     env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    env["PATH"] = f"{Path(PYTHON).parent}{os.pathsep}{env['PATH']}"  # uvicorn, which mlflow serve runs
     data, shard_dir, workdir = tmp_path / "data", tmp_path / "shards", tmp_path / "asr"
     _run([PYTHON, "-m", "pipeline.corpus", "--out", str(data), "--num-utterances", "60", "--jobs", "2"], env, ROOT)
     for split in ("train", "test"):
@@ -318,26 +431,10 @@ def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path)
     assert len(ids) >= 4 and set(ids) <= set(wavs)
     assert sum(any(c.isalpha() for c in hypotheses[u][2]) for u in ids) >= 3, "too few letters to compare"
 
-    port = _free_port()
-    serve = [str(Path(PYTHON).with_name("mlflow")), "models", "serve", "-m", "models:/served-asr@champion",
-             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
-    log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen(
-        serve, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        deadline = time.time() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-5000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.time() < deadline, (tmp_path / "serve.log").read_text()[-5000:]
-            time.sleep(0.5)
-        url = f"http://127.0.0.1:{port}/invocations"
+    command = serve.serve_command("models:/served-asr@champion", _free_port())
+    settings = {"SPEECHFLOW_SERVE_AUDIO_DIR": str(data)}  # the corpus's WAVs may be named by path
+    with serve.ModelServer(command, serve.serve_env(env, **settings), tmp_path, tmp_path / "serve.log") as server:
+        url = f"{server.url}/invocations"
         greedy = [hypotheses[u][2] for u in ids]
         by_path = _post(url, {"dataframe_records": [{"audio": wavs[u]} for u in ids]})["predictions"]
         assert by_path == greedy
@@ -349,11 +446,97 @@ def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path)
         assert _post(url, {"dataframe_records": mixed})["predictions"] == greedy[:2]
         beam = _post(url, {"dataframe_records": [{"audio": e} for e in encoded], "params": {"beam_width": 16}})
         assert beam["predictions"] == [hypotheses[u][3] for u in ids]
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+
+
+@pytest.fixture(scope="module")
+def http_model(tmp_path_factory):
+    """A tiny acoustic model logged to MLflow and served by `mlflow models serve`, with a directory
+    of one WAV allowed and a 4-s limit per utterance (so random requests stay cheap)."""
+    root = tmp_path_factory.mktemp("http")
+    (root / "allowed").mkdir()
+    soundfile.write(root / "allowed" / "a.wav", tone(0.5, 16000, 300, seed=1), 16000, subtype="PCM_16")
+    uri, store = serve.log_to_new_store(model_dir(root / "model", "asr"), root)
+    settings = {"SPEECHFLOW_SERVE_AUDIO_DIR": str(root / "allowed"), "SPEECHFLOW_SERVE_MAX_SECONDS": "4"}
+    env = serve.serve_env(quiet_env(MLFLOW_TRACKING_URI=store), **settings)
+    with serve.ModelServer(serve.serve_command(uri, _free_port()), env, root, root / "serve.log") as server:
+        yield server, root
+
+
+def _post_raw(url: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(url, body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_the_served_model_refuses_bad_rows_with_400_and_reads_no_file_outside(http_model):
+    server, root = http_model
+    url = f"{server.url}/invocations"
+    ok = _post(url, {"dataframe_records": [{"audio": "a.wav"}, {"audio": _wav_base64(0.5)}]})["predictions"]
+    assert ok[0] == ok[1] and ok[0].strip()
+    for audio, message in [
+        ("/etc/passwd", "row 0: `audio` names '/etc/passwd', which is outside the directory"),
+        ("../model/data.json", "outside the directory"),
+        ("", "row 0: `audio` is empty"),
+        ("%%", "row 0: `audio` is not base64"),
+    ]:
+        status, body = _post_raw(url, json.dumps({"dataframe_records": [{"audio": audio}]}).encode())
+        assert status == 400 and message in json.loads(body)["message"], body
+    nan = json.dumps({"dataframe_records": [{"audio": [float("nan")] * 800, "sample_rate": 16000}]})
+    status, body = _post_raw(url, nan.encode())
+    assert status == 400 and "samples must be finite" in body, body
+    status, body = _post_raw(
+        url, json.dumps({"dataframe_records": [{"audio": [0.0] * 16000 * 120, "sample_rate": 16000}]}).encode()
+    )
+    assert status == 400 and "120.0 s of audio, over this server's limit of 4 s" in body, body[:2000]
+
+
+@pytest.mark.slow
+def test_random_requests_get_no_server_error_and_the_server_keeps_serving(http_model):
+    """Property: whatever rows a client posts, the answer is 200 or a 400 that names the fault, never a
+    5xx or MLflow's generic message, and the server stays up."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    server, _ = http_model
+    url = f"{server.url}/invocations"
+    wav = base64.b64decode(_wav_base64(0.3))
+    audio = st.one_of(
+        st.text(max_size=40),
+        st.sampled_from(["a.wav", "/etc/passwd", "../model/data.json", "data:audio/wav;base64,", "/", "."]),
+        st.binary(max_size=200).map(lambda b: base64.b64encode(b).decode()),
+        st.integers(0, len(wav)).map(lambda n: base64.b64encode(wav[:n]).decode()),  # truncated WAVs
+        st.tuples(st.integers(0, len(wav) - 1), st.integers(0, 255)).map(  # a WAV with one byte changed
+            lambda c: base64.b64encode(wav[: c[0]] + bytes([c[1]]) + wav[c[0] + 1 :]).decode()
+        ),
+        st.lists(st.floats(width=32), max_size=6000),
+        st.lists(st.one_of(st.floats(-1, 1), st.integers(), st.text(max_size=2), st.none()), max_size=50),
+        st.lists(st.text(max_size=10), min_size=1, max_size=3),
+        st.integers(),
+        st.floats(),
+        st.booleans(),
+        st.none(),
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    )
+    rate = st.one_of(st.none(), st.sampled_from([8000, 16000, 22050]), st.integers(), st.floats(), st.text(max_size=5))
+    row = st.fixed_dictionaries({"audio": audio}, optional={"sample_rate": rate})
+    params = st.one_of(st.none(), st.fixed_dictionaries({"beam_width": st.one_of(st.integers(), st.text(max_size=3))}))
+
+    @settings(max_examples=80, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(rows=st.lists(row, min_size=1, max_size=3), params=params)
+    def property(rows, params):
+        request = {"dataframe_records": rows, **({"params": params} if params else {})}
+        status, body = _post_raw(url, json.dumps(request).encode())
+        seen.add(status)
+        assert status in (200, 400), f"HTTP {status} for {json.dumps(request)[:500]}: {body[:1000]}"
+        assert "unexpected error" not in body, f"{json.dumps(request)[:500]}: {body[:1000]}"
+
+    good = {"dataframe_records": [{"audio": "a.wav"}]}
+    before = _post(url, good)["predictions"]
+    seen = set()
+    property()
+    assert 400 in seen, f"no example was refused: {seen}"
+    assert server.alive() and _post(url, good)["predictions"] == before  # and it still transcribes

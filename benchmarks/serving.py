@@ -1,0 +1,207 @@
+"""Load on a served acoustic model: `mlflow models serve` of a model of the demo's shapes under 1, 4
+and 16 concurrent clients posting 3-6 s utterances (base64 WAV, one per request), and one request of
+16 rows.
+
+Per level: requests/s, p50 and p99 latency, real-time factor (latency over the utterance's
+duration, median and p99) and failed requests. The model has the demo config's exact shapes
+(configs/demo_asr.yaml: 3 BLSTM layers of 192, 80 mel bins) with untrained weights: inference costs
+the same whatever the weights, and no training is needed. Clients run in this process, on the same
+machine as the server, so they share its cores.
+
+Goals (2-core machine): real-time factor <= 0.05 at one client, p99 <= 2 s at 4 clients (for 3-6 s
+utterances, so a 5-s one is inside), no failed request at 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import dataclasses
+import io
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import ROOT, machine, print_table, write_json  # noqa: E402
+
+GOALS = {"rtf_1_client": 0.05, "p99_s_4_clients": 2.0, "failed_16_clients": 0}
+VOCABULARY_TEXT = "abcdefghijklmnopqrstuvwxyz '"
+
+
+def model_dir(path: Path, config_file: Path) -> Path:
+    """A model directory of `config_file`'s acoustic model with untrained weights (data.json as the
+    trainer writes it: the feature stage's defaults, per-utterance CMVN from the config)."""
+    import keras
+
+    from common import config as configlib
+    from models import asr, checkpoint
+    from models.train_config import TrainConfig
+    from pipeline import features, text
+
+    keras.utils.set_random_seed(0)
+    vocabulary = text.build_vocabulary([VOCABULARY_TEXT])
+    config = configlib.load(TrainConfig, config_file)
+    config = dataclasses.replace(
+        config, asr=dataclasses.replace(config.asr, feature_dim=80, vocab_size=len(vocabulary))
+    )
+    model = asr.build_asr(config.asr)
+    checkpoint.save(path, 1, model.weights, [], {"final": True}, 1, (model.name,))
+    configlib.save(config, path / "config.yaml")
+    data = {
+        "model": "asr",
+        "vocabulary": vocabulary,
+        "lowercase": True,
+        "feature_dim": 80,
+        "mel_mean": [0.0] * 80,
+        "mel_std": [1.0] * 80,
+        "features": configlib.to_dict(features.FeatureConfig(jobs=1)),
+        "voices": [],
+    }
+    (path / "data.json").write_text(json.dumps(data))
+    return path
+
+
+TABLE = ["setting", "requests", "req/s", "p50 s", "p99 s", "RTF p50", "RTF p99", "failed"]
+
+
+def utterances(count: int, low: float, high: float, seed: int = 0) -> list[tuple[float, str]]:
+    """(seconds, base64 16-bit WAV at 16 kHz) of `count` lengths spread over [low, high]: voiced
+    noise, so fbank and decoding do their usual work."""
+    import soundfile
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for seconds in np.linspace(low, high, count):
+        n = int(seconds * 16000)
+        t = np.arange(n) / 16000
+        wave = 0.2 * np.sin(2 * np.pi * (150 + 50 * np.sin(2 * np.pi * 0.5 * t)) * t) + 0.05 * rng.normal(size=n)
+        buffer = io.BytesIO()
+        soundfile.write(buffer, np.clip(wave, -1, 1), 16000, subtype="PCM_16", format="WAV")
+        out.append((n / 16000, base64.b64encode(buffer.getvalue()).decode()))
+    rng.shuffle(out)
+    return out
+
+
+def post(url: str, rows: list[dict], timeout: float = 120) -> tuple[float, bool, str]:
+    """(seconds, answered 200, error text) of one request."""
+    body = json.dumps({"dataframe_records": rows}).encode()
+    request = urllib.request.Request(url, body, headers={"Content-Type": "application/json"}, method="POST")
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+            return time.perf_counter() - started, True, ""
+    except (urllib.error.URLError, OSError) as err:
+        return time.perf_counter() - started, False, str(err)[:300]
+
+
+def load_level(url: str, clients: int, requests_each: int, utts: list[tuple[float, str]]) -> dict:
+    """`clients` threads, each posting `requests_each` one-utterance requests back to back."""
+
+    def client(k: int) -> list[tuple[float, float, bool, str]]:
+        out = []
+        for i in range(requests_each):
+            seconds, audio = utts[(k * requests_each + i) % len(utts)]
+            latency, ok, error = post(url, [{"audio": audio}])
+            out.append((seconds, latency, ok, error))
+        return out
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        done = [r for rs in pool.map(client, range(clients)) for r in rs]
+    wall = time.perf_counter() - started
+    latency = np.asarray([r[1] for r in done])
+    rtf = np.asarray([r[1] / r[0] for r in done])
+    return {
+        "clients": clients,
+        "requests": len(done),
+        "requests_per_s": len(done) / wall,
+        "audio_s_per_s": sum(r[0] for r in done) / wall,
+        "p50_s": float(np.percentile(latency, 50)),
+        "p99_s": float(np.percentile(latency, 99)),
+        "rtf_p50": float(np.percentile(rtf, 50)),
+        "rtf_p99": float(np.percentile(rtf, 99)),
+        "failed": sum(not r[2] for r in done),
+        "errors": sorted({r[3] for r in done if not r[2]})[:5],
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--tiny", action="store_true", help="a one-layer model, few requests (the test's run)")
+    parser.add_argument("--workers", default="1", help="comma-separated `mlflow models serve -w` counts to measure")
+    parser.add_argument("--requests", type=int, default=48, help="requests per level (split among its clients)")
+    args = parser.parse_args(argv)
+
+    from workflow import serve
+
+    work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    config_file = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
+    uri, store = serve.log_to_new_store(model_dir(work / "model", config_file), work)
+    levels = (1, 2) if args.tiny else (1, 4, 16)
+    total = 4 if args.tiny else args.requests
+    utts = utterances(4 if args.tiny else 24, 3.0, 6.0)
+    batch = utterances(4 if args.tiny else 16, 3.0, 6.0, seed=1)
+    env = serve.serve_env(dict(os.environ, MLFLOW_TRACKING_URI=store, TF_CPP_MIN_LOG_LEVEL="2"))
+
+    results = {"model": f"{config_file.relative_to(ROOT)} shapes, untrained weights", "goals": GOALS}
+    rows = []
+    for workers in [int(w) for w in args.workers.split(",")]:
+        command = serve.serve_command(uri, free_port(), workers=workers)
+        with serve.ModelServer(command, env, work, work / f"serve-w{workers}.log") as server:
+            url = f"{server.url}/invocations"
+            for _, audio in utts[: 2 * workers]:  # every worker's first request
+                post(url, [{"audio": audio}])
+            for clients in levels:
+                level = load_level(url, clients, max(1, total // clients), utts)
+                results[f"w{workers}_c{clients}"] = level
+                rows.append([f"{workers} worker(s), {clients} client(s)", level["requests"], level["requests_per_s"],
+                             level["p50_s"], level["p99_s"], level["rtf_p50"], level["rtf_p99"], level["failed"]])  # fmt: skip
+            latency, ok, error = post(url, [{"audio": audio} for _, audio in batch])
+            seconds = sum(s for s, _ in batch)
+            results[f"w{workers}_batch"] = {
+                "rows": len(batch),
+                "audio_s": seconds,
+                "latency_s": latency,
+                "ok": ok,
+                "error": error,
+            }
+            rows.append([f"{workers} worker(s), 1 request of {len(batch)} rows", 1, 1 / latency, latency, latency,
+                         latency / seconds, latency / seconds, int(not ok)])  # fmt: skip
+    first = args.workers.split(",")[0]
+    results["rtf_1_client"] = results[f"w{first}_c1"]["rtf_p50"]
+    results["p99_s_4_clients"] = results.get(f"w{first}_c4", results[f"w{first}_c{levels[-1]}"])["p99_s"]
+    results["failed_16_clients"] = results[f"w{first}_c{levels[-1]}"]["failed"]
+    cpu = machine()
+    print(f"{results['model']}; {cpu['cpu_model']}, {cpu['cores']} cores, AVX-512 {cpu['avx512']}")
+    print_table(TABLE, rows)
+    print(
+        f"goals: RTF at 1 client {results['rtf_1_client']:.3f} (<= {GOALS['rtf_1_client']}), "
+        f"p99 at 4 clients {results['p99_s_4_clients']:.2f} s (<= {GOALS['p99_s_4_clients']}), "
+        f"failed at 16 clients {results['failed_16_clients']} (== 0)"
+    )
+    # the model's initial weights (keras seed 0), the utterances posted (0) and the batch request's (1)
+    write_json(args.json, results, seeds={"model": 0, "utterances": 0, "batch": 1})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
