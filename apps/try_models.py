@@ -106,6 +106,13 @@ def wait_until_up(children: dict[str, tuple[subprocess.Popen, str, Path]], timeo
 
 def run(host: str, port: int, names: dict[str, str], alias: str, log_dir: Path) -> int:
     """Serves the champions and the page until one of them exits or a signal arrives."""
+    with socket.socket() as sock:  # a page already there would answer for ours
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise RuntimeError(
+                f"{host}:{port} is taken ({err.strerror}): choose another port, TRY_PORT=N make try"
+            ) from err
     if not PAGE_PYTHON.is_file():
         raise FileNotFoundError(
             f"{PAGE_PYTHON} does not exist: run `make setup` (it builds .venv-try, Gradio's environment)"
@@ -130,17 +137,8 @@ def run(host: str, port: int, names: dict[str, str], alias: str, log_dir: Path) 
         champions_file = log_dir / "champions.json"
         champions_file.write_text(json.dumps(champions, indent=2) + "\n", encoding="utf-8")
         page_env = dict(env, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-        page = [
-            str(PAGE_PYTHON),
-            "-m",
-            "apps.try_page",
-            "--champions",
-            str(champions_file),
-            "--host",
-            host,
-            "--port",
-            str(port),
-        ]
+        page = [str(PAGE_PYTHON), "-m", "apps.try_page", "--champions", str(champions_file),
+                "--host", host, "--port", str(port)]  # fmt: skip
         page_log = log_dir / "page.log"
         children["the page"] = (start(page, page_log, page_env), f"http://{host}:{port}/", page_log)
         wait_until_up(children, START_TIMEOUT_S)

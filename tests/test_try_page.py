@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -69,6 +70,15 @@ def test_a_missing_champion_names_the_command_that_makes_one(tmp_path, monkeypat
         try_page.transcribe(missing, str(tmp_path / "any.wav"))
     with pytest.raises(try_page.PageError, match="make demo"):
         try_page.speak(missing, "hello", None, tmp_path)
+
+
+def test_a_taken_port_is_refused_before_anything_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port} is taken .*TRY_PORT=N make try"):
+            try_models.run("127.0.0.1", port, {"asr": "a", "tts": "t"}, "champion", tmp_path / "logs")
+    assert not (tmp_path / "logs").exists()
 
 
 class Refusing(http.server.BaseHTTPRequestHandler):
