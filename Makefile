@@ -6,7 +6,7 @@ RUNS := $(CURDIR)/.runs
 export MLFLOW_TRACKING_URI ?= sqlite:///$(RUNS)/mlflow.db
 export AIRFLOW_HOME ?= $(RUNS)/airflow
 
-.PHONY: setup test test-fast test-e2e lint demo airflow-ui mlflow-ui bench bench-report lock clean
+.PHONY: setup test test-fast test-e2e lint demo try airflow-ui mlflow-ui bench bench-report lock clean
 
 setup:
 	@bash scripts/setup.sh
@@ -27,11 +27,17 @@ test-e2e: setup
 	$(PY) -m pytest $(PYTEST_XDIST) -m slow
 
 lint: setup
-	$(PY) -m ruff check common pipeline models workflow dags tests benchmarks
-	$(PY) -m ruff format --check common pipeline models workflow dags tests benchmarks
+	$(PY) -m ruff check common pipeline models apps workflow dags tests benchmarks
+	$(PY) -m ruff format --check common pipeline models apps workflow dags tests benchmarks
 
 demo: setup
 	bash scripts/demo.sh
+
+# A page to try the registered champions (apps/try_models.py serves them; the page is Gradio, in
+# .venv-try) on http://127.0.0.1:$(TRY_PORT); `make demo` registers them first.
+TRY_PORT ?= 7860
+try: setup
+	$(PY) -m apps.try_models --host 127.0.0.1 --port $(TRY_PORT)
 
 airflow-ui: setup
 	bash scripts/airflow_ui.sh
@@ -61,6 +67,7 @@ lock:
 	.venv/bin/pip freeze --exclude-editable | grep -v -e '^-e' -e '^horovod==' > requirements/train.lock
 	.venv-airflow/bin/pip freeze --exclude-editable | grep -v '^-e' > requirements/airflow.lock
 	.venv-k8s/bin/pip freeze > requirements/k8s.lock
+	.venv-try/bin/pip freeze > requirements/try.lock
 
 clean:
 	rm -rf .runs .pytest_cache

