@@ -152,7 +152,9 @@ def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_pa
         # What the champions answer, computed here while the launcher starts their servers.
         wav = tmp_path / "upload.wav"
         soundfile.write(wav, tone(0.6, seed=5), 16000, subtype="PCM_16")
-        expected = served(asr_dir).predict(None, pd.DataFrame({"audio": [str(wav)]}))[0]
+        expected = served(asr_dir).predict(
+            None, pd.DataFrame({"audio": [base64.b64encode(wav.read_bytes()).decode()]})
+        )[0]
         assert expected.strip(), "the untrained model wrote nothing: the comparison below could not fail"
         sentence = pd.DataFrame({"text": ["the taxi is late"], "voice": ["bob"]})
         spoken = base64.b64decode(served(tts_dir).predict(None, sentence)["audio"][0])
