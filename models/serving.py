@@ -37,10 +37,8 @@ after each sentence's length) and `lengths` int32 [B]. Params
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
 import json
-import math
 import tempfile
 import warnings
 from pathlib import Path
@@ -56,9 +54,10 @@ from models.serving_policy import (
     ENV_PREFIX,
     RequestError,
     ServingConfig,
-    allowed_file,
-    check_duration,
-    check_rate,
+    audio_features,
+    bounded_param,
+    texts_and_voices,
+    utterances,
 )
 from pipeline.records import ShardSet
 
@@ -125,126 +124,6 @@ def feature_config(data: dict):
 # ---- acoustic model: audio -> log-mel -> the training normalization -> text -----------------------
 
 
-def _missing(value) -> bool:
-    """A DataFrame cell left empty (None, or NaN where pandas filled a column)."""
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _rows(model_input) -> list[dict]:
-    """The request's rows as dicts (a DataFrame, a dict of columns, or a list of dicts)."""
-    if hasattr(model_input, "to_dict"):
-        return model_input.to_dict(orient="records")
-    if isinstance(model_input, dict):
-        return [model_input]
-    return list(model_input)
-
-
-def utterances(model_input) -> list[tuple[str, object, object]]:
-    """The request's utterances in order: (label, audio, sample rate or None) for each, the label
-    naming the row (and the item of a row's list) for error messages.
-
-    A row's `audio` is a string (base64 file bytes, or a file path inside the directory the operator
-    allowed), a waveform (a list or array of numbers, with the row's `sample_rate`), or a list of
-    strings (MLflow makes one row of a dict `{"audio": ["a.wav", "b.wav"]}`)."""
-    out = []
-    for i, row in enumerate(_rows(model_input)):
-        audio, rate = row.get("audio"), row.get("sample_rate")
-        if isinstance(audio, str):
-            out.append((f"row {i}", audio, None))
-        elif isinstance(audio, (list, tuple, np.ndarray)) and len(audio) and all(isinstance(a, str) for a in audio):
-            out += [(f"row {i} item {k}", a, None) for k, a in enumerate(audio)]
-        elif isinstance(audio, (list, tuple, np.ndarray)):
-            out.append((f"row {i}", audio, None if _missing(rate) else rate))
-        else:
-            raise RequestError(
-                f"row {i}: `audio` must be base64 file bytes, a file path or a waveform, got {str(audio)[:80]!r}"
-            )
-    return out
-
-
-def read_audio_cell(value: str, settings: ServingConfig) -> tuple[int, np.ndarray]:
-    """An `audio` string: base64 of a file's bytes (or a data: URI of them), or a file path inside
-    `settings.audio_dir` (absolute, or relative to it). Returns (rate, float32 [samples, channels]
-    on the int16 scale), read as the feature stage reads files, after checking from the header that
-    it is no longer than the limit."""
-    if len(value) > settings.max_audio_bytes:
-        raise RequestError(
-            f"`audio` is {len(value)} characters, over this server's limit of {settings.max_audio_bytes} "
-            f"({ENV_PREFIX}MAX_AUDIO_BYTES)"
-        )
-    path = allowed_file(value, settings)
-    if path is not None:
-        return _read_checked(path, settings)
-    encoded = value.split(",", 1)[1] if value.startswith("data:") else value  # a data: URI's payload
-    try:
-        raw = base64.b64decode("".join(encoded.split()), validate=True)
-    except (binascii.Error, ValueError) as err:
-        files = (
-            f"nor a file in {settings.audio_dir}"
-            if settings.audio_dir
-            else f"(this server reads no file a request names: the operator allows a directory with {ENV_PREFIX}AUDIO_DIR)"
-        )
-        raise RequestError(f"`audio` is not base64 file bytes {files}: {value[:80]!r}") from err
-    if not raw:
-        raise RequestError("`audio` is empty")
-    with tempfile.TemporaryDirectory() as tmp:  # read_file checks and decodes files, so the bytes become one
-        path = Path(tmp) / "audio"
-        path.write_bytes(raw)
-        return _read_checked(path, settings)
-
-
-def _read_checked(path: Path, settings: ServingConfig) -> tuple[int, np.ndarray]:
-    import soundfile
-
-    from pipeline import audio_io
-
-    try:
-        info = soundfile.info(str(path))
-    except Exception:  # not audio: read_file says why, in the feature stage's words
-        info = None
-    if info is not None:
-        check_duration(info.frames, max(info.samplerate, 1), settings)  # before decoding (a FLAC of hours)
-    rate, samples = audio_io.read_file(path)
-    check_rate(rate)
-    return rate, samples
-
-
-def audio_features(audio, sample_rate, cfg, settings: ServingConfig | None = None) -> np.ndarray:
-    """One utterance (see `utterances`) -> log-mel fbank float32 [frames, D], as the feature stage
-    computes it: read, mixed down and resampled by `prepare_waveform`, then `compute_fbank`.
-    Raises RequestError for audio that is unusable or over `settings`' limits (default: the defaults)."""
-    from pipeline import features
-    from pipeline.audio_io import AudioError
-
-    settings = settings or ServingConfig()
-    try:
-        if isinstance(audio, str):
-            rate, waveform = read_audio_cell(audio, settings)
-        else:
-            if sample_rate is None:
-                raise RequestError("a waveform needs its `sample_rate` (Hz)")
-            rate = check_rate(sample_rate)
-            check_duration(len(audio), rate, settings)
-            try:
-                waveform = np.asarray(audio, np.float32)
-            except (TypeError, ValueError) as err:
-                raise RequestError(f"a waveform is one list of numbers in [-1, 1] ({err})") from err
-            if waveform.ndim != 1:
-                raise RequestError(f"a waveform is one list of samples, got an array of shape {waveform.shape}")
-            if not np.isfinite(waveform).all() or np.abs(waveform).max(initial=0.0) > 1.0:
-                raise RequestError("a waveform's samples must be finite numbers in [-1, 1]")
-            waveform = waveform[:, None] * 32768.0  # [samples, 1]; [-1, 1] -> the int16 scale
-        wave = features.prepare_waveform(rate, waveform, None, cfg)
-    except AudioError as err:
-        raise RequestError(f"unusable audio ({err.reason}): {err}") from err
-    feats = features.compute_fbank(wave, cfg)  # [frames, D]
-    if len(feats) == 0:
-        raise RequestError(
-            f"{len(wave) / cfg.sample_rate:.3f} s of audio give no frame ({cfg.frame_length_ms} ms needed)"
-        )
-    return feats
-
-
 def asr_batch(feats: list[np.ndarray], cmvn: str, data: dict) -> dict:
     """Float log-mels [T_i, D] -> the batch the training input pipeline would assemble from float
     storage: `feats` [B, T, D] zero-padded, `feat_lengths`, the affine map of `cmvn` ("global": the
@@ -306,20 +185,6 @@ def wav_base64(log_mel: np.ndarray, iterations: int) -> str:
         return base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def texts_and_voices(model_input) -> tuple[list[str], list[str | None]]:
-    """The `text` column's sentences (one cell may hold a list of them) and each one's `voice` (the
-    row's; None where the column or the cell is missing)."""
-    cells = list(model_input["text"])
-    column = model_input.get("voice") if hasattr(model_input, "get") else None
-    row_voices = list(column) if column is not None else [None] * len(cells)
-    texts, voices = [], []
-    for cell, voice in zip(cells, row_voices):
-        sentences = list(cell) if isinstance(cell, (list, tuple, np.ndarray)) else [cell]
-        texts += [str(t) for t in sentences]
-        voices += [None if _missing(voice) or not str(voice) else str(voice)] * len(sentences)
-    return texts, voices
-
-
 def compiled_asr(model, feature_dim: int):
     """The acoustic model as one graph for every batch shape: feats float32 [B, T, D] (normalized),
     lengths int32 [B] -> (logits [B, T', V], lengths' [B]). Called eagerly, Keras steps each LSTM
@@ -329,14 +194,6 @@ def compiled_asr(model, feature_dim: int):
 
     signature = [tf.TensorSpec([None, None, feature_dim], tf.float32), tf.TensorSpec([None], tf.int32)]
     return tf.function(lambda feats, lengths: model(feats, lengths), input_signature=signature)
-
-
-def _param(params: dict, name: str, default: int, low: int, high: int) -> int:
-    value = params.get(name)
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise RequestError(f"param `{name}` must be a whole number in [{low}, {high}], got {value!r}")
-    return int(value)
 
 
 class SpeechModel(mlflow.pyfunc.PythonModel):
@@ -367,7 +224,7 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
 
     def transcribe(self, model_input, params: dict) -> list[str]:
         cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
-        beam = _param(params, "beam_width", 0, 0, 256)
+        beam = bounded_param(params, "beam_width", 0, 0, 256)
         rows = utterances(model_input)
         self._check_rows(len(rows))
         feats, seconds = [], 0.0
@@ -389,8 +246,8 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
     def speak(self, model_input, params: dict) -> dict:
         from models import audio, tasks
 
-        max_steps = _param(params, "max_steps", 400, 1, 2000)
-        iterations = _param(params, "griffin_lim_iters", 48, 0, 200)
+        max_steps = bounded_param(params, "max_steps", 400, 1, 2000)
+        iterations = bounded_param(params, "griffin_lim_iters", 48, 0, 200)
         texts, voices = texts_and_voices(model_input)
         self._check_rows(len(texts))
         for i, sentence in enumerate(texts):

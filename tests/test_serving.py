@@ -26,7 +26,7 @@ import pytest
 import soundfile
 
 from common import config as configlib
-from models import asr, checkpoint, serving, tts
+from models import asr, checkpoint, serving, serving_policy, tts
 from models.serving_policy import RequestError, ServingConfig
 from models.tasks import AsrTask
 from models.train_config import TrainConfig
@@ -198,10 +198,10 @@ def test_stereo_and_other_rates_are_read_as_the_feature_stage_reads_them(tmp_pat
     cfg = features.FeatureConfig(jobs=1)
     rate, samples = kaldi.read_audio(str(stereo), allow_pipes=False)
     want = features.compute_fbank(features.prepare_waveform(rate, samples, None, cfg), cfg)
-    got = serving.audio_features(base64.b64encode(stereo.read_bytes()).decode(), None, cfg)
+    got = serving_policy.audio_features(base64.b64encode(stereo.read_bytes()).decode(), None, cfg)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(
-        serving.audio_features(str(stereo), None, cfg, ServingConfig(audio_dir=str(tmp_path))), want
+        serving_policy.audio_features(str(stereo), None, cfg, ServingConfig(audio_dir=str(tmp_path))), want
     )
 
 

@@ -1,0 +1,275 @@
+"""The sections of docs/benchmarks.md (benchmarks/report.py) on what runs reached: the demo, the
+strategies' convergence, the injected faults and the synthesis levers, each from its JSON."""
+
+from __future__ import annotations
+
+# The benchmarks' own table columns; importing them loads no TensorFlow.
+import benchmarks.convergence
+import benchmarks.faults
+from benchmarks.report_format import num, pct, table, thousands
+
+# Variants in the order the benchmark runs them.
+CONVERGENCE_VARIANTS = ("allreduce", "delay-by-one", "fixed-ring", "random-ring", "hierarchical")
+
+
+def demo(r: dict) -> list[str]:
+    asr, tts = r["asr"], r["tts"]
+    out = [
+        f"`make demo` with the DAG's default parameters. Commit named in the file: {r.get('commit', 'not named')}.",
+        "",
+    ]
+    out += table(
+        ["run", "minutes"],
+        [
+            ["the DAG (`make demo`)", num(r["dag_wall_s"] / 60, 1)],
+            ["`make setup` from the pip cache, then `make demo`", num(r["make_demo_wall_s_with_setup"] / 60, 1)],
+        ],
+    )
+    rows = []
+    for name, t in (("acoustic model", r["asr_training"]), ("synthesis model", r["tts_training"])):
+        rows.append(
+            [
+                name,
+                t["steps"],
+                num(t["measured_seconds"] / 60, 1),
+                thousands(t["frames_per_s_total"]),
+                pct(t["share_compute"]),
+                pct(t["share_communication"]),
+                pct(t["share_input"], 2),
+                pct(t["input_wait_share_max_10_step_window"], 2),
+            ]
+        )
+    out += table(
+        [
+            "training",
+            "steps",
+            "minutes",
+            "frames/s (all ranks)",
+            "compute",
+            "communication",
+            "input",
+            "input, worst 10-step window",
+        ],
+        rows,
+    )
+    rows = []
+    for split, what in (
+        ("dev", "dev (training voices, new sentences)"),
+        ("test", "test (voices never heard in training)"),
+        ("test_noisy", "noisy test (the test sentences with noise)"),
+    ):
+        rows.append(
+            [
+                what,
+                pct(asr[f"{split}_cer"]),
+                pct(asr[f"{split}_wer"]),
+                pct(asr[f"{split}_cer_beam"]),
+                pct(asr[f"{split}_wer_beam"]),
+            ]
+        )
+    out += ["Acoustic model (the champion chosen on dev):", ""]
+    out += table(["split", "CER greedy", "WER greedy", "CER beam", "WER beam"], rows)
+    rows = []
+    for split, what in (("dev", "dev (training voices)"), ("test", "test (unseen voices, nearest training voice)")):
+        rows.append(
+            [
+                what,
+                tts[f"{split}_utterances"],
+                pct(tts[f"{split}_intelligibility_cer"]),
+                pct(tts[f"{split}_intelligibility_wer"]),
+                pct(tts[f"{split}_intelligibility_cer_teacher_forced"]),
+                pct(tts[f"{split}_intelligibility_cer_recordings"]),
+                num(tts[f"{split}_fbank_cepstral_distance_db"], 2),
+            ]
+        )
+    out += [f"Synthesis model ({r['tts_training'].get('decoder', 'the demo config')}):", ""]
+    out += table(
+        [
+            "split",
+            "sentences",
+            "CER free-running",
+            "WER free-running",
+            "CER teacher-forced",
+            "CER of the recordings",
+            "fbank cepstral distance (dB)",
+        ],
+        rows,
+    )
+    t = r["tts_training"]
+    out += ["Synthesis step on two ranks, per module (ms):", ""]
+    out += table(
+        ["", "encoder", "decoder", "post-net"],
+        [
+            [part] + [num(t[f"profile_{m}_{part}_ms"]) for m in ("encoder", "decoder", "postnet")]
+            for part in ("forward", "backward")
+        ],
+    )
+    return out
+
+
+def convergence(r: dict) -> list[str]:
+    rows = []
+    for name in CONVERGENCE_VARIANTS:
+        if f"{name}_cers" not in r:
+            continue
+        seeds = len(r[f"{name}_cers"])
+        minutes = [r.get(f"{name}_seed{s}_job_wall_s") for s in range(seeds)]
+        rows.append(
+            [
+                name,
+                seeds,
+                pct(r[f"{name}_cer"]),
+                pct(r[f"{name}_cer_spread"]),
+                pct(r[f"{name}_wer"]),
+                pct(r.get(f"{name}_relative_to_allreduce")) if name != "allreduce" else "",
+                r.get(f"{name}_from", "this run"),
+                " / ".join(pct(c) for c in r[f"{name}_cers"]),
+                " / ".join("" if m is None else num(m / 60, 1) for m in minutes),
+            ]
+        )
+    out = [f"{r['epochs']} epochs of the demo acoustic model for every strategy; test CER greedy.", ""]
+    out += table([*benchmarks.convergence.TABLE, "test CER per seed", "job minutes per seed"], rows)
+    half = [n for n in (r.get("best_gossip_variant"), "allreduce") if n and f"{n}_half_speed_job_minutes" in r]
+    if half:
+        rows = []
+        for name in half:
+            to_target = r.get(f"{name}_half_speed_minutes_to_allreduce_dev_cer")
+            rows.append(
+                [
+                    name,
+                    pct(r.get("allreduce_final_dev_cer")),
+                    "never" if to_target is None else num(to_target, 1),
+                    pct(r[f"{name}_half_speed_final_dev_cer"]),
+                    num(r[f"{name}_half_speed_minutes_to_common_dev_cer"], 1),
+                    num(r[f"{name}_half_speed_job_minutes"], 1),
+                    "/".join(str(b) for b in r[f"{name}_half_speed_batches"]),
+                ]
+            )
+        level = pct(r["half_speed_common_dev_cer"])
+        out += [f"The second part, rank 1 at half speed (the level both reached: {level} dev CER):", ""]
+        out += table([*benchmarks.convergence.HALF_SPEED_TABLE, "batches r0/r1"], rows)
+    return out
+
+
+def faults(r: dict) -> list[str]:
+    def cer(key: str) -> str:
+        return f"test CER {pct(r[key])}" if r.get(key) is not None else ""
+
+    rows = [
+        ["none (undisturbed)", r["clean_exit"], "", "", cer("clean_cer")],
+        [
+            "SIGKILL rank 1",
+            r["kill_worker_exit"],
+            num(r["kill_worker_detect_s"], 2),
+            r["kill_worker_steps_lost"],
+            f"rank named: {r['kill_worker_rank_named']}; re-run exit {r['kill_worker_retry_exit']}, "
+            + cer("kill_worker_cer"),
+        ],
+        [
+            "SIGKILL rank 1, `--elastic`",
+            r["kill_worker_elastic_exit"],
+            f"{num(r['kill_worker_elastic_reset_s'], 1)} (to the reset)",
+            r["kill_worker_elastic_steps_lost"],
+            cer("kill_worker_elastic_cer"),
+        ],
+        [
+            "SIGKILL of the whole job, then the command again",
+            r["kill_job_retry_exit"],
+            "",
+            r["kill_job_steps_lost"],
+            cer("kill_job_cer"),
+        ],
+        [
+            "SIGKILL of the shard writer, then again",
+            r["kill_shard_writer_rerun_exit"],
+            "",
+            "",
+            f"the same shards: {r['kill_shard_writer_same_shards']}",
+        ],
+        [
+            "a corrupted shard",
+            r["corrupt_shard_exit"],
+            num(r["corrupt_shard_detect_s"], 1),
+            "",
+            f"shard named: {r['corrupt_shard_named']}",
+        ],
+        [
+            "MLflow down, then back",
+            r["mlflow_down_exit"],
+            "",
+            "",
+            f"{r['mlflow_down_loss_points']}/{r['mlflow_down_steps']} loss points",
+        ],
+    ]
+    out = [f"{r['epochs']} epochs on two ranks; each fault injected at step {r['kill_at_step']} of a real run.", ""]
+    out += table(benchmarks.faults.TABLE, rows)
+    return out
+
+
+def tts_levers(r: dict) -> list[str]:
+    out = [
+        f"Corpus: {r['corpus']}. Listener: {r['judge']}.",
+        "",
+        f"Training: `{r['train_command']}`; evaluation: `{r['eval_command']}`. {r['config_note']}.",
+        "",
+    ]
+
+    def rows_of(runs: dict) -> list[list]:
+        rows = []
+        for name, run in runs.items():
+            seconds = run.get("training_seconds")
+            rows.append(
+                [
+                    f"`{name}`: {run['what']}" + (f" ({run['note']})" if run.get("note") else ""),
+                    f"`{run['flags']}`" if run["flags"] else "",
+                    run["steps"],
+                    "" if seconds is None else num(seconds / 60, 1),
+                    pct(run["dev_intelligibility_cer"]),
+                    pct(run["dev_intelligibility_cer_teacher_forced"]),
+                    pct(run["dev_intelligibility_cer_recordings"]),
+                    num(run["dev_mel_l1"], 3),
+                    num(run["dev_fbank_cepstral_distance_db"], 2),
+                ]
+            )
+        return rows
+
+    headers = [
+        "run",
+        "flags",
+        "steps",
+        "training minutes",
+        "dev CER free-running",
+        "dev CER teacher-forced",
+        "dev CER of the recordings",
+        "mel L1",
+        "fbank cepstral distance (dB)",
+    ]
+    out += table(headers, rows_of(r["runs"]))
+    a = r["analysis"]
+    peak = a["attention_peak_distance_from_straight_line_chars"]
+    lengths = a["synthesized_over_recorded_length"]
+    rows = [
+        [
+            "mel L1 of copying the previous frame, r=3 / r=6",
+            f"{a['copy_previous_frame_mel_l1']['r3']} / {a['copy_previous_frame_mel_l1']['r6']}",
+        ],
+        ["mel L1 of the utterance's mean frame", a["utterance_mean_frame_mel_l1"]["value"]],
+        [
+            "attention peak's largest distance from the diagonal (characters), `base` teacher-forced / free-running",
+            f"{peak['base']['teacher_forced']} / {peak['base']['free_running']}",
+        ],
+        [
+            "the same, `r6long`",
+            f"{peak['r6long']['teacher_forced']} / {peak['r6long']['free_running']}",
+        ],
+        [
+            "synthesized over recorded length, " + ", ".join(f"`{k}`" for k in lengths if k != "what"),
+            " / ".join(str(v) for k, v in lengths.items() if k != "what"),
+        ],
+    ]
+    out += ["Reference points (dev split):", ""]
+    out += table(["what", "value"], rows)
+    demo_runs = r["demo_corpus_runs"]
+    out += [f"On the demo's corpus and listener: {demo_runs['what']}.", ""]
+    out += table(headers, rows_of(demo_runs["runs"]))
+    return out

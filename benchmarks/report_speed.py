@@ -1,0 +1,178 @@
+"""The speed benchmarks' sections of docs/benchmarks.md (benchmarks/report.py): input pipeline,
+training throughput, the speedup model, stragglers and serving under load, each a table from its JSON."""
+
+from __future__ import annotations
+
+# The benchmarks' own table columns; importing them loads no TensorFlow.
+import benchmarks.serving
+import benchmarks.speedup_model
+import benchmarks.straggler
+import benchmarks.throughput
+from benchmarks.report_format import milliseconds, num, pct, table, thousands
+
+# Variants in the order the benchmark runs them.
+STRAGGLER_VARIANTS = ("allreduce", "fixed-ring", "random-ring", "delay-by-one")
+
+
+def input_pipeline(r: dict) -> list[str]:
+    rows = [
+        [
+            "steady-state throughput, one GPU's batches (frames/s)",
+            num(r["baseline_frames_per_s"]),
+            num(r["tfdata_frames_per_s"]),
+        ],
+        [
+            f"first batch, {r['demo_frames']:,} frames (s)",
+            num(r["demo_baseline_first_batch_s"], 3),
+            num(r["demo_tfdata_first_batch_s"], 3),
+        ],
+        [
+            f"first batch, {r['large_frames']:,} frames (s)",
+            num(r["baseline_first_batch_s"], 3),
+            num(r["tfdata_first_batch_s"], 3),
+        ],
+    ]
+    for name, (budget, _, step) in r["consumers"].items():
+        rows.append(
+            [
+                f"utilization: {name} ({budget:,} frames / {step * 1000:g} ms)",
+                num(r[f"baseline_{name}_utilization"], 3),
+                num(r[f"tfdata_{name}_utilization"], 3),
+            ]
+        )
+    out = table(["", "seed-style", "tf.data"], rows)
+    out += [
+        f"tf.data per core: {num(r['frames_per_s_per_core'])} frames/s; one GPU at batch 1024 (bf16) needs about "
+        f"{num(r['gpu_b1024_cores_needed'], 1)} such cores (or tf.data service workers).",
+        "",
+    ]
+    return out
+
+
+def throughput(r: dict) -> list[str]:
+    out = [
+        f"{r['steps']} steps, the first {r['warmup_steps_excluded']} excluded, on synthetic demo-shaped shards. "
+        f"Matmul peak: float32 {num(r['matmul_peak_flops_float32'] / 1e9)} GFLOP/s, "
+        f"bfloat16 {num(r['matmul_peak_flops_bfloat16'] / 1e9)} GFLOP/s.",
+        "",
+    ]
+    rows = []
+    for model in ("asr", "tts"):
+        for key in (f"{model}_np1", f"{model}_np2", f"{model}_np1_bf16", f"{model}_np2_bf16"):
+            if f"{key}_frames_per_s" not in r:
+                continue
+            flops = r.get(f"{key}_flops")
+            rows.append(
+                [
+                    key,
+                    num(r[f"{key}_frames_per_s"]),
+                    num(r[f"{key}_steps_per_s"], 2),
+                    pct(r[f"{key}_share_input"], 2),
+                    pct(r[f"{key}_share_communication"]),
+                    "" if flops is None else num(flops / 1e9),
+                    pct(r.get(f"{key}_fraction_of_fp32_peak"), 0),
+                ]
+            )
+    out += table(benchmarks.throughput.TABLE, rows)
+    rows = []
+    for n in (1, 2):
+        for part in ("forward", "backward"):
+            keys = [f"tts_np{n}_profile_{m}_{part}_ms" for m in ("encoder", "decoder", "postnet")]
+            if all(k in r for k in keys):
+                rows.append([f"np={n}, {part}", *(num(r[k]) for k in keys)])
+        totals = [f"tts_np{n}_profile_{m}_ms" for m in ("encoder", "decoder", "postnet")]
+        if not any(row[0].startswith(f"np={n},") for row in rows) and all(k in r for k in totals):
+            rows.append([f"np={n}, forward + backward", *(num(r[k]) for k in totals)])
+    if rows:
+        out += ["Synthesis per-module time per step in training (ms, the trainer's profile):", ""]
+        out += table(["", "encoder", "decoder", "post-net"], rows)
+    batches = sorted({int(k.split("_b")[1].split("_")[0]) for k in r if k.startswith("tts_curve_graph_b")})
+    if batches:
+        rows = [
+            [label, *(milliseconds(v) for v in times), thousands(fps)]
+            for label, *times, fps in benchmarks.throughput.tts_curve_rows(r, tuple(batches))
+        ]
+        out += ["Synthesis training step, 60 characters x 600 frames, r=3 (forward per module; ms):", ""]
+        out += table(benchmarks.throughput.CURVE_TABLE, rows)
+    return out
+
+
+def speedup_model(r: dict) -> list[str]:
+    out = [
+        f"Tcalc {num(r['tcalc_s'] * 1000, 1)} ms, Ttransmit {num(r['ttransmit_s'] * 1000, 2)} ms "
+        f"({r['parameters']:,} float32 weights), Tmerge {num(r['tmerge_s'] * 1000, 2)} ms.",
+        "",
+    ]
+    rows = []
+    for strategy in ("allreduce", "adpsgd"):
+        rows.append(
+            [
+                strategy,
+                num(r[f"{strategy}_predicted_speedup_n1"], 2),
+                num(r[f"{strategy}_predicted_speedup_n2"], 2),
+                num(r.get(f"{strategy}_measured_speedup_n2"), 2) or "not recorded",
+                num(r.get(f"{strategy}_job_speedup_n2"), 2) or "not recorded",
+                num(r[f"{strategy}_predicted_speedup_n128"], 1),
+            ]
+        )
+    out += table(benchmarks.speedup_model.TABLE, rows)
+    return out
+
+
+def straggler(r: dict) -> list[str]:
+    rows = []
+    for name in STRAGGLER_VARIANTS:
+        if f"{name}_job_wall_s" not in r:
+            continue
+        for factor in r["factors"]:
+            rows.append(
+                [
+                    name,
+                    f"1/{factor}",
+                    num(r[f"{name}_job_wall_s"]),
+                    num(r[f"{name}_job_wall_s_f{factor}"]),
+                    "/".join(str(b) for b in r[f"{name}_per_rank_batches_f{factor}"]),
+                    num(r[f"{name}_job_throughput_ratio_f{factor}"], 3),
+                    num((1 + 1 / factor) / 2, 3),
+                    num(r[f"{name}_fast_rank_ratio_f{factor}"], 2),
+                ]
+            )
+    out = [f"{r['epochs']} epochs for every strategy.", ""]
+    out += table(benchmarks.straggler.TABLE, rows)
+    return out
+
+
+def serving(r: dict) -> list[str]:
+    rows = []
+    for workers in sorted({int(k[1]) for k in r if k.startswith("w") and "_" in k}):
+        levels = sorted((v for k, v in r.items() if k.startswith(f"w{workers}_c")), key=lambda v: v["clients"])
+        for v in levels:
+            rows.append(
+                [
+                    f"{workers} worker(s), {v['clients']} client(s)",
+                    v["requests"],
+                    num(v["requests_per_s"], 1),
+                    num(v["p50_s"], 3),
+                    num(v["p99_s"], 3),
+                    num(v["rtf_p50"], 3),
+                    num(v["rtf_p99"], 3),
+                    v["failed"],
+                ]
+            )
+        b = r[f"w{workers}_batch"]
+        rtf = num(b["latency_s"] / b["audio_s"], 3)
+        latency = num(b["latency_s"], 3)
+        rows.append(
+            [f"{workers} worker(s), 1 request of {b['rows']} rows", 1, "", latency, latency, rtf, rtf, int(not b["ok"])]
+        )
+    goals = r["goals"]
+    out = [f"Model: {r['model']}. Clients post base64 WAVs of 3 to 6 s on the server's own machine.", ""]
+    out += table(benchmarks.serving.TABLE, rows)
+    out += [
+        f"Goals at one worker: real-time factor at one client {num(r['rtf_1_client'], 3)} (goal <= "
+        f"{goals['rtf_1_client']}); p99 latency at 4 clients {num(r['p99_s_4_clients'], 2)} s (goal <= "
+        f"{goals['p99_s_4_clients']} s); failed requests at 16 clients {r['failed_16_clients']} (goal "
+        f"{goals['failed_16_clients']}).",
+        "",
+    ]
+    return out
