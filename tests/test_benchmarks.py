@@ -64,7 +64,7 @@ EXPECTED = {
         "corrupt_shard_named",
         "mlflow_down_none_lost",
     ],
-    "serving": ["rtf_1_client", "p99_s_4_clients", "failed_16_clients", "w1_c1", "w1_batch", "cpu", "commit"],
+    "serving": ["rtf_1_client", "p99_s_4_clients", "failed_16_clients", "w1_c1", "w1_batch", "meta"],
     "speedup_model": [
         "tcalc_s",
         "ttransmit_s",
