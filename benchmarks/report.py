@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report_format import provenance  # noqa: E402
-from benchmarks.report_runs import convergence, demo, faults, tts_levers  # noqa: E402
+from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy, tts_levers  # noqa: E402
 from benchmarks.report_speed import input_pipeline, serving, speedup_model, straggler, throughput  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -43,6 +43,16 @@ SECTIONS: dict[str, Section] = {
         "recordings themselves (the listener's own errors). The filterbank cepstral distance is the "
         "formula of mel-cepstral distortion applied to the predicted filterbank; it does not compare with "
         "the MCD that papers report.",
+    ),
+    "time_to_accuracy.json": (
+        "Time to accuracy",
+        "`benchmarks/time_to_accuracy.py`: the demo corpus through the real stages, the demo acoustic model "
+        "at `horovodrun -np 2` with its config before and after the change named in the commit, in one run; "
+        "dev CER against minutes from launching horovodrun (start-up, input, evaluations and checkpoints "
+        "included); test CER greedy on voices never heard in training, of the model each run saved.",
+        time_to_accuracy,
+        "Both arms evaluate on dev the same number of times. The minutes to a target are those of the first "
+        "evaluation at or below it, so they are as coarse as the evaluations are apart.",
     ),
     "input_pipeline.json": (
         "Input pipeline",

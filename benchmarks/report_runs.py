@@ -273,3 +273,35 @@ def tts_levers(r: dict) -> list[str]:
     out += [f"On the demo's corpus and listener: {demo_runs['what']}.", ""]
     out += table(headers, rows_of(demo_runs["runs"]))
     return out
+
+
+def time_to_accuracy(r: dict) -> list[str]:
+    targets = r["targets"]
+    rows = []
+    for name, arm in r["arms"].items():
+        rows.append(
+            [
+                name,
+                f"`{arm['config']}`",
+                arm["steps"],
+                num(arm["startup_minutes"], 1),
+                *(
+                    "never" if arm.get(f"minutes_to_{t:g}") is None else num(arm[f"minutes_to_{t:g}"], 1)
+                    for t in targets
+                ),
+                num(arm["job_minutes"], 1),
+                pct(arm["final_dev_cer"]),
+                pct(arm["test_cer"]),
+            ]
+        )
+    headers = [
+        "arm",
+        "config",
+        "steps",
+        "minutes to the first step",
+        *(f"minutes to dev CER {pct(t)}" for t in targets),
+        "job minutes",
+        "final dev CER",
+        "test CER",
+    ]
+    return table(headers, rows)

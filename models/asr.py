@@ -10,6 +10,7 @@ alignment), the model can be trained with frame cross-entropy instead.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import keras
 import numpy as np
@@ -89,6 +90,26 @@ def build_asr(config: AsrConfig) -> AcousticModel:
     return model
 
 
+def compiled(model: AcousticModel, feature_dim: int | None = None):
+    """The model's inference pass as one graph for every batch shape: feats float32 [B, T, D]
+    (normalized), lengths int32 [B] -> (logits [B, T', V], lengths' [B]).
+
+    Called eagerly, Keras steps each LSTM through time in Python (about 1 s per second of audio on
+    two cores); a tf.function without a fixed signature builds a new graph for each new length.
+    Made once per model (`feature_dim`: D, default the model's config) and kept beside it.
+    """
+    fn = _COMPILED.get(model)
+    if fn is None:
+        dim = feature_dim or model.config.feature_dim
+        signature = [tf.TensorSpec([None, None, dim], tf.float32), tf.TensorSpec([None], tf.int32)]
+        held = weakref.ref(model)  # the cache must not keep the model alive
+        fn = _COMPILED[model] = tf.function(lambda feats, lengths: held()(feats, lengths), input_signature=signature)
+    return fn
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def ctc_loss(logits, logit_lengths, tokens, token_lengths):
     """Mean CTC loss per utterance (blank = token 0). logits [B, T', V], tokens [B, L] -> scalar.
 
@@ -147,7 +168,7 @@ def beam_decode(logits, lengths, beam_width: int = 16) -> list[list[int]]:
 def transcribe(model, feats, lengths, vocabulary: list[str], beam_width: int = 0) -> list[str]:
     """Texts of a batch: feats float32 [B, T, D] normalized as in training, lengths [B] in frames;
     greedy decoding, or CTC beam search with `beam_width` > 0."""
-    logits, out_lengths = model(feats, lengths)
+    logits, out_lengths = compiled(model, feats.shape[-1])(feats, tf.cast(lengths, tf.int32))
     if beam_width:
         ids = beam_decode(logits, out_lengths, beam_width)
     else:

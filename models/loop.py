@@ -241,6 +241,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
             if log is not None:
                 log.log_metrics(dev, step=step)
             summary.update({f"last_{k}": v for k, v in dev.items()}, **self.dev.restore_best())
+            summary["dev_clock_started_unix_s"] = self.dev.started_unix_s
         if self.rank == 0:
             self._save_model(summary)
         return summary

@@ -185,17 +185,6 @@ def wav_base64(log_mel: np.ndarray, iterations: int) -> str:
         return base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def compiled_asr(model, feature_dim: int):
-    """The acoustic model as one graph for every batch shape: feats float32 [B, T, D] (normalized),
-    lengths int32 [B] -> (logits [B, T', V], lengths' [B]). Called eagerly, Keras steps each LSTM
-    in Python (about 1 s per second of audio on 2 cores); a tf.function without a fixed signature
-    builds a new graph for each new length."""
-    import tensorflow as tf
-
-    signature = [tf.TensorSpec([None, None, feature_dim], tf.float32), tf.TensorSpec([None], tf.int32)]
-    return tf.function(lambda feats, lengths: model(feats, lengths), input_signature=signature)
-
-
 class SpeechModel(mlflow.pyfunc.PythonModel):
     """The pyfunc model of a model directory (see the module docstring for inputs and outputs);
     what it accepts is set by the operator's environment (models/serving_policy.py)."""
@@ -211,7 +200,9 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
                 stacklevel=2,
             )
         if self.config.model == "asr":
-            self.infer = compiled_asr(self.model, self.data["feature_dim"])
+            from models import asr
+
+            self.infer = asr.compiled(self.model, self.data["feature_dim"])
             # Trace now, so the first request does not wait for the graph (about a second).
             dim = self.data["feature_dim"]
             transcribe_features(self.infer, self.config, self.data, [np.zeros([100, dim], np.float32)])

@@ -90,11 +90,22 @@ class AsrTask:
         if training and self.augment is not None and seed is not None:
             feats = frontend.spec_augment(feats, batch["feat_lengths"], self.augment, seed)
         logits, lengths = model(feats, batch["feat_lengths"], training=training)
+        return self._loss_of(logits, lengths, batch)
+
+    def _loss_of(self, logits, lengths, batch) -> tuple[tf.Tensor, dict]:
         if self.config.loss == "frame_ce":
             loss = asr.frame_ce_loss(logits, lengths, batch["targets"], self.config.subsample)
             return loss, {}
         loss, infeasible = asr.ctc_loss(logits, lengths, batch["tokens"], batch["token_lengths"])
         return loss, {"infeasible_utterances": infeasible}
+
+    def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
+        """Dev evaluation of a batch: (loss, greedy transcripts), from one compiled forward pass
+        (`asr.compiled`: an eager pass steps every LSTM through time in Python)."""
+        logits, lengths = asr.compiled(model, self.config.feature_dim)(self.features(batch), batch["feat_lengths"])
+        loss, _ = self._loss_of(logits, lengths, batch)
+        hyps = asr.greedy_decode(logits.numpy(), lengths.numpy())
+        return float(loss), [text.decode(h, vocabulary) for h in hyps]
 
     def flops_per_frame(self) -> float:
         return asr.flops_per_frame(self.config)

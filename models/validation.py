@@ -28,6 +28,7 @@ class DevSelection:
         self.best, self.best_step = math.inf, 0
         self.enabled = self.every > 0 and DEV in shards.splits
         self.started = time.perf_counter()
+        self.started_unix_s = time.time()  # the same moment by the wall clock: where dev_wall_s counts from
         if self.enabled:
             cfg = dataclasses.replace(config.input, frames_per_batch=40000, max_batch_size=64)
             self.dataset, _ = task.dataset(shards, DEV, cfg, 0, 1, 0, False)
@@ -42,17 +43,19 @@ class DevSelection:
 
     def evaluate(self, step: int) -> dict:
         """The dev metrics of the current weights; keeps them when they are the best so far."""
-        from models import asr
         from models.evaluate_asr import error_rates
 
         losses, refs, hyps = [], [], []
         for batch in self.dataset:
-            loss, _ = self.task.loss(self.model, batch, training=False)
-            losses.append(float(loss))
-            if self.metric == "dev_cer":
-                hyps += asr.transcribe(self.model, self.task.features(batch), batch["feat_lengths"], self.vocabulary)
-                tokens, lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
-                refs += ["".join(self.vocabulary[t] for t in row[:n]) for row, n in zip(tokens, lengths)]
+            if self.metric != "dev_cer":
+                loss, _ = self.task.loss(self.model, batch, training=False)
+                losses.append(float(loss))
+                continue
+            loss, batch_hyps = self.task.dev_pass(self.model, batch, self.vocabulary)
+            losses.append(loss)
+            hyps += batch_hyps
+            tokens, lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
+            refs += ["".join(self.vocabulary[t] for t in row[:n]) for row, n in zip(tokens, lengths)]
         metrics = {"dev_loss": sum(losses) / max(1, len(losses)), "dev_wall_s": time.perf_counter() - self.started}
         if refs:
             rates = error_rates(refs, hyps)

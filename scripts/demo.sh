@@ -32,6 +32,28 @@ say "Airflow database: $AIRFLOW_HOME"
 airflow db migrate >"$RUNS/airflow-db-migrate.log" 2>&1 \
   || { tail -20 "$RUNS/airflow-db-migrate.log" >&2; die "airflow db migrate failed (log: $RUNS/airflow-db-migrate.log)"; }
 
+# How long it will take: this machine's last `make demo` with the same params, else the committed
+# measurement of the defaults (benchmarks/results/demo.json, a 2-core CPU).
+LAST=$RUNS/last_demo.json
+.venv/bin/python - "$CONF" "$LAST" benchmarks/results/demo.json <<'EOF' || true
+import json
+import os
+import sys
+from pathlib import Path
+
+conf, last, measured = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+params = json.loads(conf or "{}")
+if last.is_file() and json.loads(last.read_text()).get("params") == params:
+    seconds, source = json.loads(last.read_text())["wall_s"], "this machine's last run with these params"
+elif not params and measured.is_file():
+    seconds, source = json.loads(measured.read_text())["dag_wall_s"], "measured on a 2-core CPU: benchmarks/results/demo.json"
+else:
+    print("\033[1m[demo]\033[0m no estimate of its time for these params yet (the next run with them will have one)")
+    sys.exit(0)
+cores = os.cpu_count() or 1
+note = "" if "last run" in source else f"; this machine has {cores} cores" + (", so expect less" if cores > 2 else "")
+print(f"\033[1m[demo]\033[0m this takes about {round(seconds / 60)} minutes ({source}{note})")
+EOF
 started=$(date +%s)
 since=$(mktemp)
 trap 'rm -f "$since"' EXIT
@@ -47,6 +69,7 @@ airflow dags test speech_pipeline -c "$CONF" 2>&1 | tee "$LOG" | sed -un -E \
 status=${PIPESTATUS[0]}
 set -e
 elapsed=$(($(date +%s) - started))
+[ "$status" -ne 0 ] || printf '{"params": %s, "wall_s": %d}\n' "$CONF" "$elapsed" >"$LAST"
 
 summary=$(find "$SPEECHFLOW_WORK_ROOT" -maxdepth 2 -name summary.json -newer "$since" -printf '%T@ %p\n' \
   | sort -n | tail -1 | cut -d' ' -f2-)

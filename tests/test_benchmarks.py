@@ -64,6 +64,7 @@ EXPECTED = {
         "corrupt_shard_named",
         "mlflow_down_none_lost",
     ],
+    "time_to_accuracy": ["arms", "targets", "meta"],
     "serving": ["rtf_1_client", "p99_s_4_clients", "failed_16_clients", "w1_c1", "w1_batch", "meta"],
     "speedup_model": [
         "tcalc_s",
@@ -102,6 +103,23 @@ def run_tiny(name: str, tmp_path) -> dict:
 
 
 # The faults benchmark's tiny run is also the test of the faults it injects: tests/test_faults.py.
-@pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"faults"}))
+@pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"faults", "time_to_accuracy"}))
 def test_benchmark_runs_on_tiny_inputs(name, tmp_path):
     run_tiny(name, tmp_path)
+
+
+def test_time_to_accuracy_curves_run_from_launch(tmp_path):
+    """Both arms train under horovodrun and evaluate on dev; each curve's minutes start after the
+    launch and grow, the job ends after its last point, and the plot is written."""
+    results = run_tiny("time_to_accuracy", tmp_path)
+    assert set(results["arms"]) == {"before", "after"}
+    for arm in results["arms"].values():
+        minutes = [m for m, _ in arm["dev_curve"]]
+        assert len(minutes) >= 2 and minutes == sorted(minutes), arm["dev_curve"]
+        assert 0 < arm["startup_minutes"] < minutes[0] <= minutes[-1] <= arm["job_minutes"]
+        assert all(math.isfinite(cer) and cer >= 0 for _, cer in arm["dev_curve"])  # an untrained model inserts
+        assert arm["test_cer"] is not None and arm["steps"] == 8
+        for target in results["targets"]:
+            assert f"minutes_to_{target:g}" in arm
+    assert results["arms"]["after"]["config"] == results["arms"]["before"]["config"]
+    assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0

@@ -1,0 +1,163 @@
+"""Time to accuracy: the demo's acoustic model, dev CER against wall-clock minutes from launching
+`horovodrun -np 2`, for the demo config before and after a change, in one run.
+
+    python benchmarks/time_to_accuracy.py [--json out.json] [--tiny] [--shards DIR] [--utterances 2500]
+                                          [--before benchmarks/configs/demo_asr_before.yaml]
+                                          [--after configs/demo_asr.yaml] [--evaluations 12]
+                                          [--targets 0.02,0.015]
+
+Each arm is the real command a user runs (`horovodrun -np 2 -H localhost:2 --gloo python -m
+models.train --config ...`), with the dev CER measured about `--evaluations` times in its run (the
+same number for both arms, so both pay the same share of evaluation); a point's minutes run from
+launching horovodrun to that evaluation's end, so start-up, input, evaluation and checkpoints are all
+in them. Reported per arm: the minutes until the dev CER first reached each target, the job's
+minutes from launch to exit, its final dev CER, and the test CER (greedy, voices never heard in
+training) of the model it saved. A plot of both curves is written beside the JSON (`out.png`).
+Without --shards it builds the demo corpus first (espeak-ng + sox, fbank, shards), as `make demo` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.convergence import demo_shards, evaluate, first_below  # noqa: E402
+from benchmarks.harness import ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+
+BEFORE = ROOT / "benchmarks/configs/demo_asr_before.yaml"
+AFTER = ROOT / "configs/demo_asr.yaml"
+TABLE = ["arm", "config", "steps", "job minutes", "final dev CER", "test CER"]
+RUN_TIMEOUT_S = 2 * 3600  # the before arm takes about 25 minutes on a 2-core AVX2 machine
+
+
+def steps_of(config: Path, shards: Path, sets: list[str], workers: int) -> int:
+    """Steps a run of `config` takes on `shards` with `workers` ranks (the Trainer's own plan)."""
+    from common import config as configlib
+    from models.train_config import TrainConfig
+    from pipeline.dataset import batch_plan
+    from pipeline.records import open_shard_set
+
+    c = configlib.load(TrainConfig, config, sets)
+    per_epoch = batch_plan(open_shard_set(shards).split("train"), workers, c.input, training=True).batches
+    total = c.epochs * per_epoch
+    return min(total, c.max_steps) if c.max_steps else total
+
+
+def dev_curve_from_launch(summary: dict, launched_unix_s: float) -> list[list[float]]:
+    """[minutes from launching horovodrun, dev CER] at every dev evaluation, the final one included."""
+    offset = summary["dev_clock_started_unix_s"] - launched_unix_s  # start-up before the dev clock began
+    points = [[(offset + p["dev_wall_s"]) / 60, p["dev_cer"]] for p in summary.get("dev_history", [])]
+    last = summary.get("last_dev_wall_s")
+    if last is not None and (not points or (offset + last) / 60 > points[-1][0]):
+        points.append([(offset + last) / 60, summary["last_dev_cer"]])
+    return points
+
+
+def run_arm(
+    name: str, config: Path, sets: list[str], shards: Path, work: Path, evaluations: int, tracking: str
+) -> dict:
+    steps = steps_of(config, shards, sets, 2)
+    every = max(1, math.ceil(steps / evaluations))
+    launched = time.time()
+    summary = run_training(
+        shards,
+        work / name,
+        2,
+        config,
+        [*sets, f"eval_every={every}"],
+        env_extra={"MLFLOW_TRACKING_URI": tracking},
+        timeout=RUN_TIMEOUT_S,
+    )
+    test = evaluate(work / name, shards)
+    curve = dev_curve_from_launch(summary, launched)
+    return {
+        "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config),
+        "steps": summary["steps"],
+        "eval_every": every,
+        "job_minutes": summary["job_wall_s"] / 60,
+        "startup_minutes": (summary["dev_clock_started_unix_s"] - launched) / 60,  # launch -> the Trainer built
+        "final_dev_cer": summary.get("last_dev_cer"),
+        "selected_dev_cer": summary.get("selected_dev_cer"),
+        "test_cer": test.get("test_cer"),
+        "dev_curve": curve,
+    }
+
+
+def plot(arms: dict[str, dict], targets: list[float], path: Path) -> Path:
+    """Dev CER (log scale) against minutes from launch, one line per arm, and the targets."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, arm in arms.items():
+        ax.plot(*zip(*arm["dev_curve"]), marker="o", markersize=3, label=f"{name} ({arm['config']})")
+    for target in targets:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("minutes from launching horovodrun -np 2")
+    ax.set_ylabel("dev CER (greedy)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--tiny", action="store_true", help="synthetic shards and a tiny model (tests)")
+    parser.add_argument("--shards", type=Path, help="shards with train, dev and test splits (default: the demo corpus)")
+    parser.add_argument(
+        "--utterances", type=int, default=2500, help="demo corpus size when building it (the DAG's default)"
+    )
+    parser.add_argument("--before", type=Path, default=BEFORE, help="config of the first arm")
+    parser.add_argument("--after", type=Path, default=AFTER, help="config of the second arm")
+    parser.add_argument("--evaluations", type=int, default=12, help="dev evaluations in each arm's run")
+    parser.add_argument("--targets", default="0.02,0.015", help="dev CERs to report the minutes to")
+    args = parser.parse_args(argv)
+    targets = [float(t) for t in args.targets.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="time-to-accuracy-"))
+    tracking = f"sqlite:///{work / 'mlflow.db'}"
+    if args.tiny:
+        shards = args.shards or synthetic_shards(
+            work, 48, mean_frames=60, dim=13, num_shards=4, test_utterances=8, dev_utterances=8
+        )
+        tiny = ROOT / "tests/configs/tiny_asr.yaml"
+        common = ["max_steps=8", "log_model=false"]
+        plan = {"before": (tiny, common), "after": (tiny, [*common, "asr.subsample=2"])}
+        evaluations = 2
+    else:
+        shards = args.shards or demo_shards(work, args.utterances)
+        plan = {"before": (args.before.resolve(), []), "after": (args.after.resolve(), [])}
+        evaluations = args.evaluations
+    # The new config runs first (its figures are the ones a reader waits for); the table keeps before, after.
+    ran = {name: run_arm(name, *plan[name], shards, work, evaluations, tracking) for name in ("after", "before")}
+    arms = {name: ran[name] for name in plan}
+    results: dict = {"tiny": args.tiny, "workers": 2, "targets": targets, "arms": arms}
+    rows = []
+    for name, arm in arms.items():
+        for target in targets:
+            arm[f"minutes_to_{target:g}"] = first_below(arm["dev_curve"], target)
+        rows.append(
+            [name, arm["config"], arm["steps"], arm["job_minutes"], arm["final_dev_cer"], arm["test_cer"]]
+            + [arm[f"minutes_to_{t:g}"] or "never" for t in targets]
+        )
+    print_table([*TABLE, *(f"minutes to dev CER {t:.1%}" for t in targets)], rows)
+    seeds = {"training": 0, "demo_corpus" if not args.tiny else "synthetic_shards": 0}
+    write_json(args.json, results, seeds)
+    if args.json:
+        print("plot:", plot(arms, targets, args.json.with_suffix(".png")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
