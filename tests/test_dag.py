@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import yaml
 
 from common.fsutil import slug
-from tests.conftest import AIRFLOW_BIN, ROOT
+from tests.conftest import AIRFLOW_BIN, PYTHON, ROOT, quiet_env
 from workflow import commands, local, mpijob
 from workflow.plan import Plan, make_plan
 
@@ -814,6 +815,8 @@ def dag_run(tmp_path_factory):
                 },
                 postgres=postgres,
                 artifacts=tmp / "artifacts",
+                env=env,
+                run_dir=summary_file.parent,
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -844,6 +847,48 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     assert "test_intelligibility_cer" in tts_metrics
     # the listener also hears the teacher-forced frames and the recordings (where what it misses is lost)
     assert {"test_intelligibility_cer_teacher_forced", "test_intelligibility_cer_recordings"} <= set(tts_metrics)
+
+    # What benchmarks/demo.py reports of a run: every task's minutes from Airflow, both models' figures.
+    from benchmarks import demo
+
+    minutes = demo.task_minutes(dag_run.env, run["run_id"])
+    assert set(minutes) == set(EDGES) and all(m >= 0 for m in minutes.values())
+    collected = demo.collect(dag_run.run_dir)
+    assert collected["asr"]["test_cer"] == summary["models"]["asr"]["metrics"]["test_cer"]
+    assert collected["tts_training"]["steps"] == dag_run.trained["tts"]["steps"]
+
+    # benchmarks/tts_seeds.py on the run: its synthesis model as seed 0, seed 1 trained and evaluated.
+    out = dag_run.run_dir / "tts_seeds.json"
+    tiny = ["--config", "tests/configs/tiny_tts.yaml", "--run-config", "tests/configs/tiny_tts.yaml"]
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "benchmarks/tts_seeds.py",
+            "--demo-run",
+            str(dag_run.run_dir),
+            "--seeds",
+            "0,1",
+            *tiny,
+            "--set",
+            "max_steps=4",
+            "--max-utterances",
+            "4",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seeds = json.loads(out.read_text())
+    assert [s["source"] for s in seeds["seeds"].values()] == ["the demo run", "trained here"]
+    assert seeds["seeds"]["0"]["dev_intelligibility_cer"] == tts_metrics["dev_intelligibility_cer"]
+    assert seeds["mean"]["dev_intelligibility_cer"] == pytest.approx(
+        np.mean([s["dev_intelligibility_cer"] for s in seeds["seeds"].values()])
+    )
 
     # Each training is two ranks that agree, logged to the server.
     client = mlflow.MlflowClient(dag_run.uri)

@@ -1,0 +1,157 @@
+"""The synthesis model's figure is the mean of its seeds: the demo's synthesis config trained alone at
+`horovodrun -np 2` with each seed on a demo run's shards, each evaluated as the DAG evaluates it
+(`models.evaluate`, dev and test, heard by that run's acoustic model).
+
+    python benchmarks/tts_seeds.py --demo-run DIR [--json out.json] [--seeds 0,1,2] [--config C]
+                                   [--run-config C] [--set KEY=VALUE ...] [--max-utterances 100]
+
+DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
+`shards/`, its acoustic model `asr/` as the listener and its `summary.json`. The run's own synthesis
+model (trained with `--run-config`, default the demo's) is the seed its saved config names: when
+`--config` is that config, its evaluation is read from the summary, not trained again. `--set`
+applies to the seeds trained here (give the run's own overrides, e.g. a `max_steps` it was run with).
+Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER and training
+minutes, and their means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import PYTHON, ROOT, print_table, run_training, write_json  # noqa: E402
+
+DEMO_TTS = ROOT / "configs/demo_tts.yaml"
+FIGURES = (
+    "dev_intelligibility_cer",
+    "test_intelligibility_cer",
+    "dev_intelligibility_cer_teacher_forced",
+    "dev_intelligibility_cer_recordings",
+    "dev_mel_l1",
+)
+RUN_TIMEOUT_S = 3600
+
+
+def evaluate(workdir: Path, shards: Path, listener: Path, max_utterances: int) -> dict:
+    """`models.evaluate` of a synthesis model on dev and test, as the DAG's evaluate_tts task runs it."""
+    subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "models.evaluate",
+            "--model-dir",
+            str(workdir),
+            "--shards",
+            str(shards),
+            "--asr-model-dir",
+            str(listener),
+            "--max-utterances",
+            str(max_utterances),
+            "--no-mlflow",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return json.loads((workdir / "eval.json").read_text())
+
+
+def seed_of_run(run_dir: Path) -> int:
+    """The seed the demo run's synthesis model was trained with (its saved config)."""
+    from common import config as configlib
+    from models.train_config import TrainConfig
+
+    return configlib.load(TrainConfig, run_dir / "tts" / "config.yaml").seed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demo-run", type=Path, required=True, help="a finished demo run's directory")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--config", type=Path, default=DEMO_TTS, help="synthesis config to train")
+    parser.add_argument("--run-config", type=Path, default=DEMO_TTS, help="config the demo run trained with")
+    parser.add_argument("--set", action="append", default=[], help="config override for the seeds trained here")
+    parser.add_argument("--max-utterances", type=int, default=100, help="sentences per split (the DAG's default)")
+    args = parser.parse_args(argv)
+    run_dir = args.demo_run.resolve()
+    shards, listener = run_dir / "shards", run_dir / "asr"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    seeds = [int(s) for s in args.seeds.split(",")]
+    reuse = args.config.resolve() == args.run_config.resolve() and (run_dir / "tts" / "config.yaml").is_file()
+    run_seed = seed_of_run(run_dir) if reuse else None
+    work = Path(tempfile.mkdtemp(prefix="tts-seeds-"))
+    per_seed: dict[str, dict] = {}
+    for seed in seeds:
+        if seed == run_seed:
+            metrics = summary["models"]["tts"]["metrics"]
+            trained = json.loads((run_dir / "tts" / "train_summary.json").read_text())
+            source = "the demo run"
+        else:
+            workdir = work / f"seed{seed}"
+            trained = run_training(
+                shards,
+                workdir,
+                2,
+                args.config.resolve(),
+                [*args.set, f"seed={seed}"],
+                env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"},
+                timeout=RUN_TIMEOUT_S,
+            )
+            metrics = evaluate(workdir, shards, listener, args.max_utterances)
+            source = "trained here"
+        per_seed[str(seed)] = {
+            **{k: metrics.get(k) for k in FIGURES},
+            "steps": trained["steps"],
+            "training_minutes": trained["measured_seconds"] / 60,
+            "source": source,
+        }
+    means = {k: float(np.mean([s[k] for s in per_seed.values()])) for k in FIGURES}
+    spreads = {k: float(np.ptp([s[k] for s in per_seed.values()])) for k in FIGURES}
+    results = {
+        "config": str(args.config.resolve().relative_to(ROOT))
+        if args.config.resolve().is_relative_to(ROOT)
+        else str(args.config),
+        "overrides": args.set,
+        "listener_test_cer": summary["models"].get("asr", {}).get("metrics", {}).get("test_cer"),
+        "max_utterances": args.max_utterances,
+        "seeds": per_seed,
+        "mean": means,
+        "spread": spreads,
+    }
+    rows = [
+        [
+            seed,
+            s["dev_intelligibility_cer"],
+            s["test_intelligibility_cer"],
+            s["dev_intelligibility_cer_teacher_forced"],
+            s["training_minutes"],
+            s["source"],
+        ]
+        for seed, s in per_seed.items()
+    ]
+    rows.append(
+        [
+            "mean",
+            means["dev_intelligibility_cer"],
+            means["test_intelligibility_cer"],
+            means["dev_intelligibility_cer_teacher_forced"],
+            "",
+            "",
+        ]
+    )
+    print_table(["seed", "dev CER", "test CER", "dev CER teacher-forced", "training minutes", "from"], rows)
+    write_json(args.json, results, {"training": seeds, "demo_corpus": 0})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
