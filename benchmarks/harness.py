@@ -179,10 +179,16 @@ def run_metadata(seeds) -> dict:
 
 
 def command_line() -> str:
-    """sys.argv joined; the program as a path inside the repository when it is one."""
-    program = Path(sys.argv[0]).resolve()
-    first = program.relative_to(ROOT).as_posix() if program.is_relative_to(ROOT) else sys.argv[0]
-    return " ".join([first, *sys.argv[1:]])
+    """sys.argv joined, paths inside the repository relative to it, and other absolute paths (a
+    directory of the machine that ran it) as PATH."""
+
+    def shown(arg: str) -> str:
+        if not arg.startswith("/"):
+            return arg
+        path = Path(arg).resolve()
+        return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else "PATH"
+
+    return " ".join(shown(a) for a in sys.argv)
 
 
 def write_json(path: Path | None, results: dict, seeds) -> None:

@@ -35,7 +35,9 @@ Section = tuple[str, str, Callable[[dict], list[str]], str]
 SECTIONS: dict[str, Section] = {
     "demo.json": (
         "The demo",
-        "The whole DAG on the synthesized demo corpus, both models, allreduce, two workers.",
+        "`benchmarks/demo.py`: `make demo`'s script (the whole DAG under `airflow dags test` on the synthesized "
+        "demo corpus, both models, allreduce, two workers) timed from launch to exit, each task's minutes as "
+        "Airflow recorded them, both trainings and both evaluations.",
         demo,
         "Waiting for input is a small share of the step for both models. The synthesis model's "
         "intelligibility is what the demo's own acoustic model hears: free-running (what a listener "
@@ -56,7 +58,7 @@ SECTIONS: dict[str, Section] = {
     "time_to_accuracy.json": (
         "Time to accuracy",
         "`benchmarks/time_to_accuracy.py`: the demo corpus through the real stages, the demo acoustic model "
-        "at `horovodrun -np 2` with two configs in one run, each the file named as of the commit above (the "
+        "at `horovodrun -np 2` with two configs in one run, each the file named as of the commit named below (the "
         "after arm's is kept as `benchmarks/configs/demo_asr_subsample4.yaml`); "
         "dev CER against minutes from launching horovodrun (start-up, input, evaluations and checkpoints "
         "included); test CER greedy on voices never heard in training, of the model each run saved.",

@@ -8,6 +8,20 @@ import benchmarks.convergence
 import benchmarks.faults
 from benchmarks.report_format import num, pct, table, thousands
 
+# The DAG's tasks in the order they run (the JSON's keys are sorted), by task id prefix.
+DAG_ORDER = (
+    "plan",
+    "start_mlflow_run",
+    "prepare_corpus",
+    "features_",
+    "make_shards",
+    "train_asr",
+    "train_tts",
+    "evaluate_asr",
+    "evaluate_tts",
+    "register_",
+    "finish_mlflow_run",
+)
 # Variants in the order the benchmark runs them.
 CONVERGENCE_VARIANTS = ("allreduce", "delay-by-one", "fixed-ring", "random-ring", "hierarchical")
 
@@ -17,7 +31,10 @@ def demo(r: dict) -> list[str]:
     if "task_minutes" in r:  # written by benchmarks/demo.py
         params = "the DAG's default parameters" if not r["params"] else f"parameters `{r['params']}`"
         out = [f"`make demo` with {params}, `make setup` done before.", ""]
-        rows = [[f"`{task}`", num(minutes, 1)] for task, minutes in r["task_minutes"].items()]
+        tasks = sorted(
+            r["task_minutes"], key=lambda t: next((i for i, p in enumerate(DAG_ORDER) if t.startswith(p)), 99)
+        )
+        rows = [[f"`{task}`", num(r["task_minutes"][task], 1)] for task in tasks]
         out += table(["task", "minutes"], [*rows, ["**`make demo`, launch to exit**", num(r["demo_wall_s"] / 60, 1)]])
     else:  # written by hand from a run, before the benchmark existed
         out = [
@@ -42,7 +59,7 @@ def demo(r: dict) -> list[str]:
                 pct(t["share_compute"]),
                 pct(t["share_communication"]),
                 pct(t["share_input"], 2),
-                pct(t["input_wait_share_max_10_step_window"], 2),
+                pct(t.get("input_wait_share_max_10_step_window"), 2),
             ]
         )
     out += table(
@@ -284,7 +301,8 @@ def tts_levers(r: dict) -> list[str]:
 def time_to_accuracy(r: dict) -> list[str]:
     targets = r["targets"]
     rows = []
-    for name, arm in r["arms"].items():
+    for name in sorted(r["arms"], key=lambda n: (n != "before", n)):  # before, then after
+        arm = r["arms"][name]
         rows.append(
             [
                 name,
@@ -321,7 +339,7 @@ def tts_seeds(r: dict) -> list[str]:
             pct(s["test_intelligibility_cer"]),
             pct(s["dev_intelligibility_cer_teacher_forced"]),
             pct(s["dev_intelligibility_cer_recordings"]),
-            num(s["training_minutes"], 1),
+            s["steps"],
             s["source"],
         ]
         for seed, s in r["seeds"].items()
@@ -350,7 +368,7 @@ def tts_seeds(r: dict) -> list[str]:
             "test CER free-running",
             "dev CER teacher-forced",
             "dev CER of the recordings",
-            "training minutes",
+            "steps",
             "from",
         ],
         rows,

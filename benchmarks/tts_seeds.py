@@ -10,8 +10,8 @@ DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WOR
 model (trained with `--run-config`, default the demo's) is the seed its saved config names: when
 `--config` is that config, its evaluation is read from the summary, not trained again. `--set`
 applies to the seeds trained here (give the run's own overrides, e.g. a `max_steps` it was run with).
-Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER and training
-minutes, and their means.
+Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER and steps, and
+their means (quality only: the seeds' training time is the demo's, benchmarks/demo.py).
 """
 
 from __future__ import annotations
@@ -111,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         per_seed[str(seed)] = {
             **{k: metrics.get(k) for k in FIGURES},
             "steps": trained["steps"],
-            "training_minutes": trained["measured_seconds"] / 60,
             "source": source,
         }
     means = {k: float(np.mean([s[k] for s in per_seed.values()])) for k in FIGURES}
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             s["dev_intelligibility_cer"],
             s["test_intelligibility_cer"],
             s["dev_intelligibility_cer_teacher_forced"],
-            s["training_minutes"],
+            s["steps"],
             s["source"],
         ]
         for seed, s in per_seed.items()
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    print_table(["seed", "dev CER", "test CER", "dev CER teacher-forced", "training minutes", "from"], rows)
+    print_table(["seed", "dev CER", "test CER", "dev CER teacher-forced", "steps", "from"], rows)
     write_json(args.json, results, {"training": seeds, "demo_corpus": 0})
     return 0
 
