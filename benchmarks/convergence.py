@@ -37,6 +37,7 @@ from benchmarks.harness import (  # noqa: E402
     PYTHON,
     ROOT,
     delay_rounds,
+    evaluate_model,
     pick_variants,
     print_table,
     run_training,
@@ -109,26 +110,8 @@ def demo_shards(work: Path, utterances: int) -> Path:
 
 
 def evaluate(workdir: Path, shards: Path) -> dict:
-    subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "models.evaluate",
-            "--model-dir",
-            str(workdir),
-            "--shards",
-            str(shards),
-            "--split",
-            "test",
-            "--no-mlflow",
-            "--beam-width",
-            "4",
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return json.loads((workdir / "eval.json").read_text())
+    """Test CER, greedy and a beam of four, of a trained acoustic model."""
+    return evaluate_model(workdir, shards, "--split", "test", "--beam-width", "4")
 
 
 def dev_curve(summary: dict) -> list[list[float]]:

@@ -112,6 +112,13 @@ def run_training(
     return {**json.loads((workdir / "train_summary.json").read_text()), "job_wall_s": wall}
 
 
+def evaluate_model(workdir: Path, shards: Path, *args: str) -> dict:
+    """`models.evaluate --model-dir WORKDIR --shards SHARDS ARGS --no-mlflow`; its eval.json."""
+    cmd = [PYTHON, "-m", "models.evaluate", "--model-dir", str(workdir), "--shards", str(shards), *args, "--no-mlflow"]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return json.loads((workdir / "eval.json").read_text())
+
+
 def print_table(headers: list[str], rows: list[list]) -> None:
     cells = [[str(h) for h in headers]] + [
         [c if isinstance(c, str) else f"{c:,.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows

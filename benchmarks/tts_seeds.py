@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import PYTHON, ROOT, print_table, run_training, write_json  # noqa: E402
+from benchmarks.harness import ROOT, evaluate_model, print_table, run_training, write_json  # noqa: E402
 
 DEMO_TTS = ROOT / "configs/demo_tts.yaml"
 FIGURES = (
@@ -42,26 +41,7 @@ RUN_TIMEOUT_S = 3600
 
 def evaluate(workdir: Path, shards: Path, listener: Path, max_utterances: int) -> dict:
     """`models.evaluate` of a synthesis model on dev and test, as the DAG's evaluate_tts task runs it."""
-    subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "models.evaluate",
-            "--model-dir",
-            str(workdir),
-            "--shards",
-            str(shards),
-            "--asr-model-dir",
-            str(listener),
-            "--max-utterances",
-            str(max_utterances),
-            "--no-mlflow",
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return json.loads((workdir / "eval.json").read_text())
+    return evaluate_model(workdir, shards, "--asr-model-dir", str(listener), "--max-utterances", str(max_utterances))
 
 
 def seed_of_run(run_dir: Path) -> int:
