@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from models import lstm
 from pipeline import text
 from pipeline.frontend import stack_and_subsample
 
@@ -32,28 +33,23 @@ class AsrConfig:
     units: int = 192  # LSTM cells per direction
     projection: int = 256  # linear bottleneck before the output layer (0: none)
     dropout: float = 0.1  # between layers, training only
+    lstm: str = "auto"  # "auto": models/lstm.py's CPU path without a GPU, Keras' (cuDNN) with one; "keras"; "fused"
 
 
 class BiLSTM(keras.layers.Layer):
-    """A bidirectional LSTM for right-padded batches, without masks.
+    """A bidirectional LSTM for right-padded batches, without masks (models/lstm.py: the backward
+    LSTM reads each sequence reversed within its own length; Keras' masked path steps the padding
+    too and is slower). `kernel`: which path computes it (models/lstm.py's KERNELS)."""
 
-    The backward LSTM reads each sequence reversed within its own length (`tf.reverse_sequence`),
-    so padding is never inside a sequence and no mask is needed: Keras' masked path steps the
-    padding too and is slower. The forward LSTM's outputs beyond a length are garbage that later
-    layers and the loss ignore.
-    """
-
-    def __init__(self, units: int, **kwargs):
+    def __init__(self, units: int, kernel: str = "auto", **kwargs):
         super().__init__(**kwargs)
+        self.kernel = kernel
         self.forward = keras.layers.LSTM(units, return_sequences=True, name="fw")
         self.backward = keras.layers.LSTM(units, return_sequences=True, name="bw")
 
     def call(self, x, lengths):
-        # x: [batch, frames, in]; lengths: [batch]
-        fw = self.forward(x)  # [batch, frames, units]
-        reverse = lambda t: tf.reverse_sequence(t, lengths, seq_axis=1, batch_axis=0)  # noqa: E731
-        bw = reverse(self.backward(reverse(x)))  # [batch, frames, units]
-        return tf.concat([fw, bw], axis=-1)  # [batch, frames, 2*units]
+        # x: [batch, frames, in]; lengths: [batch] -> [batch, frames, 2*units]
+        return lstm.bidirectional(self.forward, self.backward, x, lengths, self.kernel)
 
 
 class AcousticModel(keras.Model):
@@ -65,7 +61,7 @@ class AcousticModel(keras.Model):
             raise ValueError(
                 f"the model needs its output size: vocab_size={config.vocab_size}, num_targets={config.num_targets}"
             )
-        self.lstms = [BiLSTM(config.units, name=f"blstm{i}") for i in range(config.num_layers)]
+        self.lstms = [BiLSTM(config.units, config.lstm, name=f"blstm{i}") for i in range(config.num_layers)]
         self.drop = keras.layers.Dropout(config.dropout)
         self.bottleneck = keras.layers.Dense(config.projection, name="projection") if config.projection else None
         self.classifier = keras.layers.Dense(outputs, name="output")
@@ -75,8 +71,8 @@ class AcousticModel(keras.Model):
         lengths' [batch]) with frames' = ceil(frames / subsample)."""
         c = self.config
         x, lengths = stack_and_subsample(feats, lengths, c.stack_frames, c.subsample)  # [B, T', D*stack]
-        for lstm in self.lstms:
-            x = self.drop(lstm(x, lengths), training=training)  # [B, T', 2*units]
+        for layer in self.lstms:
+            x = self.drop(layer(x, lengths), training=training)  # [B, T', 2*units]
         if self.bottleneck is not None:
             x = self.bottleneck(x)  # [B, T', projection]
         logits = self.classifier(x)  # [B, T', outputs]
@@ -114,23 +110,51 @@ def ctc_loss(logits, logit_lengths, tokens, token_lengths):
     """Mean CTC loss per utterance (blank = token 0). logits [B, T', V], tokens [B, L] -> scalar.
 
     A transcript needs one frame per token plus one blank between equal neighbours; an utterance
-    with fewer frames cannot be aligned (TensorFlow then returns a huge finite loss). Such
-    utterances are left out of the mean and counted, so one cannot dominate the gradient.
+    with fewer frames cannot be aligned. Such utterances are left out of the mean and counted, so
+    one cannot dominate the gradient.
     """
-    per_utt = tf.nn.ctc_loss(
+    inside = tf.sequence_mask(token_lengths - 1, tf.shape(tokens)[1] - 1)  # [B, L-1]
+    repeats = tf.reduce_sum(tf.cast((tokens[:, 1:] == tokens[:, :-1]) & inside, tf.int32), axis=1)  # [B]
+    feasible = logit_lengths >= token_lengths + repeats
+    per_utt = (
+        _ctc_dense(logits, logit_lengths, tokens, token_lengths)
+        if lstm.has_gpu()
+        else _ctc_sparse(logits, logit_lengths, tokens, token_lengths)
+    )  # [B]
+    weights = tf.cast(feasible, tf.float32)
+    loss = tf.reduce_sum(tf.where(feasible, per_utt, 0.0)) / tf.maximum(tf.reduce_sum(weights), 1.0)
+    return loss, tf.reduce_sum(tf.cast(~feasible, tf.int32))
+
+
+def _ctc_dense(logits, logit_lengths, tokens, token_lengths):
+    """Per-utterance CTC loss [B] from dense labels: TensorFlow's graph of ops (the GPU's path; for
+    an utterance that cannot be aligned it returns a huge finite loss)."""
+    return tf.nn.ctc_loss(
         labels=tokens,
         logits=logits,
         label_length=token_lengths,
         logit_length=logit_lengths,
         logits_time_major=False,
         blank_index=0,
-    )  # [B]
-    inside = tf.sequence_mask(token_lengths - 1, tf.shape(tokens)[1] - 1)  # [B, L-1]
-    repeats = tf.reduce_sum(tf.cast((tokens[:, 1:] == tokens[:, :-1]) & inside, tf.int32), axis=1)  # [B]
-    feasible = logit_lengths >= token_lengths + repeats
-    weights = tf.cast(feasible, tf.float32)
-    loss = tf.reduce_sum(tf.where(feasible, per_utt, 0.0)) / tf.maximum(tf.reduce_sum(weights), 1.0)
-    return loss, tf.reduce_sum(tf.cast(~feasible, tf.int32))
+    )
+
+
+def _ctc_sparse(logits, logit_lengths, tokens, token_lengths):
+    """Per-utterance CTC loss [B] from sparse labels: TensorFlow's C++ `CTCLoss` kernel, O(B x L)
+    per frame where the dense labels' graph is O(B x L^2); a CPU's path (about 15x faster at the
+    demo's shapes). The kernel's blank is the last class, ours is 0: the blank column moves to the
+    end and the ids shift down. An utterance that cannot be aligned gets 0 (the kernel's
+    `ignore_longer_outputs_than_inputs`) instead of an error."""
+    where = tf.where(tf.sequence_mask(token_lengths, tf.shape(tokens)[1]))  # [N, 2]
+    labels = tf.SparseTensor(where, tf.gather_nd(tokens, where) - 1, tf.cast(tf.shape(tokens), tf.int64))
+    rolled = tf.concat([logits[..., 1:], logits[..., :1]], axis=-1)  # [B, T', V], blank last
+    return tf.compat.v1.nn.ctc_loss(
+        labels,
+        rolled,
+        logit_lengths,
+        time_major=False,
+        ignore_longer_outputs_than_inputs=True,
+    )
 
 
 def frame_ce_loss(logits, logit_lengths, targets, subsample: int):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import tensorflow as tf
 from keras import layers
 
+from models import lstm
 from models.tts_alignment import monotonic_alignment, step_and_character_masks
 from models.tts_attention import AttentionTacotron, attention_decoder_layers
 from models.tts_base import F32, SynthesisModel, TtsConfig, dropout, mask, no_autograph, speaker_ids
@@ -138,10 +139,8 @@ class DurationsTts(SynthesisModel):
         expanded = tf.concat([expanded, tf.cast(position, self.compute_dtype)], -1)  # [B, S, M + 2]
         maskf = mask(step_lengths, tf.shape(align)[1], self.compute_dtype)[..., None]  # [B, S, 1]
         if self.config.durations_decoder == "lstm":
-            fw = self.dec_fw(expanded, training=training)
-            bw = tf.reverse_sequence(expanded, step_lengths, seq_axis=1, batch_axis=0)
-            bw = tf.reverse_sequence(self.dec_bw(bw, training=training), step_lengths, seq_axis=1, batch_axis=0)
-            hidden = [fw, bw]  # [B, S, U] each
+            both = lstm.bidirectional(self.dec_fw, self.dec_bw, expanded, step_lengths, self.config.lstm, training)
+            hidden = [both]  # [B, S, 2U]
         else:
             x = self.dec_in(expanded) * maskf  # [B, S, C]
             for conv, norm in zip(self.dec_convs, self.dec_norms):

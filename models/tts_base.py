@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
+from models import lstm
 from models.tts_alignment import guided_attention_loss
 
 F32 = tf.float32
@@ -89,6 +90,9 @@ class TtsConfig:
     # "attention": compile the decoder loops with XLA (jit_compile): one fused program per batch shape.
     # Helps where each op is a kernel launch (a GPU); on 2 CPU cores see benchmarks/throughput.py.
     xla: bool = False
+    # Which path runs the encoder's (and an LSTM decoder's) bidirectional LSTMs: "auto" is
+    # models/lstm.py's CPU path without a GPU and Keras' (cuDNN) with one; "keras"; "fused".
+    lstm: str = "auto"
 
     def __post_init__(self):
         if self.alignment not in ("attention", "durations"):
@@ -224,12 +228,9 @@ class SynthesisModel(keras.Model):
         maskf = mask(token_lengths, tf.shape(tokens)[1], self.compute_dtype)[..., None]  # [B, N, 1]
         x = self.embedding(tokens) * maskf  # [B, N, embedding_dim]
         x = self._conv_blocks(x, self.enc_convs, self.enc_norms, maskf, training)
-        # Backward direction = forward LSTM over each sequence reversed within its own length, so
-        # the padding is never read first; outputs past the length are masked off.
-        fw = self.enc_fw(x, training=training)  # [B, N, units]
-        bw = tf.reverse_sequence(x, token_lengths, seq_axis=1, batch_axis=0)
-        bw = tf.reverse_sequence(self.enc_bw(bw, training=training), token_lengths, seq_axis=1, batch_axis=0)
-        memory = tf.concat([fw, bw], -1)  # [B, N, 2 * units]
+        # Outputs past a sentence's length are masked off below.
+        memory = lstm.bidirectional(self.enc_fw, self.enc_bw, x, token_lengths, self.config.lstm, training)
+        # [B, N, 2 * units]
         voice = self.voice(speaker_ids, tf.shape(tokens)[0])
         if voice is not None:
             memory += self.speaker_memory(voice)[:, None, :]
