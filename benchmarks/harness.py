@@ -146,8 +146,13 @@ def delay_rounds(summary: dict) -> dict:
     return {"rounds": summary["gossip_rounds"], "rounds_before_merge": summary["per_rank_gossip_rounds_before_merge"]}
 
 
+# The CPU flags that decide which kernels TensorFlow's oneDNN and Eigen can use.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
 def machine() -> dict:
-    """The CPU this process runs on: its model name, its cores and whether it has AVX-512."""
+    """The CPU this process runs on: its model name, its cores, which of CPU_FLAGS it has, and
+    TensorFlow's oneDNN setting (TF_ENABLE_ONEDNN_OPTS; unset: TensorFlow's default, on for x86)."""
     cpu_model, flags = None, set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -158,7 +163,13 @@ def machine() -> dict:
                 flags = set(value.split())
     except OSError:  # not Linux: the model name is all that is lost
         pass
-    return {"cpu_model": cpu_model, "cores": os.cpu_count(), "avx512": "avx512f" in flags}
+    return {
+        "cpu_model": cpu_model,
+        "cores": os.cpu_count(),
+        "avx512": "avx512f" in flags,
+        "flags": [flag for flag in CPU_FLAGS if flag in flags],
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"),
+    }
 
 
 def git_commit() -> str | None:

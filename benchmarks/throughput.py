@@ -45,6 +45,14 @@ def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
+# --set items of each path a run measures: the models' defaults (models/lstm.py's LSTMs and the C++
+# CTC kernel on a CPU), Keras' LSTM loop with the dense-label CTC graph, Keras' loop with the C++ kernel.
+PATHS = {
+    "default": lambda model: [],
+    "keras": lambda model: [f"{model}.lstm=keras"] + (["asr.ctc_labels=dense"] if model == "asr" else []),
+    "keras_sparse_ctc": lambda model: [f"{model}.lstm=keras", "asr.ctc_labels=sparse"],
+}
+
 # The tables' columns (benchmarks/report.py prints the same ones from the JSON).
 TABLE = ["run", "frames/s", "steps/s", "input share", "comm share", "GFLOP/s", "of fp32 peak"]
 CURVE_TABLE = ["", "encoder", "decoder", "post-net", "backward + Adam", "frames/s"]
@@ -165,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=Path, help="shards to train on (default: synthetic, demo-sized)")
     parser.add_argument("--steps", type=int, default=40, help="training steps per measurement")
     parser.add_argument("--only", choices=("asr", "tts"), help="measure one model only")
+    parser.add_argument("--np", type=int, choices=(1, 2), help="only the runs with this many workers")
+    parser.add_argument("--precision", choices=("float32", "mixed_bfloat16"), help="only the runs in this precision")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="throughput-"))
     if args.tiny:
@@ -187,26 +197,46 @@ def main(argv: list[str] | None = None) -> int:
     results["matmul_peak_flops_float32"] = matmul_peak("float32", 256 if args.tiny else 2048)
     results["matmul_peak_flops_bfloat16"] = matmul_peak("bfloat16", 256 if args.tiny else 2048)
     rows = []
+    # (model, np, precision, path): the acoustic model's default path on this machine, and Keras' LSTM
+    # loop with the dense-label CTC graph (what a CPU ran before models/lstm.py), and Keras' loop with
+    # the C++ CTC kernel (which part of the difference is which).
     runs = [
-        ("asr", 1, "float32"),
-        ("asr", 2, "float32"),
-        ("asr", 1, "mixed_bfloat16"),
-        ("asr", 2, "mixed_bfloat16"),
-        ("tts", 1, "float32"),
-        ("tts", 2, "float32"),
+        ("asr", 1, "float32", "default"),
+        ("asr", 2, "float32", "default"),
+        ("asr", 2, "float32", "keras"),
+        ("asr", 2, "float32", "keras_sparse_ctc"),
+        ("asr", 1, "mixed_bfloat16", "default"),
+        ("asr", 2, "mixed_bfloat16", "default"),
+        ("tts", 1, "float32", "default"),
+        ("tts", 2, "float32", "default"),
+        ("tts", 2, "float32", "keras"),
     ]
     if args.tiny:  # the test needs every kind of run once: alone and under horovodrun, bfloat16, both models
-        runs = [("asr", 1, "mixed_bfloat16"), ("asr", 2, "float32"), ("tts", 2, "float32")]
-    if args.only:
-        runs = [run for run in runs if run[0] == args.only]
+        runs = [
+            ("asr", 1, "mixed_bfloat16", "default"),
+            ("asr", 2, "float32", "default"),
+            ("asr", 1, "float32", "keras"),
+            ("tts", 2, "float32", "default"),
+        ]
+    runs = [
+        run
+        for run in runs
+        if (not args.only or run[0] == args.only)
+        and (not args.np or run[1] == args.np)
+        and (not args.precision or run[2] == args.precision)
+    ]
     from common import config as configlib
     from models import asr
     from models.tasks import resolve_asr
     from pipeline.records import open_shard_set
 
-    for model, np_, precision in runs:
-        key = f"{model}_np{np_}" + ("_bf16" if precision != "float32" else "")
-        summary = run_training(shards, work / key, np_, configs[model], [*common, f"precision={precision}"])
+    for model, np_, precision, path in runs:
+        key = (
+            f"{model}_np{np_}" + ("_bf16" if precision != "float32" else "") + ("" if path == "default" else f"_{path}")
+        )
+        summary = run_training(
+            shards, work / key, np_, configs[model], [*common, f"precision={precision}", *PATHS[path](model)]
+        )
         results[f"{key}_frames_per_s"] = summary["frames_per_s_total"]
         results[f"{key}_steps_per_s"] = summary["steps_per_s"]
         for part in ("input", "compute", "communication"):
@@ -240,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         f"bfloat16 {results['matmul_peak_flops_bfloat16'] / 1e9:.0f} GFLOP/s"
     )
     print_table(TABLE, rows)
+    for model in ("asr", "tts"):
+        if f"{model}_np2_keras_steps_per_s" in results and f"{model}_np2_steps_per_s" in results:
+            speedup = results[f"{model}_np2_steps_per_s"] / results[f"{model}_np2_keras_steps_per_s"]
+            results[f"{model}_np2_speedup_over_keras"] = speedup
+            print(f"{model}, np=2: a training step {speedup:.2f}x as fast as with Keras' LSTM path")
     if args.only != "asr":
         profile_rows = [
             [f"np={n}, {part}"]

@@ -34,6 +34,7 @@ class AsrConfig:
     projection: int = 256  # linear bottleneck before the output layer (0: none)
     dropout: float = 0.1  # between layers, training only
     lstm: str = "auto"  # "auto": models/lstm.py's CPU path without a GPU, Keras' (cuDNN) with one; "keras"; "fused"
+    ctc_labels: str = "auto"  # "auto": "sparse" (TensorFlow's C++ CTC kernel) without a GPU, "dense" with one
 
 
 class BiLSTM(keras.layers.Layer):
@@ -106,8 +107,9 @@ def compiled(model: AcousticModel, feature_dim: int | None = None):
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def ctc_loss(logits, logit_lengths, tokens, token_lengths):
+def ctc_loss(logits, logit_lengths, tokens, token_lengths, labels: str = "auto"):
     """Mean CTC loss per utterance (blank = token 0). logits [B, T', V], tokens [B, L] -> scalar.
+    `labels`: AsrConfig.ctc_labels, which of TensorFlow's two CTC implementations computes it.
 
     A transcript needs one frame per token plus one blank between equal neighbours; an utterance
     with fewer frames cannot be aligned. Such utterances are left out of the mean and counted, so
@@ -116,11 +118,10 @@ def ctc_loss(logits, logit_lengths, tokens, token_lengths):
     inside = tf.sequence_mask(token_lengths - 1, tf.shape(tokens)[1] - 1)  # [B, L-1]
     repeats = tf.reduce_sum(tf.cast((tokens[:, 1:] == tokens[:, :-1]) & inside, tf.int32), axis=1)  # [B]
     feasible = logit_lengths >= token_lengths + repeats
-    per_utt = (
-        _ctc_dense(logits, logit_lengths, tokens, token_lengths)
-        if lstm.has_gpu()
-        else _ctc_sparse(logits, logit_lengths, tokens, token_lengths)
-    )  # [B]
+    if labels not in ("auto", "dense", "sparse"):
+        raise ValueError(f"unknown CTC labels {labels!r}: choose auto, dense or sparse")
+    dense = labels == "dense" or (labels == "auto" and lstm.has_gpu())
+    per_utt = (_ctc_dense if dense else _ctc_sparse)(logits, logit_lengths, tokens, token_lengths)  # [B]
     weights = tf.cast(feasible, tf.float32)
     loss = tf.reduce_sum(tf.where(feasible, per_utt, 0.0)) / tf.maximum(tf.reduce_sum(weights), 1.0)
     return loss, tf.reduce_sum(tf.cast(~feasible, tf.int32))

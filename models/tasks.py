@@ -96,7 +96,9 @@ class AsrTask:
         if self.config.loss == "frame_ce":
             loss = asr.frame_ce_loss(logits, lengths, batch["targets"], self.config.subsample)
             return loss, {}
-        loss, infeasible = asr.ctc_loss(logits, lengths, batch["tokens"], batch["token_lengths"])
+        loss, infeasible = asr.ctc_loss(
+            logits, lengths, batch["tokens"], batch["token_lengths"], self.config.ctc_labels
+        )
         return loss, {"infeasible_utterances": infeasible}
 
     def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
