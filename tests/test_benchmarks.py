@@ -32,6 +32,7 @@ EXPECTED = {
         "tts_np2_frames_per_s",
         "asr_np2_fraction_of_fp32_peak",
         "asr_np1_bf16_frames_per_s",
+        "asr_np1_keras_frames_per_s",
         "asr_np1_bf16_fraction_of_fp32_peak",
         "matmul_peak_flops_float32",
         "asr_np2_share_input",
