@@ -1,9 +1,10 @@
 """Time to accuracy: the demo's acoustic model, dev CER against wall-clock minutes from launching
-`horovodrun -np 2`, for two configs in one run: the demo's ("before") and a change to it ("after").
+`horovodrun -np 2`, for two configs in one run: by default the demo's on Keras' LSTM path ("before")
+and the demo's as it runs ("after": models/lstm.py's CPU path).
 
     python benchmarks/time_to_accuracy.py [--json out.json] [--tiny] [--shards DIR] [--utterances 2500]
-                                          [--before benchmarks/configs/demo_asr_before.yaml]
-                                          [--after benchmarks/configs/demo_asr_subsample4.yaml]
+                                          [--before benchmarks/configs/demo_asr_keras_path.yaml]
+                                          [--after configs/demo_asr.yaml]
                                           [--evaluations 12]
                                           [--targets 0.02,0.015]
 
@@ -31,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.convergence import demo_shards, evaluate, first_below  # noqa: E402
 from benchmarks.harness import ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
 
-BEFORE = ROOT / "benchmarks/configs/demo_asr_before.yaml"
-AFTER = ROOT / "benchmarks/configs/demo_asr_subsample4.yaml"
+BEFORE = ROOT / "benchmarks/configs/demo_asr_keras_path.yaml"
+AFTER = ROOT / "configs/demo_asr.yaml"
 TABLE = ["arm", "config", "steps", "job minutes", "final dev CER", "test CER"]
 RUN_TIMEOUT_S = 2 * 3600  # an arm of the demo's config takes about 20 minutes on a 2-core CPU
 
