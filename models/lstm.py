@@ -23,8 +23,6 @@ as they are, so they stay eligible for cuDNN.
 
 from __future__ import annotations
 
-import functools
-
 import keras
 import tensorflow as tf
 
@@ -32,9 +30,10 @@ import tensorflow as tf
 KERNELS = ("auto", "keras", "fused")
 
 
-@functools.cache
 def has_gpu() -> bool:
-    return bool(tf.config.list_logical_devices("GPU"))
+    """Whether this process runs on a GPU. Reads the visible devices without initializing
+    TensorFlow's runtime, which would fix them before a Horovod rank pins its local GPU."""
+    return bool(tf.config.get_visible_devices("GPU"))
 
 
 def use_fused(kernel: str) -> bool:
