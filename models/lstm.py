@@ -24,6 +24,7 @@ as they are, so they stay eligible for cuDNN.
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 # `lstm` settings of the model configs: which path runs the LSTMs.
@@ -66,74 +67,99 @@ def bidirectional(fw: keras.layers.LSTM, bw: keras.layers.LSTM, x, lengths, kern
     garbage that later layers and losses ignore. Both paths compute the same function.
     """
     reverse = lambda t: tf.reverse_sequence(t, lengths, seq_axis=1, batch_axis=0)  # noqa: E731
-    if not (use_fused(kernel) and _fusable(fw) and _fusable(bw)):
+    # TensorFlow's LSTM cell gradient has float32 and float16 kernels (bfloat16 runs Keras' path).
+    if not (use_fused(kernel) and _fusable(fw) and _fusable(bw) and x.dtype in (tf.float32, tf.float16)):
         out_fw = fw(x, training=training)  # [B, T, units]
         out_bw = reverse(bw(reverse(x), training=training))  # [B, T, units]
         return tf.concat([out_fw, out_bw], axis=-1)
     for layer in (fw, bw):
         if not layer.built:  # Keras' build opens the layer's name scope: the variables get their usual paths
             layer.build(x.shape)
-    dtype = x.dtype
-    weights = lambda name: [tf.cast(getattr(layer.cell, name), dtype) for layer in (fw, bw)]  # noqa: E731
-    kernels, recurrent, biases = weights("kernel"), weights("recurrent_kernel"), weights("bias")
     units = fw.cell.units
+    # Keras orders the gates i, f, c, o; TensorFlow's LSTM cell kernels (the gradient below) i, c, f, o.
+    order = np.concatenate([np.arange(0, units), np.arange(2 * units, 3 * units), np.arange(units, 2 * units)])
+    order = np.concatenate([order, np.arange(3 * units, 4 * units)])
+    weights = lambda name: [tf.gather(tf.cast(getattr(l.cell, name), x.dtype), order, axis=-1) for l in (fw, bw)]  # noqa: E731,E741
+    kernels, recurrent, biases = weights("kernel"), weights("recurrent_kernel"), weights("bias")
     batch, frames = tf.shape(x)[0], tf.shape(x)[1]
-    # One matmul projects every frame for both directions: [B*T, in] x [in, 8u].
-    proj = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), tf.concat(kernels, axis=1)) + tf.concat(biases, 0)
-    proj = tf.reshape(proj, [batch, frames, 2, 4 * units])  # [B, T, 2, 4u]
-    proj_fw, proj_bw = proj[:, :, 0], reverse(proj[:, :, 1])  # [B, T, 4u] each, bw reversed per sequence
-    steps = tf.transpose(tf.stack([proj_fw, proj_bw]), [2, 0, 1, 3])  # [T, 2, B, 4u]
-    h = recurrence(steps, tf.stack(recurrent))  # [T, 2, B, u]
-    h = tf.transpose(h, [1, 2, 0, 3])  # [2, B, T, u]
-    return tf.concat([h[0], reverse(h[1])], axis=-1)  # [B, T, 2u]
+    # Every frame's input projection before the loop, time-major: [T*B, in] x [in, 4u] per direction
+    # (two matmuls, not one of 8u and two slices: a slice's gradient is a padded copy of the whole).
+    x_t = tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, x.shape[-1]])  # [T*B, in]
+    proj = [tf.reshape(tf.matmul(x_t, k) + b, [frames, batch, 4 * units]) for k, b in zip(kernels, biases)]
+    reverse_t = lambda t: tf.reverse_sequence(t, lengths, seq_axis=0, batch_axis=1)  # noqa: E731
+    h_fw, h_bw = recurrence(proj[0], reverse_t(proj[1]), *recurrent)  # [T, B, u] each
+    return tf.transpose(tf.concat([h_fw, reverse_t(h_bw)], axis=-1), [1, 0, 2])  # [B, T, 2u]
 
 
 @tf.custom_gradient
-def recurrence(steps, recurrent):
-    """The LSTM recurrence of D directions at once, from zero states, Keras' gate order (i, f, c, o).
+def recurrence(steps_fw, steps_bw, recurrent_fw, recurrent_bw):
+    """The LSTM recurrence of two directions in one loop, from zero states, gates ordered i, c, f, o.
 
-    steps [T, D, B, 4u]: x_t W + b of every timestep (the input projection, done outside);
-    recurrent [D, u, 4u] -> h [T, D, B, u].
+    steps_* [T, B, 4u]: x_t W + b of every timestep (the input projection, done outside);
+    recurrent_* [u, 4u] -> h_fw, h_bw [T, B, u].
     """
-    frames, directions, batch = tf.shape(steps)[0], tf.shape(steps)[1], tf.shape(steps)[2]
-    units = recurrent.shape[1]
-    zeros = tf.zeros([directions, batch, units], steps.dtype)  # [D, B, u]
-    ta = lambda: tf.TensorArray(steps.dtype, size=frames)  # noqa: E731
+    steps, recurrent = (steps_fw, steps_bw), (recurrent_fw, recurrent_bw)
+    frames, batch = tf.shape(steps_fw)[0], tf.shape(steps_fw)[1]
+    units = recurrent_fw.shape[0]
+    dtype = steps_fw.dtype
+    zeros = tf.zeros([batch, units], dtype)  # [B, u]
+    # Per direction, what the gradient reads: i, c~, f, o (activated), c and tanh(c), h; [T, B, u] each.
+    names = ("i", "ci", "f", "o", "cs", "co", "h")
+    arrays = lambda: {n: tf.TensorArray(dtype, size=frames) for n in names}  # noqa: E731
 
-    def step(t, h, c, hs, cs, gates):
-        z = steps[t] + tf.matmul(h, recurrent)  # [D, B, 4u]
-        i, f, g, o = tf.split(z, 4, axis=-1)
-        i, f, g, o = tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
-        c = f * c + i * g
-        h = o * tf.tanh(c)
-        return t + 1, h, c, hs.write(t, h), cs.write(t, c), gates.write(t, tf.concat([i, f, g, o], -1))
+    def step(t, states, saved):
+        new_states, new_saved = [], []
+        for d in range(2):
+            h, c = states[d]
+            z = steps[d][t] + tf.matmul(h, recurrent[d])  # [B, 4u]
+            i, ci, f, o = tf.split(z, 4, axis=-1)
+            i, ci, f, o = tf.sigmoid(i), tf.tanh(ci), tf.sigmoid(f), tf.sigmoid(o)
+            c = f * c + i * ci
+            co = tf.tanh(c)
+            h = o * co
+            new_states.append((h, c))
+            values = dict(i=i, ci=ci, f=f, o=o, cs=c, co=co, h=h)
+            new_saved.append({n: saved[d][n].write(t, values[n]) for n in names})
+        return t + 1, new_states, new_saved
 
-    _, _, _, hs, cs, gates = tf.while_loop(lambda t, *_: t < frames, step, [0, zeros, zeros, ta(), ta(), ta()])
-    hs, cs, gates = hs.stack(), cs.stack(), gates.stack()  # [T, D, B, u], [T, D, B, u], [T, D, B, 4u]
+    start = [(zeros, zeros), (zeros, zeros)]
+    _, _, saved = tf.while_loop(lambda t, *_: t < frames, step, [0, start, [arrays(), arrays()]])
+    saved = [{n: ta.stack() for n, ta in part.items()} for part in saved]  # [T, B, u] each
 
-    def grad(dh_out):
-        # dh_out [T, D, B, u]: the loss' gradient with respect to every output h_t.
-        i, f, g, o = tf.split(gates, 4, axis=-1)  # [T, D, B, u] each
-        c_prev = tf.concat([zeros[None], cs[:-1]], 0)  # [T, D, B, u]
-        tanh_c = tf.tanh(cs)
-        # What needs no recurrence, for all timesteps at once: dc_t += dh_t * dc_of_h,
-        # dz_t = [dc_t * dz_of_c (i, f, c gates), dh_t * dz_of_h (o gate)].
-        dc_of_h = o * (1.0 - tanh_c * tanh_c)  # [T, D, B, u]
-        dz_of_c = tf.concat([g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g)], -1)  # [T, D, B, 3u]
-        dz_of_h = tanh_c * o * (1.0 - o)  # [T, D, B, u]
-        recurrent_t = tf.transpose(recurrent, [0, 2, 1])  # [D, 4u, u], transposed once
+    def grad(dh_fw, dh_bw):
+        # dh_* [T, B, u]: the loss' gradient with respect to every output h_t. Per step and direction
+        # TensorFlow's fused LSTM cell gradient (LSTMBlockCellGrad: the gates' and the previous
+        # cell's gradients in one op), then one matmul back through the recurrent kernel.
+        dh_out = (dh_fw, dh_bw)
+        no_input = tf.zeros([batch, 0], dtype)  # the cell op's x: the input projection is outside
+        no_peephole, no_bias = tf.zeros([units], dtype), tf.zeros([4 * units], dtype)
+        recurrent_t = [tf.transpose(r) for r in recurrent]  # [4u, u], transposed once
+        c_prev = [tf.concat([zeros[None], part["cs"][:-1]], 0) for part in saved]  # [T, B, u]
 
-        def back(t, dh_next, dc_next, dzs):
-            dh = dh_out[t] + dh_next  # [D, B, u]
-            dc = dc_next + dh * dc_of_h[t]
-            dz = tf.concat([tf.tile(dc, [1, 1, 3]) * dz_of_c[t], dh * dz_of_h[t]], -1)  # [D, B, 4u]
-            return t - 1, tf.matmul(dz, recurrent_t), dc * f[t], dzs.write(t, dz)
+        def back(t, carry, dzs):
+            new_carry, new_dzs = [], []
+            for d in range(2):
+                dh_next, dc_next = carry[d]
+                part = saved[d]
+                dc_prev, dz, _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
+                    x=no_input, cs_prev=c_prev[d][t], h_prev=zeros, w=recurrent[d], wci=no_peephole,
+                    wcf=no_peephole, wco=no_peephole, b=no_bias, i=part["i"][t], cs=part["cs"][t],
+                    f=part["f"][t], o=part["o"][t], ci=part["ci"][t], co=part["co"][t], cs_grad=dc_next,
+                    h_grad=dh_out[d][t] + dh_next, use_peephole=False,
+                )  # fmt: skip
+                new_carry.append((tf.matmul(dz, recurrent_t[d]), dc_prev))  # [B, u] each
+                new_dzs.append(dzs[d].write(t, dz))  # dz [B, 4u]
+            return t - 1, new_carry, new_dzs
 
-        _, _, _, dzs = tf.while_loop(lambda t, *_: t >= 0, back, [frames - 1, zeros, zeros, ta()])
-        dz = dzs.stack()  # [T, D, B, 4u]: the gradient of `steps`
-        h_prev = tf.concat([zeros[None], hs[:-1]], 0)  # [T, D, B, u]
-        flat = lambda t: tf.reshape(tf.transpose(t, [1, 0, 2, 3]), [directions, -1, t.shape[-1]])  # noqa: E731
-        d_recurrent = tf.matmul(flat(h_prev), flat(dz), transpose_a=True)  # [D, u, 4u]
-        return dz, d_recurrent
+        init = [(zeros, zeros), (zeros, zeros)]
+        dzs = [tf.TensorArray(dtype, size=frames) for _ in range(2)]
+        _, _, dzs = tf.while_loop(lambda t, *_: t >= 0, back, [frames - 1, init, dzs])
+        d_steps = [ta.stack() for ta in dzs]  # [T, B, 4u] each: the gradient of `steps`
+        d_recurrent = []
+        for d in range(2):
+            h_prev = tf.concat([zeros[None], saved[d]["h"][:-1]], 0)  # [T, B, u]
+            flat = lambda t: tf.reshape(t, [-1, t.shape[-1]])  # noqa: E731
+            d_recurrent.append(tf.matmul(flat(h_prev), flat(d_steps[d]), transpose_a=True))  # [u, 4u]
+        return (*d_steps, *d_recurrent)
 
-    return hs, grad
+    return (saved[0]["h"], saved[1]["h"]), grad
