@@ -75,91 +75,83 @@ def bidirectional(fw: keras.layers.LSTM, bw: keras.layers.LSTM, x, lengths, kern
     for layer in (fw, bw):
         if not layer.built:  # Keras' build opens the layer's name scope: the variables get their usual paths
             layer.build(x.shape)
-    units = fw.cell.units
-    # Keras orders the gates i, f, c, o; TensorFlow's LSTM cell kernels (the gradient below) i, c, f, o.
-    order = np.concatenate([np.arange(0, units), np.arange(2 * units, 3 * units), np.arange(units, 2 * units)])
-    order = np.concatenate([order, np.arange(3 * units, 4 * units)])
-    weights = lambda name: [tf.gather(tf.cast(getattr(l.cell, name), x.dtype), order, axis=-1) for l in (fw, bw)]  # noqa: E731,E741
-    kernels, recurrent, biases = weights("kernel"), weights("recurrent_kernel"), weights("bias")
-    batch, frames = tf.shape(x)[0], tf.shape(x)[1]
-    # Every frame's input projection before the loop, time-major: [T*B, in] x [in, 4u] per direction
-    # (two matmuls, not one of 8u and two slices: a slice's gradient is a padded copy of the whole).
-    x_t = tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, x.shape[-1]])  # [T*B, in]
-    proj = [tf.reshape(tf.matmul(x_t, k) + b, [frames, batch, 4 * units]) for k, b in zip(kernels, biases)]
+    # Keras orders the gates i, f, c, o; TensorFlow's LSTM kernels i, c, f, o. Split and concatenated,
+    # not gathered: a gather's gradient is sparse, and Horovod would allgather it.
+    icfo = lambda gates: tf.concat([gates[i] for i in (0, 2, 1, 3)], axis=-1)  # noqa: E731
+    weights, biases = [], []
+    for layer in (fw, bw):
+        cell = layer.cell
+        kernel = tf.concat([cell.kernel, cell.recurrent_kernel], axis=0)  # [in + u, 4u]
+        weights.append(icfo(tf.split(tf.cast(kernel, x.dtype), 4, axis=1)))
+        biases.append(icfo(tf.split(tf.cast(cell.bias, x.dtype), 4)))
     reverse_t = lambda t: tf.reverse_sequence(t, lengths, seq_axis=0, batch_axis=1)  # noqa: E731
-    h_fw, h_bw = recurrence(proj[0], reverse_t(proj[1]), *recurrent)  # [T, B, u] each
+    x_t = tf.transpose(x, [1, 0, 2])  # [T, B, in]
+    h_fw, h_bw = recurrence(x_t, reverse_t(x_t), *weights, *biases)  # [T, B, u] each
     return tf.transpose(tf.concat([h_fw, reverse_t(h_bw)], axis=-1), [1, 0, 2])  # [B, T, 2u]
 
 
-@tf.custom_gradient
-def recurrence(steps_fw, steps_bw, recurrent_fw, recurrent_bw):
-    """The LSTM recurrence of two directions in one loop, from zero states, gates ordered i, c, f, o.
+def _forward(x, w, b):
+    """One direction over a whole batch from zero states: TensorFlow's fused CPU kernel (`BlockLSTM`,
+    one op for all timesteps; gates i, c, f, o). x [T, B, in], w [in + u, 4u], b [4u] -> what the
+    gradient reads, a dict of [T, B, u]: i, ci (the cell input), f, o (activated), cs (the cell),
+    co (its tanh), h."""
+    units = w.shape[1] // 4
+    zeros, no_peephole = tf.zeros([tf.shape(x)[1], units], x.dtype), tf.zeros([units], x.dtype)
+    outputs = tf.raw_ops.BlockLSTM(
+        seq_len_max=tf.cast(tf.shape(x)[0], tf.int64), x=x, cs_prev=zeros, h_prev=zeros, w=w,
+        wci=no_peephole, wcf=no_peephole, wco=no_peephole, b=b, forget_bias=0.0, cell_clip=-1.0,
+        use_peephole=False,
+    )  # fmt: skip
+    return dict(zip(("i", "cs", "f", "o", "ci", "co", "h"), outputs))
 
-    steps_* [T, B, 4u]: x_t W + b of every timestep (the input projection, done outside);
-    recurrent_* [u, 4u] -> h_fw, h_bw [T, B, u].
+
+def _backward(x, w, saved, dh_out):
+    """The gradients of one direction (see _forward) given dh_out [T, B, u], the loss' gradient with
+    respect to every output h_t -> dx [T, B, in], dw [in + u, 4u], db [4u].
+
+    The loop carries only the recurrence: per step TensorFlow's fused LSTM cell gradient
+    (`LSTMBlockCellGrad`: the gates' and the previous cell's gradients in one op) and one matmul back
+    through the recurrent kernel. The input's and the weights' gradients are one large matmul each
+    after it (TensorFlow's whole-sequence gradient op does those as small matmuls at every step).
     """
-    steps, recurrent = (steps_fw, steps_bw), (recurrent_fw, recurrent_bw)
-    frames, batch = tf.shape(steps_fw)[0], tf.shape(steps_fw)[1]
-    units = recurrent_fw.shape[0]
-    dtype = steps_fw.dtype
-    zeros = tf.zeros([batch, units], dtype)  # [B, u]
-    # Per direction, what the gradient reads: i, c~, f, o (activated), c and tanh(c), h; [T, B, u] each.
-    names = ("i", "ci", "f", "o", "cs", "co", "h")
-    arrays = lambda: {n: tf.TensorArray(dtype, size=frames) for n in names}  # noqa: E731
+    frames, batch = tf.shape(x)[0], tf.shape(x)[1]
+    inputs, units = x.shape[-1], w.shape[1] // 4
+    zeros = tf.zeros([batch, units], x.dtype)  # [B, u]
+    recurrent_t = tf.transpose(w[inputs:])  # [4u, u], transposed once
+    no_input = tf.zeros([batch, 0], x.dtype)  # the cell op's input: its projection is outside the loop
+    no_peephole, no_bias = tf.zeros([units], x.dtype), tf.zeros([4 * units], x.dtype)
+    c_prev = tf.concat([zeros[None], saved["cs"][:-1]], 0)  # [T, B, u]
+    h_prev = tf.concat([zeros[None], saved["h"][:-1]], 0)  # [T, B, u]
 
-    def step(t, states, saved):
-        new_states, new_saved = [], []
-        for d in range(2):
-            h, c = states[d]
-            z = steps[d][t] + tf.matmul(h, recurrent[d])  # [B, 4u]
-            i, ci, f, o = tf.split(z, 4, axis=-1)
-            i, ci, f, o = tf.sigmoid(i), tf.tanh(ci), tf.sigmoid(f), tf.sigmoid(o)
-            c = f * c + i * ci
-            co = tf.tanh(c)
-            h = o * co
-            new_states.append((h, c))
-            values = dict(i=i, ci=ci, f=f, o=o, cs=c, co=co, h=h)
-            new_saved.append({n: saved[d][n].write(t, values[n]) for n in names})
-        return t + 1, new_states, new_saved
+    def step(t, dh_next, dc_next, dzs):
+        dc_prev, dz, _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
+            x=no_input, cs_prev=c_prev[t], h_prev=zeros, w=w[inputs:], wci=no_peephole, wcf=no_peephole,
+            wco=no_peephole, b=no_bias, i=saved["i"][t], cs=saved["cs"][t], f=saved["f"][t], o=saved["o"][t],
+            ci=saved["ci"][t], co=saved["co"][t], cs_grad=dc_next, h_grad=dh_out[t] + dh_next, use_peephole=False,
+        )  # fmt: skip
+        return t - 1, tf.matmul(dz, recurrent_t), dc_prev, dzs.write(t, dz)  # dz [B, 4u]
 
-    start = [(zeros, zeros), (zeros, zeros)]
-    _, _, saved = tf.while_loop(lambda t, *_: t < frames, step, [0, start, [arrays(), arrays()]])
-    saved = [{n: ta.stack() for n, ta in part.items()} for part in saved]  # [T, B, u] each
+    dzs = tf.TensorArray(x.dtype, size=frames)
+    _, _, _, dzs = tf.while_loop(lambda t, *_: t >= 0, step, [frames - 1, zeros, zeros, dzs])
+    dz = tf.reshape(dzs.stack(), [-1, 4 * units])  # [T*B, 4u]
+    xh = tf.concat([tf.reshape(x, [-1, inputs]), tf.reshape(h_prev, [-1, units])], axis=1)  # [T*B, in + u]
+    dw = tf.matmul(xh, dz, transpose_a=True)  # [in + u, 4u]
+    dx = tf.reshape(tf.matmul(dz, w[:inputs], transpose_b=True), [frames, batch, inputs])  # [T, B, in]
+    return dx, dw, tf.reduce_sum(dz, axis=0)
+
+
+@tf.custom_gradient
+def recurrence(x_fw, x_bw, w_fw, w_bw, b_fw, b_bw):
+    """Two directions of an LSTM, each over its own time-major input from zero states, gates
+    ordered i, c, f, o: x_* [T, B, in], w_* [in + u, 4u] (input kernel over recurrent kernel),
+    b_* [4u] -> h_fw, h_bw [T, B, u]."""
+    directions = ((x_fw, w_fw, b_fw), (x_bw, w_bw, b_bw))
+    saved = [_forward(*d) for d in directions]
 
     def grad(dh_fw, dh_bw):
-        # dh_* [T, B, u]: the loss' gradient with respect to every output h_t. Per step and direction
-        # TensorFlow's fused LSTM cell gradient (LSTMBlockCellGrad: the gates' and the previous
-        # cell's gradients in one op), then one matmul back through the recurrent kernel.
-        dh_out = (dh_fw, dh_bw)
-        no_input = tf.zeros([batch, 0], dtype)  # the cell op's x: the input projection is outside
-        no_peephole, no_bias = tf.zeros([units], dtype), tf.zeros([4 * units], dtype)
-        recurrent_t = [tf.transpose(r) for r in recurrent]  # [4u, u], transposed once
-        c_prev = [tf.concat([zeros[None], part["cs"][:-1]], 0) for part in saved]  # [T, B, u]
-
-        def back(t, carry, dzs):
-            new_carry, new_dzs = [], []
-            for d in range(2):
-                dh_next, dc_next = carry[d]
-                part = saved[d]
-                dc_prev, dz, _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
-                    x=no_input, cs_prev=c_prev[d][t], h_prev=zeros, w=recurrent[d], wci=no_peephole,
-                    wcf=no_peephole, wco=no_peephole, b=no_bias, i=part["i"][t], cs=part["cs"][t],
-                    f=part["f"][t], o=part["o"][t], ci=part["ci"][t], co=part["co"][t], cs_grad=dc_next,
-                    h_grad=dh_out[d][t] + dh_next, use_peephole=False,
-                )  # fmt: skip
-                new_carry.append((tf.matmul(dz, recurrent_t[d]), dc_prev))  # [B, u] each
-                new_dzs.append(dzs[d].write(t, dz))  # dz [B, 4u]
-            return t - 1, new_carry, new_dzs
-
-        init = [(zeros, zeros), (zeros, zeros)]
-        dzs = [tf.TensorArray(dtype, size=frames) for _ in range(2)]
-        _, _, dzs = tf.while_loop(lambda t, *_: t >= 0, back, [frames - 1, init, dzs])
-        d_steps = [ta.stack() for ta in dzs]  # [T, B, 4u] each: the gradient of `steps`
-        d_recurrent = []
-        for d in range(2):
-            h_prev = tf.concat([zeros[None], saved[d]["h"][:-1]], 0)  # [T, B, u]
-            flat = lambda t: tf.reshape(t, [-1, t.shape[-1]])  # noqa: E731
-            d_recurrent.append(tf.matmul(flat(h_prev), flat(d_steps[d]), transpose_a=True))  # [u, 4u]
-        return (*d_steps, *d_recurrent)
+        (dx_fw, dw_fw, db_fw), (dx_bw, dw_bw, db_bw) = [
+            _backward(x, w, part, dh) for (x, w, _), part, dh in zip(directions, saved, (dh_fw, dh_bw))
+        ]
+        return dx_fw, dx_bw, dw_fw, dw_bw, db_fw, db_bw
 
     return (saved[0]["h"], saved[1]["h"]), grad
