@@ -59,7 +59,7 @@ def throughput(r: dict) -> list[str]:
     rows = []
     for model in ("asr", "tts"):
         paths = ("", "_keras", "_keras_sparse_ctc")
-        for key in [f"{model}_np{n}{bf16}{path}" for n in (1, 2) for bf16 in ("", "_bf16") for path in paths]:
+        for key in [f"{model}_np{n}{bf16}{path}" for bf16 in ("", "_bf16") for n in (1, 2) for path in paths]:
             if f"{key}_frames_per_s" not in r:
                 continue
             flops = r.get(f"{key}_flops")
