@@ -24,7 +24,6 @@ as they are, so they stay eligible for cuDNN.
 from __future__ import annotations
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 # `lstm` settings of the model configs: which path runs the LSTMs.
