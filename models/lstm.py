@@ -1,20 +1,16 @@
 """Bidirectional LSTMs over Keras' own LSTM layers, with a faster path on a CPU.
 
-On a GPU Keras runs an LSTM as cuDNN's fused kernel. On a CPU it runs a `tf.while_loop` that
-multiplies every timestep's input by the input kernel (two thirds of the layer's FLOPs, as
-[batch, in] matrices) and whose gradient multiplies by transposed weights at every step (a
-transposed small matmul runs at half the speed of a plain one here). The CPU path here computes
-the same function from the same variables:
+On a GPU Keras runs an LSTM as cuDNN's fused kernel. On a CPU it runs a `tf.while_loop` of small
+ops whose gradient, built by autodiff, is a second loop of small ops (with transposed matmuls)
+at every timestep. The CPU path here computes the same function from the same variables:
 
-- the input projection of every timestep and both directions as one matmul before the loop
-  ([batch * frames, in] x [in, 8 * units]), only h x U inside it;
-- both directions in one loop (a batched matmul over [2, batch, units]);
-- a hand-written gradient of the recurrence: the gate derivatives that need no recurrence are
-  computed for all timesteps at once after the forward loop; the backward loop multiplies by the
-  recurrent kernel transposed once outside it; the weight gradients are one matmul each after it.
-
-TensorFlow's own fused CPU kernel (`BlockLSTM`) was no faster than Keras' loop on this model's
-shapes, and `BlockLSTMV2` (Keras' gate order) registers the gradient of the other gate order.
+- the forward pass of each direction is TensorFlow's fused CPU kernel `BlockLSTM` (one op for all
+  timesteps, which keeps every gate's activation for the gradient);
+- its gradient is a loop that carries only the recurrence: per step TensorFlow's fused LSTM cell
+  gradient (`LSTMBlockCellGrad`) and one matmul back through the recurrent kernel; the input's and
+  the weights' gradients are one large matmul each after the loop. (`BlockLSTM`'s own gradient op
+  does those as small matmuls at every step, and `BlockLSTMV2`, which has Keras' gate order, is
+  registered with the gradient of the other gate order.)
 
 Nothing about the layers changes: the variables, their names and their initial values are Keras'
 (a checkpoint trained on either path loads into the other), and with a GPU the layers are called
