@@ -8,8 +8,9 @@
 DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
 `shards/`, its acoustic model `asr/` as the listener and its `summary.json`. The run's own synthesis
 model (trained with `--run-config`, default the demo's) is the seed its saved config names: when
-`--config` is that config, its evaluation is read from the summary, not trained again. `--set`
-applies to the seeds trained here (give the run's own overrides, e.g. a `max_steps` it was run with).
+`--config` is that config and every `--set` item holds in the run's saved config (e.g. a `max_steps` it
+was run with), its evaluation is read from the summary, not trained again; a `--set` the run did not
+have (a lever) trains that seed here too.
 Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER and steps, and
 their means (quality only: the seeds' training time is the demo's, benchmarks/demo.py).
 """
@@ -44,12 +45,22 @@ def evaluate(workdir: Path, shards: Path, listener: Path, max_utterances: int) -
     return evaluate_model(workdir, shards, "--asr-model-dir", str(listener), "--max-utterances", str(max_utterances))
 
 
-def seed_of_run(run_dir: Path) -> int:
-    """The seed the demo run's synthesis model was trained with (its saved config)."""
+def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) -> int | None:
+    """The seed the demo run's synthesis model was trained with, when that model is what `config`
+    with the `--set` items `sets` trains: `config` is the run's config (`run_config`) and every item
+    already holds in the model's saved config. None otherwise (a lever the run did not have): then
+    every seed is trained here."""
     from common import config as configlib
     from models.train_config import TrainConfig
 
-    return configlib.load(TrainConfig, run_dir / "tts" / "config.yaml").seed
+    saved_path = run_dir / "tts" / "config.yaml"
+    if config.resolve() != run_config.resolve() or not saved_path.is_file():
+        return None
+    saved = configlib.load(TrainConfig, saved_path)
+    if configlib.load(TrainConfig, saved_path, sets) != saved:
+        print(f"--set {' '.join(sets)}: not what the demo run trained; its seed {saved.seed} is trained here too")
+        return None
+    return saved.seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     shards, listener = run_dir / "shards", run_dir / "asr"
     summary = json.loads((run_dir / "summary.json").read_text())
     seeds = [int(s) for s in args.seeds.split(",")]
-    reuse = args.config.resolve() == args.run_config.resolve() and (run_dir / "tts" / "config.yaml").is_file()
-    run_seed = seed_of_run(run_dir) if reuse else None
+    run_seed = seed_of_run(run_dir, args.config, args.run_config, args.set)
     work = Path(tempfile.mkdtemp(prefix="tts-seeds-"))
     per_seed: dict[str, dict] = {}
     for seed in seeds:

@@ -124,3 +124,20 @@ def test_time_to_accuracy_curves_run_from_launch(tmp_path):
             assert f"minutes_to_{target:g}" in arm
     assert results["arms"]["after"]["config"] == results["arms"]["before"]["config"]
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
+
+
+def test_tts_seeds_reuses_the_demo_runs_model_only_for_what_it_was_trained_with(tmp_path):
+    """A `--set` lever the demo run did not have retrains its seed too: seed 0 is never the
+    unchanged model measured as if it had the lever."""
+    from benchmarks import tts_seeds
+    from common import config as configlib
+    from models.train_config import TrainConfig
+
+    config = ROOT / "configs/demo_tts.yaml"
+    (tmp_path / "tts").mkdir()
+    configlib.save(configlib.load(TrainConfig, config, ["max_steps=40", "seed=3"]), tmp_path / "tts" / "config.yaml")
+    assert tts_seeds.seed_of_run(tmp_path, config, config, []) == 3
+    assert tts_seeds.seed_of_run(tmp_path, config, config, ["max_steps=40"]) == 3  # the run's own override
+    assert tts_seeds.seed_of_run(tmp_path, config, config, ["tts.reduction_factor=2"]) is None  # a lever
+    other = ROOT / "tests/configs/tiny_tts.yaml"
+    assert tts_seeds.seed_of_run(tmp_path, other, config, []) is None
