@@ -146,3 +146,14 @@ def test_synthesis_loss_and_gradients_equal_the_keras_path(decoder):
         got, want = tf.convert_to_tensor(got), tf.convert_to_tensor(want)  # the embedding's: IndexedSlices
         scale = float(tf.reduce_max(tf.abs(want))) or 1.0
         np.testing.assert_allclose(got.numpy() / scale, want.numpy() / scale, atol=1e-4, err_msg=variable.path)
+
+
+def test_the_cpu_path_is_the_one_that_runs_without_a_gpu():
+    model = twin(CONFIG, "auto")
+    feats, lengths, _, _ = batch()
+    graph = tf.function(lambda f, n: model(f, n)).get_concrete_function(feats, lengths).graph
+    ops = {op.type for op in graph.get_operations()}
+    if tf.config.list_physical_devices("GPU"):
+        assert "BlockLSTM" not in ops  # Keras' layers: cuDNN's kernel
+    else:
+        assert "BlockLSTM" in ops, sorted(ops)
