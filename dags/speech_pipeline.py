@@ -22,7 +22,7 @@ import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, setup, task, teardown
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from models import catalog
+from common import catalog
 from workflow import commands, runner
 from workflow.plan import MODELS, SPLITS, Plan, make_plan
 

@@ -45,9 +45,9 @@ class EvalConfig:
 
 def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path | None = None) -> dict:
     """Evaluates the model trained in `model_dir` (a training workdir) on `cfg.splits` of `shards`
-    with its model's evaluation (models/catalog.py `ModelEntry.evaluation`). Writes
+    with its model's evaluation (common/catalog.py `ModelEntry.evaluation`). Writes
     `model_dir/eval.json` and `model_dir/eval/` (hypotheses, plots, audio); returns the metrics."""
-    from models import catalog
+    from common import catalog
     from models.serving import load_model_dir
     from pipeline.records import open_shard_set
 

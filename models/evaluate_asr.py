@@ -108,7 +108,7 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
 
 
 def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None) -> dict:
-    """models.evaluate's evaluation of the acoustic model (models/catalog.py): `evaluate_asr` on each
+    """models.evaluate's evaluation of the acoustic model (common/catalog.py): `evaluate_asr` on each
     of `splits` (`batches(split, frames_per_batch)` gives its input); the champion is chosen on the
     first split's CER (dev, when the shards have it)."""
     metrics = {}

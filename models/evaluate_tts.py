@@ -199,7 +199,7 @@ def write_samples(
 
 
 def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None) -> dict:
-    """models.evaluate's evaluation of the synthesis model (models/catalog.py) on each of `splits`
+    """models.evaluate's evaluation of the synthesis model (common/catalog.py) on each of `splits`
     (`batches(split, frames_per_batch)` gives its input); `listener`: a trained acoustic model's
     workdir, for intelligibility. The champion is chosen on dev's teacher-forced mel L1; without dev,
     on the first split's intelligibility CER (or cepstral distance without a listener)."""

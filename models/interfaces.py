@@ -1,6 +1,6 @@
 """What the trainer, evaluation and serving may ask of a model's task and of a strategy.
 
-A model is a `Task` class, an `Evaluation` and a `Server`, named by one entry in models/catalog.py;
+A model is a `Task` class, an `Evaluation` and a `Server`, named by one entry in common/catalog.py;
 a strategy is a `Strategy` class named there.
 The declared properties the layers above need without importing TensorFlow (the DAG form's label,
 whether a strategy counts its budget in data or survives lost workers, ...) are the catalog
@@ -20,7 +20,7 @@ class Task(Protocol):
     name: ClassVar[str]
     config: Any
     selection_metric: ClassVar[str]  # the dev metric training keeps the best weights by (lower is better)
-    profile_every: ClassVar[bool]  # the trainer times its modules every `profile_every` steps
+    profile_every: ClassVar[bool]  # True: the trainer times its modules every TrainConfig.profile_every steps
 
     @classmethod
     def create(cls, config, shards, eval_config=None) -> Task:
@@ -57,7 +57,7 @@ class Task(Protocol):
 
 
 class Evaluation(Protocol):
-    """models.evaluate's evaluation of one model (models/catalog.py `ModelEntry.evaluation`)."""
+    """models.evaluate's evaluation of one model (common/catalog.py `ModelEntry.evaluation`)."""
 
     def __call__(
         self, model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None
@@ -69,7 +69,7 @@ class Evaluation(Protocol):
 
 
 class Server(Protocol):
-    """What answers a served model's requests (models/catalog.py `ModelEntry.server`)."""
+    """What answers a served model's requests (common/catalog.py `ModelEntry.server`)."""
 
     def __init__(self, model, config, data: dict): ...
 

@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import catalog, runtime
 from common import config as configlib
-from common import runtime
 from common.fsutil import atomic_write_json
 from common.progress import progress as progress_bar
 from models import tracking
@@ -86,7 +86,6 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         import keras
         import tensorflow as tf
 
-        from models import catalog
         from models.strategies import init_horovod, make_strategy
         from pipeline import records
 
@@ -123,10 +122,11 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         # (an elastic job that changed its world size restarts its epoch at the step it resized).
         self._origin = tuple(self.position.get("origin", (0, 0)))
         if c.elastic and not declared.supports_elastic:
+            elastic = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
             raise ValueError(
-                f"--elastic works with --strategy {' or '.join(n for n, e in catalog.strategies().items() if e.supports_elastic)}: "
-                f"{c.strategy.name} does not survive lost workers (gossip keeps a process set per pair, and a "
-                "survivor of a killed worker then aborts inside Horovod 0.28.1: horovod/horovod#4021)"
+                f"--elastic works with --strategy {elastic}: {c.strategy.name} does not survive lost workers "
+                "(gossip keeps a process set per pair, and a survivor of a killed worker then aborts inside "
+                "Horovod 0.28.1: horovod/horovod#4021)"
             )
         self.dev = None
         if self.rank == 0:

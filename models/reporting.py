@@ -7,8 +7,9 @@ import json
 import resource
 import time
 
+from common import catalog
 from common import config as configlib
-from models import catalog, tracking
+from models import tracking
 
 
 class Reporting:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import sys
 
+from common import catalog
 from common.fsutil import read_json
-from models import catalog, tracking
+from models import tracking
 from models.train_config import learning_rate
 
 

@@ -1,4 +1,4 @@
-"""What a served model answers, one server per model (models/catalog.py `ModelEntry.server`):
+"""What a served model answers, one server per model (common/catalog.py `ModelEntry.server`):
 the acoustic model's audio in, text out; the synthesis model's text in, WAV audio and log-mels out.
 
 models/serving.py `SpeechModel` (the MLflow pyfunc model) loads a model directory and hands each

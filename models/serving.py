@@ -58,7 +58,7 @@ FRAMES_PER_BATCH = 40000  # padded input frames per batch of a request (the eval
 
 def load_model_dir(model_dir: Path):
     """Returns (model, TrainConfig, data dict) with the trained weights in place."""
-    from models import catalog
+    from common import catalog
     from models.train_config import TrainConfig
 
     model_dir = Path(model_dir)
@@ -178,7 +178,7 @@ def wav_base64(log_mel: np.ndarray, iterations: int) -> str:
 class SpeechModel(mlflow.pyfunc.PythonModel):
     """The pyfunc model of a model directory (see the module docstring for inputs and outputs);
     what it accepts is set by the operator's environment (models/serving_policy.py). What it
-    answers is its model's server (models/catalog.py `ModelEntry.server`; models/servers.py)."""
+    answers is its model's server (common/catalog.py `ModelEntry.server`; models/servers.py)."""
 
     def load_context(self, context):
         self.settings = ServingConfig.from_env()
@@ -191,7 +191,7 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
 
 def server_class(config):
     """The server of the model `config` (a TrainConfig) trained."""
-    from models import catalog
+    from common import catalog
 
     return catalog.resolve(catalog.model(config.model).server)
 

@@ -10,7 +10,7 @@ trains with every strategy. The trainer calls, per step:
     strategy.finish()                   # all ranks end with the same (consensus) weights
 
 The interface is models/interfaces.py `Strategy`; the registry of strategies (and what each
-declares: budget in data, elastic) is models/catalog.py. The asynchronous gossip strategy (AD-PSGD)
+declares: budget in data, elastic) is common/catalog.py. The asynchronous gossip strategy (AD-PSGD)
 lives in models/gossip.py.
 """
 
@@ -20,12 +20,12 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from models import catalog
+from common import catalog
 
 
 @dataclasses.dataclass(frozen=True)
 class StrategyConfig:
-    name: str = "allreduce"  # models/catalog.py: "allreduce" (synchronous ring-allreduce), "adpsgd" (gossip), ...
+    name: str = "allreduce"  # common/catalog.py: "allreduce" (synchronous ring-allreduce), "adpsgd" (gossip), ...
     compression: str = "none"  # allreduce: gradients travel as "none" (their dtype) or "fp16"
     fused_step: bool = False  # allreduce: one compiled step with DistributedGradientTape (faster on GPUs, as
     #                           it overlaps the allreduce with the backward pass; the timings then cannot
@@ -123,5 +123,5 @@ def init_horovod(config: StrategyConfig):
 
 
 def make_strategy(config: StrategyConfig, model_vars: list, optimizer):
-    """The registered strategy `config.name` (models/catalog.py) over these variables."""
+    """The registered strategy `config.name` (common/catalog.py) over these variables."""
     return catalog.strategy_class(config.name)(config, model_vars, optimizer)

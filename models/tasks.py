@@ -2,7 +2,7 @@
 
 The trainer and the distributed strategies only see a `Task` (models/interfaces.py): build the
 model, make the batches, compute the loss, count the frames. A model is a task class, its
-evaluation and its server, named by one entry in models/catalog.py; the trainer and the strategies
+evaluation and its server, named by one entry in common/catalog.py; the trainer and the strategies
 (allreduce, gossip) stay as they are.
 """
 

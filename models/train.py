@@ -16,9 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from common import cli
+from common import catalog, cli
 from common import config as configlib
-from models import catalog
 from models.hooks import TrainHooks
 from models.loop import Trainer
 from models.train_config import TrainConfig

@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from common import catalog
 from common import config as configlib
 from models import asr as asr_model
-from models import catalog
 from models import tts as tts_model
 from models.strategies import StrategyConfig
 from pipeline.dataset import InputConfig
@@ -33,10 +33,10 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    model: str = "asr"  # a model of models/catalog.py: "asr" (acoustic model), "tts" (synthesis), ...
+    model: str = "asr"  # a model of common/catalog.py: "asr" (acoustic model), "tts" (synthesis), ...
     asr: asr_model.AsrConfig = asr_model.AsrConfig()  # the acoustic model's settings
     tts: tts_model.TtsConfig = tts_model.TtsConfig()  # the synthesis model's settings
-    # the settings of a model an extension registers (models/catalog.py), read by its own task
+    # the settings of a model an extension registers (common/catalog.py), read by its own task
     extension: dict[str, Any] = dataclasses.field(default_factory=dict)
     input: InputConfig = InputConfig()  # batching, normalization, shuffling
     optim: OptimConfig = OptimConfig()  # optimizer and learning-rate schedule

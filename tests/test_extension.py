@@ -1,5 +1,5 @@
 """The seams hold: a third model and a third strategy, each one file under tests/extension/ that
-registers itself (models/catalog.py) when SPEECHFLOW_EXTENSIONS names it, and nothing else of the
+registers itself (common/catalog.py) when SPEECHFLOW_EXTENSIONS names it, and nothing else of the
 project changed for them. The DAG form lists them without TensorFlow; `models.train` trains them
 under the real launcher; `models.evaluate` evaluates; MLflow records them; a served copy answers."""
 
@@ -60,7 +60,7 @@ def test_the_plan_and_command_lines_know_the_extensions_without_tensorflow(tmp_p
         """
         import json, sys
         from workflow import commands, plan
-        from models import catalog
+        from common import catalog
         p = dict(models=["speaker_id"], strategy="local_sgd")
         print(json.dumps({
             "models": list(plan.MODELS), "strategies": list(catalog.strategies()),

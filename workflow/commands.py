@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from models import catalog
+from common import catalog
 from workflow.plan import POD_XCOM_FILE, Plan
 
 CORPUS, FEATURES, SHARDS = "pipeline.corpus", "pipeline.features", "pipeline.shards"

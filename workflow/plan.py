@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from common import catalog
 from common.fsutil import slug
-from models import catalog
 from workflow.local import REPO, training_python
 
 SPLITS = ("train", "dev", "test", "test_noisy")  # of the demo corpus; train and test are required
 REQUIRED_SPLITS = ("train", "test")
-MODELS = tuple(catalog.models())  # the registered models (models/catalog.py), extensions' included
+MODELS = tuple(catalog.models())  # the registered models (common/catalog.py), extensions' included
 # Cluster mode: where the training image keeps the project's files (configs/ of relative paths)
 # and the file the KubernetesPodOperator reads a pod's XCom from.
 IMAGE_PROJECT_DIR = "/opt/speechflow"
@@ -43,7 +43,7 @@ class Plan:
     models: tuple[str, ...]  # which models to train, of MODELS
     workdirs: dict[str, str]  # model -> its training workdir
     configs: dict[str, str]  # model -> its training config file
-    strategy: str  # a registered strategy (models/catalog.py): allreduce, adpsgd, ...
+    strategy: str  # a registered strategy (common/catalog.py): allreduce, adpsgd, ...
     gossip: str  # adpsgd's gossip variant
     num_workers: int  # Horovod processes (local) or worker pods (cluster)
     gpus_per_worker: int | None  # cluster: GPUs per worker pod; None: the cluster settings' value

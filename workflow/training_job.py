@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from models import catalog
+from common import catalog
 from workflow import cluster
 from workflow.cluster import ClusterSettings
 

@@ -1,7 +1,7 @@
 """Local SGD, a strategy added in one file: every rank steps on its own gradients, and the ranks
 average their weights every `strategy.extension.every` steps (and once at the end).
 
-Registered by naming this module in SPEECHFLOW_EXTENSIONS (models/catalog.py); trained with
+Registered by naming this module in SPEECHFLOW_EXTENSIONS (common/catalog.py); trained with
 `--strategy local_sgd --set strategy.extension.every=4`. tests/test_extension.py runs it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from models import catalog
+from common import catalog
 
 catalog.register_strategy(
     catalog.StrategyEntry("local_sgd", f"{__name__}:LocalSgd", "local_sgd (average the weights every k steps)")

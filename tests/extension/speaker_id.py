@@ -1,7 +1,7 @@
 """A speaker classifier over the same shards, added in one file: which training speaker says an
 utterance, from the mean of its log-mel frames (one hidden layer).
 
-Registered by naming this module in SPEECHFLOW_EXTENSIONS (models/catalog.py): the task the trainer
+Registered by naming this module in SPEECHFLOW_EXTENSIONS (common/catalog.py): the task the trainer
 runs, the evaluation `models.evaluate` runs and the server the pyfunc model answers with. TensorFlow
 is imported inside the functions, as the DAG parser imports this module too. Its settings are
 TrainConfig's `extension` mapping (`--set extension.hidden=16`). tests/test_extension.py runs it.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from models import catalog
+from common import catalog
 
 catalog.register_model(
     catalog.ModelEntry(

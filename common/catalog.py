@@ -7,7 +7,7 @@ with an acoustic model, whether its input can come from the tf.data service, whe
 counts its budget in data or survives lost workers. Nothing here imports TensorFlow, so the DAG
 parser, the plan and the command lines read the same registry as the trainer.
 
-The interfaces the code behind an entry implements are models/interfaces.py `Task` and `Strategy`.
+The code behind an entry implements models/interfaces.py `Task`, `Evaluation`, `Server`, `Strategy`.
 
 Extensions: every process that reads the registry (training ranks, `models.evaluate`, the pyfunc
 server, the DAG parser) first imports the modules named in the environment variable
