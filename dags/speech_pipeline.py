@@ -22,6 +22,7 @@ import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, setup, task, teardown
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from common import catalog
 from workflow import commands, runner
 from workflow.plan import MODELS, SPLITS, Plan, make_plan
 
@@ -92,23 +93,17 @@ PARAMS = {
         uniqueItems=True,
         examples=list(MODELS),
         section=TRAINING,
-        values_display={
-            "asr": "asr: acoustic model (speech recognition)",
-            "tts": "tts: synthesis model (text to speech)",
-        },
+        values_display={name: entry.title for name, entry in catalog.models().items()},
         title="Models",
         description="Which models to train, evaluate and register.",
     ),
     "strategy": Param(
         "allreduce",
         type="string",
-        enum=["allreduce", "adpsgd"],
+        enum=list(catalog.strategies()),
         title="Distributed strategy",
         section=TRAINING,
-        values_display={
-            "allreduce": "allreduce (synchronous ring-allreduce)",
-            "adpsgd": "adpsgd (asynchronous decentralized gossip)",
-        },
+        values_display={name: entry.title for name, entry in catalog.strategies().items()},
         description="How the Horovod workers combine their updates.",
     ),
     "gossip": Param(
@@ -157,21 +152,25 @@ PARAMS = {
         section=TRAINING,
         description="Stop training after this many steps; empty: the config file's value.",
     ),
-    "asr_config": Param(
-        "configs/demo_asr.yaml",
-        type="string",
-        minLength=1,
-        title="Acoustic model config",
+    **{
+        f"{name}_config": Param(
+            entry.config_file,
+            type="string",
+            minLength=1,
+            title=f"Training config: {name}",
+            section=TRAINING,
+            description=f"YAML file of TrainConfig fields for {entry.title}.",
+        )
+        for name, entry in catalog.models().items()
+    },
+    "train_overrides": Param(
+        [],
+        type="array",
+        items={"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_.]*=.*$"},
+        title="Training overrides",
         section=TRAINING,
-        description="YAML file of TrainConfig fields for the acoustic model.",
-    ),
-    "tts_config": Param(
-        "configs/demo_tts.yaml",
-        type="string",
-        minLength=1,
-        title="Synthesis model config",
-        section=TRAINING,
-        description="YAML file of TrainConfig fields for the synthesis model.",
+        description="KEY=VALUE settings of the training config for every model, passed on as "
+        "`models.train --set KEY=VALUE` (e.g. optim.learning_rate=0.002).",
     ),
     "eval_utterances": Param(
         100,
@@ -336,8 +335,7 @@ def speech_pipeline():
         p = _plan()
         if trained is None:
             raise AirflowSkipException(f"{model} was not trained in this run")
-        with_asr = model == "tts" and acoustic is not None
-        args = commands.evaluate_args(p, model, _parent_run_id(), with_asr)
+        args = commands.evaluate_args(p, model, _parent_run_id(), with_asr=acoustic is not None)
         gpus = runner.evaluation_gpus(p)
         runner.run_stage(p, get_current_context(), f"evaluate-{model}", commands.EVALUATE, args, gpus=gpus)
         metrics = runner.read_eval(p, model)
@@ -390,10 +388,12 @@ def speech_pipeline():
     corpus >> featurized
     shards = make_shards(featurized)
     trained = {m: train.override(task_id=f"train_{m}", outlets=[TRAINED[m]])(m, shards) for m in MODELS}
+    # Intelligibility: a model whose output is heard (the synthesis model) is evaluated with its
+    # listener (the acoustic model) trained a moment ago transcribing what it made.
+    listeners = {m: catalog.model(m).listener for m in MODELS}
     evaluated = {
-        "asr": evaluate.override(task_id="evaluate_asr")("asr", trained["asr"]),
-        # Intelligibility: the acoustic model trained a moment ago transcribes the synthesized speech.
-        "tts": evaluate.override(task_id="evaluate_tts")("tts", trained["tts"], trained["asr"]),
+        m: evaluate.override(task_id=f"evaluate_{m}")(m, trained[m], *([trained[listeners[m]]] if listeners[m] else []))
+        for m in MODELS
     }
     registered = [register.override(task_id=f"register_{m}", outlets=[REGISTERED[m]])(m, evaluated[m]) for m in MODELS]
     registered >> finish_mlflow_run(parent)

@@ -43,60 +43,34 @@ class EvalConfig:
     voice: str = ""
 
 
-def _input(config, frames_per_batch: int):
-    """The training input config with evaluation's batch size (evaluation reads in order, unshuffled)."""
-    return dataclasses.replace(config.input, frames_per_batch=frames_per_batch, max_batch_size=64, shuffle_buffer=1)
-
-
 def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path | None = None) -> dict:
-    """Evaluates the model trained in `model_dir` (a training workdir) on `cfg.splits` of `shards`.
-    Writes `model_dir/eval.json` and `model_dir/eval/` (hypotheses, plots, audio); returns the metrics."""
-    from models import evaluate_asr, evaluate_tts
+    """Evaluates the model trained in `model_dir` (a training workdir) on `cfg.splits` of `shards`
+    with its model's evaluation (common/catalog.py `ModelEntry.evaluation`). Writes
+    `model_dir/eval.json` and `model_dir/eval/` (hypotheses, plots, audio); returns the metrics."""
+    from common import catalog
     from models.serving import load_model_dir
-    from models.tasks import AsrTask, TtsTask
     from pipeline.records import open_shard_set
 
     model_dir = Path(model_dir)
     model, config, data = load_model_dir(model_dir / "model")
     shards = open_shard_set(shards)
     check_vocabulary(data, shards, model_dir)
-    splits = list(cfg.splits)
-    if not splits:
-        candidates = ("dev", "test", "test_noisy") if config.model == "asr" else ("dev", "test")
-        splits = [s for s in candidates if s in shards.splits]
+    entry = catalog.model(config.model)
+    splits = list(cfg.splits) or [s for s in entry.eval_splits if s in shards.splits]
     out_dir = model_dir / "eval"
     out_dir.mkdir(exist_ok=True)
+    task = catalog.task_class(config.model).create(config, shards, cfg)
+
+    def batches(split: str, frames_per_batch: int):
+        """`split` in order, unshuffled, in batches of about `frames_per_batch` padded frames."""
+        evaluation = dataclasses.replace(
+            config.input, frames_per_batch=frames_per_batch, max_batch_size=64, shuffle_buffer=1
+        )
+        return task.dataset(shards, split, evaluation, 0, 1, 0, False)[0]
+
+    listener = asr_model_dir if entry.listener else None  # a model whose output is heard
     metrics = {"model": config.model}
-    for split in splits:
-        if config.model == "asr":
-            dataset, _ = AsrTask(config.asr).dataset(
-                shards, split, _input(config, cfg.asr_frames_per_batch), 0, 1, 0, False
-            )
-            metrics.update(
-                evaluate_asr.evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width)
-            )
-            continue
-        dataset, _ = TtsTask(config.tts, cfg.voice).dataset(
-            shards, split, _input(config, cfg.tts_frames_per_batch), 0, 1, 0, False
-        )
-        # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
-        spoken = list(evaluate_tts.synthesize(model, config, data, dataset, cfg.max_utterances))
-        metrics.update(evaluate_tts.tts_metrics(spoken, split))
-        if split == "dev":  # selection: the teacher-forced mel L1 of all of dev
-            metrics["dev_mel_l1"] = teacher_forced_l1(model, dataset)
-        if asr_model_dir is not None:
-            metrics.update(evaluate_tts.intelligibility(spoken, data["vocabulary"], asr_model_dir, split, out_dir))
-        evaluate_tts.write_samples(spoken, data["vocabulary"], out_dir, split, cfg.num_plots, cfg.num_audio)
-    # The champion is chosen on dev (the test split is only reported); without dev, on the first split.
-    if config.model == "asr":
-        metrics["primary_metric"] = f"{splits[0]}_cer"
-    elif "dev" in splits:
-        metrics["primary_metric"] = "dev_mel_l1"
-    else:
-        reported = splits[0]
-        metrics["primary_metric"] = (
-            f"{reported}_intelligibility_cer" if asr_model_dir else f"{reported}_fbank_cepstral_distance_db"
-        )
+    metrics.update(catalog.resolve(entry.evaluation)(model, config, data, batches, splits, cfg, out_dir, listener))
     atomic_write_json(model_dir / "eval.json", metrics)
     return metrics
 
@@ -122,22 +96,6 @@ def check_vocabulary(data: dict, shards: ShardSet, model_dir: Path) -> None:
         f"the shards in {shards.root} were not made with the vocabulary of the model in {model_dir}: {differs}. "
         f"Make them again with it: `python -m pipeline.shards ... --vocabulary-from {model_dir} --out DIR`"
     )
-
-
-def teacher_forced_l1(model, dataset) -> float:
-    """Mean absolute error of the post-net's normalized mels, teacher-forced, over real frames."""
-    import tensorflow as tf
-
-    total = count = 0.0
-    forced = tf.function(
-        lambda b: model.teacher_forced(b, training=False), reduce_retracing=True
-    )  # a graph, not a Python step per frame
-    for batch in dataset:
-        out = forced(batch)
-        mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mels"])[1], tf.float32)[..., None]
-        total += float(tf.reduce_sum(tf.abs(out["mel_after"] - batch["mels"]) * mask))
-        count += float(tf.reduce_sum(mask)) * int(batch["mels"].shape[-1])
-    return total / max(count, 1.0)
 
 
 def log_to_mlflow(model_dir: Path, metrics: dict, parent_run_id: str | None) -> str | None:

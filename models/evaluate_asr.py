@@ -105,3 +105,15 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
         **{f"{split}_{key}": greedy_rates[key] for key in counts},
         **{f"{split}_{key}_beam": beam_rates[key] for key in counts if key not in ("words", "chars")},
     }
+
+
+def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None) -> dict:
+    """models.evaluate's evaluation of the acoustic model (common/catalog.py): `evaluate_asr` on each
+    of `splits` (`batches(split, frames_per_batch)` gives its input); the champion is chosen on the
+    first split's CER (dev, when the shards have it)."""
+    metrics = {}
+    for split in splits:
+        dataset = batches(split, cfg.asr_frames_per_batch)
+        metrics.update(evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width))
+    metrics["primary_metric"] = f"{splits[0]}_cer"
+    return metrics

@@ -196,3 +196,45 @@ def write_samples(
             f"{s.utt_id}_reference_griffin_lim.wav\t{s.speaker}\t{s.speaker}\t{text}",
         ]
     (out_dir / f"{split}_samples.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None) -> dict:
+    """models.evaluate's evaluation of the synthesis model (common/catalog.py) on each of `splits`
+    (`batches(split, frames_per_batch)` gives its input); `listener`: a trained acoustic model's
+    workdir, for intelligibility. The champion is chosen on dev's teacher-forced mel L1; without dev,
+    on the first split's intelligibility CER (or cepstral distance without a listener)."""
+    metrics = {}
+    for split in splits:
+        dataset = batches(split, cfg.tts_frames_per_batch)
+        # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
+        spoken = list(synthesize(model, config, data, dataset, cfg.max_utterances))
+        metrics.update(tts_metrics(spoken, split))
+        if split == "dev":  # selection: the teacher-forced mel L1 of all of dev
+            metrics["dev_mel_l1"] = teacher_forced_l1(model, dataset)
+        if listener is not None:
+            metrics.update(intelligibility(spoken, data["vocabulary"], listener, split, out_dir))
+        write_samples(spoken, data["vocabulary"], out_dir, split, cfg.num_plots, cfg.num_audio)
+    if "dev" in splits:
+        metrics["primary_metric"] = "dev_mel_l1"
+    else:
+        reported = splits[0]
+        metrics["primary_metric"] = (
+            f"{reported}_intelligibility_cer" if listener else f"{reported}_fbank_cepstral_distance_db"
+        )
+    return metrics
+
+
+def teacher_forced_l1(model, dataset) -> float:
+    """Mean absolute error of the post-net's normalized mels, teacher-forced, over real frames."""
+    import tensorflow as tf
+
+    total = count = 0.0
+    forced = tf.function(
+        lambda b: model.teacher_forced(b, training=False), reduce_retracing=True
+    )  # a graph, not a Python step per frame
+    for batch in dataset:
+        out = forced(batch)
+        mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mels"])[1], tf.float32)[..., None]
+        total += float(tf.reduce_sum(tf.abs(out["mel_after"] - batch["mels"]) * mask))
+        count += float(tf.reduce_sum(mask)) * int(batch["mels"].shape[-1])
+    return total / max(count, 1.0)

@@ -130,6 +130,12 @@ class FlatWeights:
 
 class GossipStrategy:
     name = "adpsgd"
+    fused_step = False  # the weights are averaged between steps, not the gradients inside one
+
+    def lr_workers(self, size: int) -> int:
+        """Averaging n workers' models, each stepped by its own gradient, moves the average as one
+        allreduce step of n batches: the same rate per sample when `gossip_scale_lr`."""
+        return size if self.config.gossip_scale_lr else 1
 
     def __init__(self, config, model_vars: list, optimizer):
         import horovod.tensorflow as hvd

@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import catalog, runtime
 from common import config as configlib
-from common import runtime
 from common.fsutil import atomic_write_json
 from common.progress import progress as progress_bar
 from models import tracking
@@ -87,7 +87,6 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         import tensorflow as tf
 
         from models.strategies import init_horovod, make_strategy
-        from models.tasks import make_task
         from pipeline import records
 
         c = self.config
@@ -102,12 +101,8 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
         self.shards = records.open_shard_set(self.shard_dir)  # the manifest read and checked once
         records.check_shards(self.shards, "train")  # sizes: a truncated shard stops us here
-        self.task = make_task(c.model, c.asr, c.tts, self.shards, c.input)
-        resolved = {
-            "asr": dataclasses.replace(c, asr=self.task.config),
-            "tts": dataclasses.replace(c, tts=self.task.config),
-        }
-        self.config = c = resolved[c.model]
+        self.task = catalog.task_class(c.model).create(c, self.shards)
+        self.config = c = self.task.resolved(c)
         if self.rank == 0:
             self.workdir.mkdir(parents=True, exist_ok=True)
             check_workdir(self.workdir, c)
@@ -117,7 +112,8 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
         # faster rank takes more of them, and the run ends when they are used up. Allreduce steps
         # in lockstep through exact epochs, every rank its own shards.
-        self.budget_in_data = c.strategy.name == "adpsgd"
+        declared = catalog.strategy(c.strategy.name)
+        self.budget_in_data = declared.budget_in_data
         self.position = self._restore()
         self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = self._total_steps()
@@ -125,10 +121,12 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         # Lockstep epochs are counted from an origin: epoch origin[0] began after step origin[1]
         # (an elastic job that changed its world size restarts its epoch at the step it resized).
         self._origin = tuple(self.position.get("origin", (0, 0)))
-        if c.elastic and c.strategy.name != "allreduce":
+        if c.elastic and not declared.supports_elastic:
+            elastic = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
             raise ValueError(
-                "--elastic works with --strategy allreduce: gossip keeps a process set per pair, and a "
-                "survivor of a killed worker then aborts inside Horovod 0.28.1 (horovod/horovod#4021)"
+                f"--elastic works with --strategy {elastic}: {c.strategy.name} does not survive lost workers "
+                "(gossip keeps a process set per pair, and a survivor of a killed worker then aborts inside "
+                "Horovod 0.28.1: horovod/horovod#4021)"
             )
         self.dev = None
         if self.rank == 0:
@@ -278,7 +276,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
             self._set_learning_rate(step + 1)
             run.times.add(step_times, frames, counted=step > run.start_step + c.warmup_exclude)
             epoch = self._epoch(step)
-            if c.model == "tts" and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
+            if self.task.profile_every and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
                 started = time.perf_counter()
                 sample = self._profile_sample or self._sample_batch(epoch)
                 if not run.profiles:

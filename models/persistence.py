@@ -88,7 +88,7 @@ class Persistence:
                 "mel_std": std.tolist(),
                 # the fbank settings serving computes features from audio with (null: Kaldi made them)
                 "features": recorded_feature_config(self.shards),
-                "voices": list(self.config.tts.speakers) if self.config.model == "tts" else [],  # synthesis: by name
+                **self.task.model_data(),  # e.g. the synthesis model's voices, asked for by name
             },
         )
         atomic_write_json(self.workdir / "train_summary.json", {k: v for k, v in summary.items() if k != "history"})

@@ -7,6 +7,7 @@ import json
 import resource
 import time
 
+from common import catalog
 from common import config as configlib
 from models import tracking
 
@@ -34,7 +35,9 @@ class Reporting:
         the shards, the threads and the library versions) and the shards as its input dataset."""
         c = self.config
         params = configlib.flatten(configlib.to_dict(c))
-        params = {k: v for k, v in params.items() if not k.startswith("asr." if c.model == "tts" else "tts.")}
+        own = catalog.model(c.model).section
+        others = {e.section for e in catalog.models().values()} - {own}
+        params = {k: v for k, v in params.items() if k.split(".", 1)[0] not in others}
         params.update(
             world_size=self.size,
             steps_per_epoch=self.steps_per_epoch,

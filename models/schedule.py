@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from common import catalog
 from common.fsutil import read_json
 from models import tracking
 from models.train_config import learning_rate
@@ -27,8 +28,10 @@ class Schedule:
         from pipeline import data_service
         from pipeline.dataset import batch_plan
 
-        if self.config.data_service and self.config.model != "asr" and not self.budget_in_data:
-            raise ValueError("--data-service feeds the acoustic model; the synthesis model reads its own input")
+        if self.config.data_service and not catalog.model(self.config.model).data_service and not self.budget_in_data:
+            raise ValueError(
+                f"--data-service feeds models that read their batches from it; {self.config.model} reads its own input"
+            )
         if self.budget_in_data or not self.config.data_service:
             return batch_plan(self.shards.split("train"), self.size, self.config.input, training=True).batches
         return max(1, round(data_service.steps_per_epoch(self.shards, "train", self.config.input, self.size)))
@@ -148,8 +151,7 @@ class Schedule:
         steps together (as the gossip rounds last reported them), divided by the ranks."""
         if self.budget_in_data and self.strategy.global_steps:
             step = self.strategy.global_steps // self.size + 1
-        strategy = self.config.strategy
-        workers = self.size if strategy.name == "allreduce" or strategy.gossip_scale_lr else 1
+        workers = self.strategy.lr_workers(self.size)
         self.current_lr = learning_rate(step, self.config.optim, workers, self.total_steps)
         self.optimizer.learning_rate.assign(self.current_lr)
 

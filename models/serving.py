@@ -50,15 +50,7 @@ import numpy as np
 from common import config as configlib
 from common.fsutil import read_json
 from models import checkpoint
-from models.serving_policy import (
-    ENV_PREFIX,
-    RequestError,
-    ServingConfig,
-    audio_features,
-    bounded_param,
-    texts_and_voices,
-    utterances,
-)
+from models.serving_policy import ServingConfig
 from pipeline.records import ShardSet
 
 FRAMES_PER_BATCH = 40000  # padded input frames per batch of a request (the evaluation's batch size)
@@ -66,7 +58,7 @@ FRAMES_PER_BATCH = 40000  # padded input frames per batch of a request (the eval
 
 def load_model_dir(model_dir: Path):
     """Returns (model, TrainConfig, data dict) with the trained weights in place."""
-    from models.tasks import make_task
+    from common import catalog
     from models.train_config import TrainConfig
 
     model_dir = Path(model_dir)
@@ -75,11 +67,9 @@ def load_model_dir(model_dir: Path):
         raise FileNotFoundError(f"{model_dir} holds no trained model (config.yaml and ckpt-*.npz); train first")
     config = configlib.load(TrainConfig, model_dir / "config.yaml")
     data = json.loads((model_dir / "data.json").read_text())
-    # What make_task reads of a shard set, as the model recorded it (no splits: its voices are its own).
-    sizes = SimpleNamespace(
-        feature_dim=data["feature_dim"], vocabulary=data["vocabulary"], num_targets=config.asr.num_targets, splits={}
-    )
-    task = make_task(config.model, config.asr, config.tts, sizes)
+    # What a task reads of a shard set, as the model recorded it (no splits: its voices are its own).
+    sizes = SimpleNamespace(feature_dim=data["feature_dim"], vocabulary=data["vocabulary"], num_targets=0, splits={})
+    task = catalog.task_class(config.model).create(config, sizes)
     model = task.build()
     checkpoint.restore(weights, model.weights, owners=(model.name,))
     return model, config, data
@@ -187,118 +177,33 @@ def wav_base64(log_mel: np.ndarray, iterations: int) -> str:
 
 class SpeechModel(mlflow.pyfunc.PythonModel):
     """The pyfunc model of a model directory (see the module docstring for inputs and outputs);
-    what it accepts is set by the operator's environment (models/serving_policy.py)."""
+    what it accepts is set by the operator's environment (models/serving_policy.py). What it
+    answers is its model's server (common/catalog.py `ModelEntry.server`; models/servers.py)."""
 
     def load_context(self, context):
         self.settings = ServingConfig.from_env()
         self.model, self.config, self.data = load_model_dir(context.artifacts["model_dir"])
-        if self.config.model == "asr" and self.config.input.cmvn == "speaker":
-            warnings.warn(
-                "this acoustic model was trained with per-speaker CMVN, which a new speaker has no "
-                "statistics for: it is served with per-utterance statistics, unlike its training "
-                "(train with input.cmvn=utterance for a served model)",
-                stacklevel=2,
-            )
-        if self.config.model == "asr":
-            from models import asr
-
-            self.infer = asr.compiled(self.model, self.data["feature_dim"])
-            # Trace now, so the first request does not wait for the graph (about a second).
-            dim = self.data["feature_dim"]
-            transcribe_features(self.infer, self.config, self.data, [np.zeros([100, dim], np.float32)])
+        self.server = server_class(self.config)(self.model, self.config, self.data)
 
     def predict(self, context, model_input, params=None):
-        params = params or {}
-        if self.config.model == "asr":
-            return self.transcribe(model_input, params)
-        return self.speak(model_input, params)
+        return self.server.predict(model_input, params or {}, self.settings)
 
-    def transcribe(self, model_input, params: dict) -> list[str]:
-        cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
-        beam = bounded_param(params, "beam_width", 0, 0, 256)
-        rows = utterances(model_input)
-        self._check_rows(len(rows))
-        feats, seconds = [], 0.0
-        for label, audio, rate in rows:
-            try:
-                feats.append(audio_features(audio, rate, cfg, self.settings))
-            except RequestError as err:
-                raise RequestError(f"{label}: {err.message}") from err
-            seconds += len(feats[-1]) * cfg.frame_shift_ms / 1000
-            if seconds > self.settings.max_request_seconds:
-                raise RequestError(
-                    f"{label}: the request holds over {self.settings.max_request_seconds:g} s of audio, this "
-                    f"server's limit ({ENV_PREFIX}MAX_REQUEST_SECONDS); send it in several requests"
-                )
-        if not feats:
-            return []
-        return transcribe_features(self.infer, self.config, self.data, feats, beam)
 
-    def speak(self, model_input, params: dict) -> dict:
-        from models import audio, tasks
+def server_class(config):
+    """The server of the model `config` (a TrainConfig) trained."""
+    from common import catalog
 
-        max_steps = bounded_param(params, "max_steps", 400, 1, 2000)
-        iterations = bounded_param(params, "griffin_lim_iters", 48, 0, 200)
-        texts, voices = texts_and_voices(model_input)
-        self._check_rows(len(texts))
-        for i, sentence in enumerate(texts):
-            if not sentence.strip() or len(sentence) > self.settings.max_text_chars:
-                raise RequestError(
-                    f"sentence {i}: {len(sentence)} characters; a sentence has 1 to {self.settings.max_text_chars} "
-                    f"({ENV_PREFIX}MAX_TEXT_CHARS)"
-                )
-        try:
-            out = tasks.speak(self.model, self.data, texts, voices, max_steps=max_steps)
-        except ValueError as err:  # a voice the model lacks (models/tts_base.py speaker_ids names its voices)
-            raise RequestError(str(err)) from err
-        mels, lengths = out["mels"], out["lengths"]
-        return {
-            "audio": [wav_base64(m[:n], iterations) if iterations > 0 else "" for m, n in zip(mels, lengths)],
-            "voices": out["voices"],
-            "sample_rate": audio.SAMPLE_RATE,
-            "mels": mels,
-            "lengths": lengths,
-        }
-
-    def _check_rows(self, count: int) -> None:
-        if count > self.settings.max_rows:
-            raise RequestError(
-                f"{count} rows, over this server's limit of {self.settings.max_rows} per request "
-                f"({ENV_PREFIX}MAX_ROWS); send them in several requests"
-            )
+    return catalog.resolve(catalog.model(config.model).server)
 
 
 def signature(config, data: dict):
-    """Inputs, outputs and params; the time axes are free (inferring from an example would fix them)."""
-    from mlflow.models import ModelSignature
-    from mlflow.types import DataType
-    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
-
-    if config.model == "asr":
-        # Any: a cell holds a string (path or base64) or a waveform; MLflow's typed columns take
-        # neither both kinds nor a missing sample rate beside a file.
-        inputs = Schema([ColSpec(AnyType(), "audio"), ColSpec(AnyType(), "sample_rate", required=False)])
-        params = ParamSchema([ParamSpec("beam_width", DataType.long, 0)])
-        return ModelSignature(inputs=inputs, outputs=Schema([ColSpec(DataType.string)]), params=params)
-    outputs = Schema(
-        [
-            TensorSpec(np.dtype(np.float32), (-1, -1, data["feature_dim"]), "mels"),
-            TensorSpec(np.dtype(np.int32), (-1,), "lengths"),
-        ]
-    )
-    inputs = Schema([ColSpec(DataType.string, "text"), ColSpec(DataType.string, "voice", required=False)])
-    params = ParamSchema(
-        [ParamSpec("max_steps", DataType.long, 400), ParamSpec("griffin_lim_iters", DataType.long, 48)]
-    )
-    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+    """Inputs, outputs and params of the served model; the time axes are free."""
+    return server_class(config).signature(config, data)
 
 
-def input_example(config) -> dict:
-    """A small valid request: half a second of a tone (acoustic model), or a sentence."""
-    if config.model == "asr":
-        tone = 0.1 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)
-        return {"audio": [tone.round(4).tolist()], "sample_rate": [16000]}
-    return {"text": ["hello world"]}
+def input_example(config, data: dict) -> dict:
+    """A small valid request."""
+    return server_class(config).example(config, data)
 
 
 def log_model(model_dir: Path, config, data: dict, name: str = "model"):
@@ -328,6 +233,6 @@ def log_model(model_dir: Path, config, data: dict, name: str = "model"):
             artifacts={"model_dir": str(model_dir)},
             code_paths=[str(root / "common"), str(root / "models"), str(root / "pipeline")],
             signature=signature(config, data),
-            input_example=input_example(config),
+            input_example=input_example(config, data),
             pip_requirements=requirements,
         )

@@ -53,7 +53,7 @@ class Stepping:
         seed = self._seed(step)
         with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
             start = time.perf_counter()
-            if self.config.strategy.name == "allreduce" and self.config.strategy.fused_step:
+            if self.strategy.fused_step:
                 if self._fused is None:
                     # Horovod: one trace with every dimension unknown, the same graph on every rank.
                     # Traces that follow each rank's own batch shapes (reduce_retracing) name their

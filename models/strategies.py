@@ -9,18 +9,23 @@ trains with every strategy. The trainer calls, per step:
     ...
     strategy.finish()                   # all ranks end with the same (consensus) weights
 
-The asynchronous gossip strategy (AD-PSGD) lives in models/gossip.py.
+The interface is models/interfaces.py `Strategy`; the registry of strategies (and what each
+declares: budget in data, elastic) is common/catalog.py. The asynchronous gossip strategy (AD-PSGD)
+lives in models/gossip.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
+
+from common import catalog
 
 
 @dataclasses.dataclass(frozen=True)
 class StrategyConfig:
-    name: str = "allreduce"  # "allreduce" (synchronous ring-allreduce) or "adpsgd" (asynchronous gossip)
+    name: str = "allreduce"  # common/catalog.py: "allreduce" (synchronous ring-allreduce), "adpsgd" (gossip), ...
     compression: str = "none"  # allreduce: gradients travel as "none" (their dtype) or "fp16"
     fused_step: bool = False  # allreduce: one compiled step with DistributedGradientTape (faster on GPUs, as
     #                           it overlaps the allreduce with the backward pass; the timings then cannot
@@ -34,10 +39,10 @@ class StrategyConfig:
     # workers' models, each stepped by its own gradient, moves the average by lr x the mean gradient
     # per n batches: the same as one allreduce step, so both need the same rate per sample.
     gossip_scale_lr: bool = True
+    extension: dict[str, Any] = dataclasses.field(default_factory=dict)  # a strategy an extension adds: its settings
 
     def __post_init__(self):
-        if self.name not in ("allreduce", "adpsgd"):
-            raise ValueError(f"strategy must be 'allreduce' or 'adpsgd', got {self.name!r}")
+        catalog.strategy(self.name)  # ValueError naming the registered strategies
         for field, value in (("compression", self.compression), ("gossip_compression", self.gossip_compression)):
             if value not in ("none", "fp16"):
                 raise ValueError(f"strategy.{field} must be 'none' or 'fp16', got {value!r}")
@@ -52,6 +57,7 @@ class Allreduce:
 
     def __init__(self, config: StrategyConfig, model_vars: list, optimizer):
         self.config = config
+        self.fused_step = config.fused_step
         self.model_vars = model_vars
         self.optimizer = optimizer
         import horovod.tensorflow as hvd
@@ -91,6 +97,9 @@ class Allreduce:
         """Seconds spent communicating outside the step: none, allreduce works inside it."""
         return 0.0
 
+    def lr_workers(self, size: int) -> int:
+        return size  # every step averages `size` batches' gradients
+
     def training_finished(self) -> None:
         pass
 
@@ -105,17 +114,14 @@ class Allreduce:
 
 
 def init_horovod(config: StrategyConfig):
-    """Initializes Horovod for `config`: gossip adds process sets at run time (one per pair)."""
+    """Initializes Horovod for `config`: a strategy may add process sets at run time (gossip: one per pair)."""
     import horovod.tensorflow as hvd
 
     # Horovod: start the collective runtime; dynamic process sets let gossip register its pairs.
-    hvd.init(process_sets="dynamic" if config.name == "adpsgd" else None)
+    hvd.init(process_sets="dynamic" if catalog.strategy(config.name).dynamic_process_sets else None)
     return hvd
 
 
 def make_strategy(config: StrategyConfig, model_vars: list, optimizer):
-    if config.name == "allreduce":
-        return Allreduce(config, model_vars, optimizer)
-    from models.gossip import GossipStrategy
-
-    return GossipStrategy(config, model_vars, optimizer)
+    """The registered strategy `config.name` (common/catalog.py) over these variables."""
+    return catalog.strategy_class(config.name)(config, model_vars, optimizer)

@@ -1,8 +1,9 @@
 """What the trainer needs to know about each model, behind one small interface.
 
-The trainer and the distributed strategies only see a `Task`: build the model, make the batches,
-compute the loss, count the frames. Adding a model means adding a task here; the trainer and the
-strategies (allreduce, gossip) stay as they are.
+The trainer and the distributed strategies only see a `Task` (models/interfaces.py): build the
+model, make the batches, compute the loss, count the frames. A model is a task class, its
+evaluation and its server, named by one entry in common/catalog.py; the trainer and the strategies
+(allreduce, gossip) stay as they are.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pipeline import dataset, frontend, records, text
 def resolve_asr(config: asr.AsrConfig, shards: records.ShardSet) -> asr.AsrConfig:
     """Fills the sizes that come from the data (feature dim, vocabulary, pdf count)."""
     loss = config.loss
-    if loss == "frame_ce" and not shards.num_targets:
+    if loss == "frame_ce" and not (config.num_targets or shards.num_targets):
         raise ValueError("loss=frame_ce needs shards with frame targets: re-shard with --alignments train=ali.scp")
     return dataclasses.replace(
         config,
@@ -43,6 +44,19 @@ def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfi
 
 class AsrTask:
     name = "asr"
+    selection_metric = "dev_cer"
+    profile_every = False
+
+    @classmethod
+    def create(cls, config, shards: records.ShardSet, eval_config=None) -> AsrTask:
+        """The task of TrainConfig `config`, sized from `shards`, with its SpecAugment settings."""
+        return cls(resolve_asr(config.asr, shards), config.input)
+
+    def resolved(self, config):
+        return dataclasses.replace(config, asr=self.config)
+
+    def model_data(self) -> dict:
+        return {"voices": []}
 
     def __init__(self, config: asr.AsrConfig, augment: dataset.InputConfig | None = None):
         self.config = config
@@ -118,6 +132,19 @@ class AsrTask:
 
 class TtsTask:
     name = "tts"
+    selection_metric = "dev_loss"
+    profile_every = True  # the research timed Tacotron's modules apart
+
+    @classmethod
+    def create(cls, config, shards: records.ShardSet, eval_config=None) -> TtsTask:
+        """The task of TrainConfig `config`, sized from `shards`; evaluation speaks in `eval_config.voice`."""
+        return cls(resolve_tts(config.tts, shards), eval_config.voice if eval_config is not None else "")
+
+    def resolved(self, config):
+        return dataclasses.replace(config, tts=self.config)
+
+    def model_data(self) -> dict:
+        return {"voices": list(self.config.speakers)}  # serving asks for voices by name
 
     def __init__(self, config: tts.TtsConfig, voice: str = ""):
         """`voice`: a training voice that every utterance is spoken in (evaluation); empty: each
@@ -302,25 +329,3 @@ def _timed(fn, args) -> float:
     start = time.perf_counter()
     fn(*args)[1].numpy()
     return time.perf_counter() - start
-
-
-def _sync(tensor) -> None:
-    """Waits for `tensor` (GPU ops run asynchronously; reading a value waits for them)."""
-    tf.reduce_sum(tf.cast(tensor, tf.float32)).numpy()
-
-
-def make_task(
-    model_name: str,
-    asr_config: asr.AsrConfig,
-    tts_config: tts.TtsConfig,
-    shards: records.ShardSet,
-    augment: dataset.InputConfig | None = None,
-):
-    """The task of `model_name`, sized from the shards' data (a served model passes what it
-    recorded of them: `feature_dim`, `vocabulary`, `num_targets` and no `splits`); `augment`: the
-    input config whose SpecAugment settings the acoustic model trains with."""
-    if model_name == "asr":
-        return AsrTask(resolve_asr(asr_config, shards), augment)
-    if model_name == "tts":
-        return TtsTask(resolve_tts(tts_config, shards))
-    raise ValueError(f"--model must be 'asr' or 'tts', got {model_name!r}")

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import cli
+from common import catalog, cli
 from common import config as configlib
 from models.hooks import TrainHooks
 from models.loop import Trainer
@@ -66,8 +66,8 @@ def build_hooks(args: argparse.Namespace) -> TrainHooks:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=["asr", "tts"], help="which model to train (default asr)")
-    p.add_argument("--strategy", choices=["allreduce", "adpsgd"], help="how workers combine (default allreduce)")
+    p.add_argument("--model", choices=list(catalog.models()), help="which model to train (default asr)")
+    p.add_argument("--strategy", choices=list(catalog.strategies()), help="how workers combine (default allreduce)")
     p.add_argument("--shards", required=True, type=Path, help="directory with manifest.json and the TFRecord shards")
     p.add_argument("--workdir", required=True, type=Path, help="checkpoints, config and the final model go here")
     p.add_argument("--epochs", type=int, help="passes over the training split")

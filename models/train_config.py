@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
+from common import catalog
 from common import config as configlib
 from models import asr as asr_model
 from models import tts as tts_model
@@ -31,9 +33,11 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    model: str = "asr"  # "asr" (acoustic model) or "tts" (synthesis)
-    asr: asr_model.AsrConfig = asr_model.AsrConfig()  # used when model == "asr"
-    tts: tts_model.TtsConfig = tts_model.TtsConfig()  # used when model == "tts"
+    model: str = "asr"  # a model of common/catalog.py: "asr" (acoustic model), "tts" (synthesis), ...
+    asr: asr_model.AsrConfig = asr_model.AsrConfig()  # the acoustic model's settings
+    tts: tts_model.TtsConfig = tts_model.TtsConfig()  # the synthesis model's settings
+    # the settings of a model an extension registers (common/catalog.py), read by its own task
+    extension: dict[str, Any] = dataclasses.field(default_factory=dict)
     input: InputConfig = InputConfig()  # batching, normalization, shuffling
     optim: OptimConfig = OptimConfig()  # optimizer and learning-rate schedule
     strategy: StrategyConfig = StrategyConfig()  # how the workers combine
@@ -66,8 +70,7 @@ class TrainConfig:
     log_model: bool = True  # log the final model to MLflow (benchmarks turn it off)
 
     def __post_init__(self):
-        if self.model not in ("asr", "tts"):
-            raise ValueError(f"model must be 'asr' or 'tts', got {self.model!r}")
+        catalog.model(self.model)  # ValueError naming the registered models
         if self.precision not in ("float32", "mixed_bfloat16"):
             raise ValueError(f"precision must be 'float32' or 'mixed_bfloat16', got {self.precision!r}")
 
@@ -85,7 +88,9 @@ def learning_rate(step: int, cfg: OptimConfig, workers: int, total_steps: int) -
 
 def architecture(config: TrainConfig) -> dict:
     """The part of a config that fixes the shapes of the weights."""
-    return {"model": config.model, config.model: configlib.to_dict(getattr(config, config.model))}
+    section = catalog.model(config.model).section
+    settings = getattr(config, section)
+    return {"model": config.model, section: settings if isinstance(settings, dict) else configlib.to_dict(settings)}
 
 
 def check_workdir(workdir: Path, config: TrainConfig) -> None:

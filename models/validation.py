@@ -24,7 +24,7 @@ class DevSelection:
         self.task, self.model, self.owners = task, model, owners
         self.every = config.eval_every
         self.best_dir = workdir / "best"
-        self.metric = "dev_cer" if config.model == "asr" else "dev_loss"
+        self.metric = task.selection_metric
         self.best, self.best_step = math.inf, 0
         self.enabled = self.every > 0 and DEV in shards.splits
         self.started = time.perf_counter()

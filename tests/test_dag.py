@@ -50,6 +50,7 @@ DEFAULTS = {
     "max_steps": None,
     "asr_config": "configs/demo_asr.yaml",
     "tts_config": "configs/demo_tts.yaml",
+    "train_overrides": [],
     "eval_utterances": 100,
     "experiment": "speechflow",
     "execution_mode": "local",
@@ -157,7 +158,7 @@ def dag_info(tmp_path_factory):
         for key, value in [("strategy", "sgd"), ("gossip", "ring"), ("num_workers", 0), ("models", []),
                            ("models", ["asr", "wavenet"]), ("execution_mode", "cloud"), ("epochs", 0),
                            ("experiment", ""), ("demo_utterances", 5), ("max_steps", "ten"),
-                           ("data_service_workers", -1)]:
+                           ("data_service_workers", -1), ("train_overrides", ["no equals sign"])]:
             params = copy.deepcopy(dag.params)
             try:
                 params[key] = value
@@ -283,6 +284,8 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         ({"asr_config": "configs/missing.yaml"}, "asr_config"),
         ({"data_dir": "MISSING"}, "test"),
         ({"data_service_workers": -1}, "data_service_workers"),
+        ({"train_overrides": ["learning_rate"]}, "train_overrides"),
+        ({"strategy": "sgd"}, "strategy"),
     ],
 )
 def test_plan_rejects_params_that_do_not_fit(change, message, tmp_path):
@@ -325,6 +328,13 @@ def test_command_lines_of_the_stages():
     assert tts_eval[tts_eval.index("--asr-model-dir") + 1] == allreduce.workdirs["asr"]
     assert "--asr-model-dir" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
     assert commands.corpus_args(allreduce) == ["--out", allreduce.data_root, "--num-utterances", "40"]
+    # A training setting from the trigger form reaches every model's trainer as it is written there.
+    tuned = make_plan({**DEFAULTS, **TINY, "train_overrides": ["optim.learning_rate=0.002"]}, "speech_pipeline", "r")
+    tuned = Plan.from_xcom(json.loads(json.dumps(tuned.to_xcom())))  # as the tasks receive it
+    for model in ("asr", "tts"):
+        args = commands.plan_train_args(tuned, model, "p")
+        assert args[args.index("--set") + 1] == "optim.learning_rate=0.002"
+    assert "--set" not in commands.plan_train_args(allreduce, "asr", "p")
 
 
 def test_command_lines_of_the_data_service():

@@ -567,7 +567,8 @@ def test_cli_prints_the_rendered_mpijob(capsys):
 
 
 def test_workflow_package_imports_without_tensorflow_or_mlflow():
-    """What the Airflow image ships (workflow/, common/) must not need the training stack."""
+    """What the Airflow image ships (workflow/, common/) must not need the training stack, nor the
+    packages the image leaves out (models/, pipeline/)."""
     modules = sorted(f"workflow.{p.stem}" for p in (ROOT / "workflow").glob("*.py") if p.stem != "__init__")
     assert {
         "workflow.plan",
@@ -580,6 +581,7 @@ def test_workflow_package_imports_without_tensorflow_or_mlflow():
     probe = (
         f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
         "heavy = [m for m in ('tensorflow', 'mlflow', 'keras', 'horovod') if m in sys.modules]; "
+        "heavy += sorted(m for m in sys.modules if m.split('.')[0] in ('models', 'pipeline')); "
         "print(heavy); sys.exit(bool(heavy))"
     )
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, timeout=120, capture_output=True, text=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from common import catalog
 from workflow.plan import POD_XCOM_FILE, Plan
 
 CORPUS, FEATURES, SHARDS = "pipeline.corpus", "pipeline.features", "pipeline.shards"
@@ -96,9 +97,10 @@ def train_args(
 
 def uses_data_service(plan: Plan, model: str) -> bool:
     """Whether `model` reads its batches from a tf.data service in this run: with data_service_workers,
-    the acoustic model always; the synthesis model only under adpsgd (models/schedule.py serves it only the
-    shared batches of asynchronous training)."""
-    return plan.data_service_workers > 0 and (model == "asr" or plan.strategy == "adpsgd")
+    a model whose batches the service makes (the acoustic model) always; another only under a strategy
+    that shares the epochs' batches (adpsgd; models/schedule.py serves it only those)."""
+    declared = catalog.model(model).data_service or catalog.strategy(plan.strategy).budget_in_data
+    return plan.data_service_workers > 0 and declared
 
 
 def plan_train_args(plan: Plan, model: str, parent_run_id: str, data_service: str | None = None) -> list[str]:
@@ -109,7 +111,7 @@ def plan_train_args(plan: Plan, model: str, parent_run_id: str, data_service: st
         plan.workdirs[model],
         model=model,
         strategy=plan.strategy,
-        gossip=plan.gossip if plan.strategy == "adpsgd" else None,
+        gossip=plan.gossip if "gossip" in catalog.strategy(plan.strategy).options else None,
         config=plan.configs[model],
         epochs=plan.epochs,
         max_steps=plan.max_steps,
@@ -117,6 +119,7 @@ def plan_train_args(plan: Plan, model: str, parent_run_id: str, data_service: st
         parent_run_id=parent_run_id,
         run_name=f"train-{model}",
         data_service=data_service,
+        sets=plan.train_overrides,
     )
 
 
@@ -134,11 +137,14 @@ def worker_args(dispatcher: str, port: int, address: str) -> list[str]:
 
 
 def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) -> list[str]:
+    """`models.evaluate` of `model`; `with_asr`: the model that listens to it (its catalog entry's
+    `listener`, the acoustic model) was trained in this run and transcribes what it makes."""
     args = ["--model-dir", plan.workdirs[model], "--shards", plan.shards_dir, "--mlflow-parent-run-id", parent_run_id]
-    if model == "tts":
+    listener = catalog.model(model).listener
+    if listener:  # a model whose output is heard: a synthesis model
         args += ["--max-utterances", str(plan.eval_utterances)]
         if with_asr:
-            args += ["--asr-model-dir", plan.workdirs["asr"]]
+            args += ["--asr-model-dir", plan.workdirs[listener]]
     return args
 
 

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from common import catalog
 from common.fsutil import slug
 from workflow.local import REPO, training_python
 
 SPLITS = ("train", "dev", "test", "test_noisy")  # of the demo corpus; train and test are required
 REQUIRED_SPLITS = ("train", "test")
-MODELS = ("asr", "tts")
+MODELS = tuple(catalog.models())  # the registered models (common/catalog.py), extensions' included
 # Cluster mode: where the training image keeps the project's files (configs/ of relative paths)
 # and the file the KubernetesPodOperator reads a pod's XCom from.
 IMAGE_PROJECT_DIR = "/opt/speechflow"
@@ -42,7 +43,7 @@ class Plan:
     models: tuple[str, ...]  # which models to train, of MODELS
     workdirs: dict[str, str]  # model -> its training workdir
     configs: dict[str, str]  # model -> its training config file
-    strategy: str  # allreduce or adpsgd
+    strategy: str  # a registered strategy (common/catalog.py): allreduce, adpsgd, ...
     gossip: str  # adpsgd's gossip variant
     num_workers: int  # Horovod processes (local) or worker pods (cluster)
     gpus_per_worker: int | None  # cluster: GPUs per worker pod; None: the cluster settings' value
@@ -58,6 +59,8 @@ class Plan:
     # tf.data service input workers for training (commands.uses_data_service says which models);
     # 0: every rank runs its own input pipeline
     data_service_workers: int = 0
+    # `models.train --set` items (KEY=VALUE of TrainConfig) for every model's training
+    train_overrides: tuple[str, ...] = ()
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,6 +69,7 @@ class Plan:
     def from_xcom(cls, value: Mapping[str, Any]) -> Plan:
         value = dict(value)
         value["splits"], value["models"] = tuple(value["splits"]), tuple(value["models"])
+        value["train_overrides"] = tuple(value.get("train_overrides", ()))
         return cls(**value)
 
     def model_name(self, model: str) -> str:
@@ -112,6 +116,11 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
     unknown = sorted(set(params["models"]) - set(MODELS))
     if unknown or not models:
         raise ValueError(f"models must be a non-empty selection of {list(MODELS)}, got {params['models']!r}")
+    catalog.strategy(params["strategy"])  # ValueError naming the registered strategies
+    overrides = tuple(str(item).strip() for item in params.get("train_overrides") or ())
+    malformed = [item for item in overrides if "=" not in item or not item.split("=", 1)[0].strip()]
+    if malformed:
+        raise ValueError(f"train_overrides: each item is KEY=VALUE of the training config, got {malformed}")
     num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -149,7 +158,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         features_root = str(Path(features_root).resolve())
         if Path(features_root).resolve() == Path(data_root).resolve():
             features_root = data_root
-    configs = {m: _resolve(params[f"{m}_config"], mode) for m in MODELS}
+    configs = {m: _resolve(params.get(f"{m}_config") or catalog.model(m).config_file, mode) for m in MODELS}
     if mode == "local":
         for model in models:
             if not Path(configs[model]).is_file():
@@ -180,4 +189,5 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         features_root=features_root,
         allow_pipes=bool(params.get("allow_pipes", False)),
         data_service_workers=data_service_workers,
+        train_overrides=overrides,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from common import catalog
 from workflow import cluster
 from workflow.cluster import ClusterSettings
 
@@ -136,9 +137,10 @@ def render_mpijob(
     train_args = list(train_args)
     if elastic:
         strategy = train_args[train_args.index("--strategy") + 1] if "--strategy" in train_args[:-1] else None
-        if strategy not in (None, "allreduce"):
+        if strategy is not None and not catalog.strategy(strategy).supports_elastic:
+            elastic_ones = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
             raise ValueError(
-                f"MPIJob {name}: Horovod elastic trains with --strategy allreduce only, got --strategy {strategy}"
+                f"MPIJob {name}: Horovod elastic trains with --strategy {elastic_ones} only, got --strategy {strategy}"
             )
         if "--elastic" not in train_args:
             train_args.append("--elastic")

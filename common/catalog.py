@@ -1,0 +1,169 @@
+"""The two registries: which models the trainer can train and which strategies combine its workers.
+
+An entry names the module that holds the code ("module:attribute", imported only when a model is
+built or a strategy started) and declares what the layers above need to know without importing
+it: the DAG form's label, the default config, whether the model's evaluation listens to its output
+with an acoustic model, whether its input can come from the tf.data service, whether a strategy
+counts its budget in data or survives lost workers. Nothing here imports TensorFlow, so the DAG
+parser, the plan and the command lines read the same registry as the trainer.
+
+The code behind an entry implements models/interfaces.py `Task`, `Evaluation`, `Server`, `Strategy`.
+
+Extensions: every process that reads the registry (training ranks, `models.evaluate`, the pyfunc
+server, the DAG parser) first imports the modules named in the environment variable
+SPEECHFLOW_EXTENSIONS (comma-separated), which call `register_model` / `register_strategy`. Such a
+module keeps TensorFlow out of its top level (the DAG parser imports it too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from typing import Any
+
+EXTENSIONS_ENV = "SPEECHFLOW_EXTENSIONS"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    name: str  # what --model, the DAG form and config.yaml's `model` say
+    task: str  # "module:attribute" of its Task class (models/interfaces.py)
+    # "module:attribute" of models.evaluate's evaluation of it: (model, TrainConfig, data.json,
+    # batches(split, frames_per_batch), splits, EvalConfig, out_dir, listener) -> metrics with
+    # `primary_metric` (the champion's)
+    evaluation: str
+    server: str  # "module:attribute" of its server class (models/servers.py says what one has)
+    title: str  # the DAG form's label
+    config_file: str  # the DAG form's default training config (a YAML file of TrainConfig fields)
+    # the TrainConfig field that holds its settings; a model added by an extension keeps its own in
+    # `extension` (a mapping its task reads)
+    section: str = "extension"
+    # the model whose trained copy listens to what this one makes in its evaluation (`--asr-model-dir`;
+    # the synthesis model's: "asr"); empty: none
+    listener: str = ""
+    # a rank's own batches may come from the tf.data service (pipeline/data_service.py makes them)
+    data_service: bool = False
+    eval_splits: tuple[str, ...] = ("dev", "test")  # what models.evaluate evaluates, of those the shards have
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyEntry:
+    name: str  # what --strategy, the DAG form and `strategy.name` say
+    strategy: str  # "module:attribute" of its Strategy class (models/interfaces.py)
+    title: str  # the DAG form's label
+    # the ranks share the epochs' batches and stop when they are used up (a faster rank takes more);
+    # otherwise every rank steps through exact epochs of its own shards
+    budget_in_data: bool = False
+    supports_elastic: bool = False  # survives lost workers under Horovod elastic (`--elastic`)
+    dynamic_process_sets: bool = False  # Horovod: registers process sets at run time
+    options: tuple[str, ...] = ()  # the StrategyConfig fields it reads, besides `name` and `extension`
+
+
+_MODELS: dict[str, ModelEntry] = {}
+_STRATEGIES: dict[str, StrategyEntry] = {}
+_LOADED: set[str] = set()
+
+
+def register_model(entry: ModelEntry) -> ModelEntry:
+    _MODELS[entry.name] = entry
+    return entry
+
+
+def register_strategy(entry: StrategyEntry) -> StrategyEntry:
+    _STRATEGIES[entry.name] = entry
+    return entry
+
+
+register_model(
+    ModelEntry(
+        "asr",
+        "models.tasks:AsrTask",
+        "models.evaluate_asr:evaluate",
+        "models.servers:AsrServer",
+        "asr: acoustic model (speech recognition)",
+        "configs/demo_asr.yaml",
+        section="asr",
+        data_service=True,
+        eval_splits=("dev", "test", "test_noisy"),
+    )
+)
+register_model(
+    ModelEntry(
+        "tts",
+        "models.tasks:TtsTask",
+        "models.evaluate_tts:evaluate",
+        "models.servers:TtsServer",
+        "tts: synthesis model (text to speech)",
+        "configs/demo_tts.yaml",
+        section="tts",
+        listener="asr",
+    )
+)
+register_strategy(
+    StrategyEntry(
+        "allreduce",
+        "models.strategies:Allreduce",
+        "allreduce (synchronous ring-allreduce)",
+        supports_elastic=True,
+        options=("compression", "fused_step"),
+    )
+)
+register_strategy(
+    StrategyEntry(
+        "adpsgd",
+        "models.gossip:GossipStrategy",
+        "adpsgd (asynchronous decentralized gossip)",
+        budget_in_data=True,
+        dynamic_process_sets=True,
+        options=("gossip", "hierarchical", "gossip_compression", "consensus_every", "seed", "gossip_scale_lr"),
+    )
+)
+
+
+def load_extensions() -> None:
+    """Imports the modules named in SPEECHFLOW_EXTENSIONS (once each); they register themselves."""
+    for name in (n.strip() for n in os.environ.get(EXTENSIONS_ENV, "").split(",")):
+        if name and name not in _LOADED:
+            _LOADED.add(name)
+            importlib.import_module(name)
+
+
+def models() -> dict[str, ModelEntry]:
+    load_extensions()
+    return dict(_MODELS)
+
+
+def strategies() -> dict[str, StrategyEntry]:
+    load_extensions()
+    return dict(_STRATEGIES)
+
+
+def model(name: str) -> ModelEntry:
+    known = models()
+    if name not in known:
+        raise ValueError(f"model must be one of {sorted(known)}, got {name!r} (an extension's: {EXTENSIONS_ENV})")
+    return known[name]
+
+
+def strategy(name: str) -> StrategyEntry:
+    known = strategies()
+    if name not in known:
+        raise ValueError(f"strategy must be one of {sorted(known)}, got {name!r} (an extension's: {EXTENSIONS_ENV})")
+    return known[name]
+
+
+def resolve(target: str) -> Any:
+    """The object a "module:attribute" string names (importing the module)."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def task_class(name: str):
+    """The Task class of model `name` (imports its module, and TensorFlow)."""
+    return resolve(model(name).task)
+
+
+def strategy_class(name: str):
+    """The Strategy class of strategy `name` (imports its module)."""
+    return resolve(strategy(name).strategy)

@@ -1,0 +1,166 @@
+"""A speaker classifier over the same shards, added in one file: which training speaker says an
+utterance, from the mean of its log-mel frames (one hidden layer).
+
+Registered by naming this module in SPEECHFLOW_EXTENSIONS (common/catalog.py): the task the trainer
+runs, the evaluation `models.evaluate` runs and the server the pyfunc model answers with. TensorFlow
+is imported inside the functions, as the DAG parser imports this module too. Its settings are
+TrainConfig's `extension` mapping (`--set extension.hidden=16`). tests/test_extension.py runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from common import catalog
+
+catalog.register_model(
+    catalog.ModelEntry(
+        "speaker_id",
+        f"{__name__}:SpeakerIdTask",
+        f"{__name__}:evaluate",
+        f"{__name__}:SpeakerIdServer",
+        "speaker_id: speaker classifier",
+        "tests/configs/tiny_asr.yaml",
+    )
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeakerIdConfig:
+    hidden: int = 16  # units of the hidden layer
+    feature_dim: int = 0  # from the shards
+    speakers: tuple[str, ...] = ()  # the training split's speakers, one class each (from the shards)
+
+
+def pooled(mels, lengths):
+    """The mean of each utterance's real frames: mels [B, T, D], lengths [B] -> [B, D]."""
+    import tensorflow as tf
+
+    mask = tf.sequence_mask(lengths, tf.shape(mels)[1], mels.dtype)[..., None]  # [B, T, 1]
+    return tf.reduce_sum(mels * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+
+
+class SpeakerIdTask:
+    name = "speaker_id"
+    selection_metric = "dev_loss"
+    profile_every = False
+
+    def __init__(self, config: SpeakerIdConfig):
+        self.config = config
+
+    @classmethod
+    def create(cls, config, shards, eval_config=None) -> SpeakerIdTask:
+        from common import config as configlib
+
+        own = configlib.from_dict(SpeakerIdConfig, config.extension)
+        train = shards.splits.get("train")
+        speakers = own.speakers or (tuple(train.speakers) if train is not None else ())
+        return cls(dataclasses.replace(own, feature_dim=shards.feature_dim, speakers=speakers))
+
+    def resolved(self, config):
+        from common import config as configlib
+
+        return dataclasses.replace(config, extension=configlib.to_dict(self.config))
+
+    def build(self):
+        import keras
+
+        c = self.config
+        layers = [keras.layers.Dense(c.hidden, activation="tanh"), keras.layers.Dense(len(c.speakers))]
+        model = keras.Sequential([keras.Input([c.feature_dim]), *layers], name="speaker_id")  # [B, D] -> [B, S]
+        return model
+
+    def dataset(self, shards, split, cfg, rank, size, epoch, training):
+        from pipeline import dataset
+
+        batches, count = dataset.tts_dataset(shards, split, cfg, rank, size, epoch, training)
+        return self.prepare(batches, shards, split), count
+
+    def prepare(self, batches, shards, split):
+        import tensorflow as tf
+
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(list(self.config.speakers)), tf.range(len(self.config.speakers), dtype=tf.int32)
+            ),
+            default_value=-1,
+        )
+        return batches.map(lambda b: {**b, "label": table.lookup(b["speaker"])})  # [B], -1: an unknown voice
+
+    @staticmethod
+    def frames(batch):
+        import tensorflow as tf
+
+        return tf.reduce_sum(batch["mel_lengths"])
+
+    def loss(self, model, batch, training: bool, seed=None):
+        import tensorflow as tf
+
+        logits = model(pooled(batch["mels"], batch["mel_lengths"]), training=training)  # [B, S]
+        known = tf.cast(batch["label"] >= 0, tf.float32)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.maximum(batch["label"], 0), logits)
+        correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"], tf.float32)
+        count = tf.maximum(tf.reduce_sum(known), 1.0)
+        return tf.reduce_sum(losses * known) / count, {"accuracy": tf.reduce_sum(correct * known) / count}
+
+    def flops_per_frame(self) -> float:
+        return 0.0
+
+    def profile(self, model, batch) -> dict:
+        return {}
+
+    def model_data(self) -> dict:
+        return {"voices": list(self.config.speakers)}
+
+
+def evaluate(model, config, data: dict, batches, splits, cfg, out_dir: Path, listener=None) -> dict:
+    """Loss and accuracy of each split (over the utterances of training speakers)."""
+    import numpy as np
+
+    from common import config as configlib
+
+    task = SpeakerIdTask(configlib.from_dict(SpeakerIdConfig, config.extension))  # as trained
+    metrics = {}
+    for split in splits:
+        losses, accuracies = [], []
+        for batch in batches(split, cfg.tts_frames_per_batch):
+            loss, aux = task.loss(model, batch, training=False)
+            losses.append(float(loss))
+            accuracies.append(float(aux["accuracy"]))
+        metrics[f"{split}_loss"] = float(np.mean(losses))
+        metrics[f"{split}_accuracy"] = float(np.mean(accuracies))
+    metrics["primary_metric"] = f"{splits[0]}_loss"
+    return metrics
+
+
+class SpeakerIdServer:
+    """Rows with `mels` (an utterance's normalized log-mel frames, [T, D]) -> the speaker of each."""
+
+    def __init__(self, model, config, data: dict):
+        self.model, self.speakers = model, list(config.extension["speakers"])
+
+    def predict(self, model_input, params: dict, settings) -> list[str]:
+        import numpy as np
+        import tensorflow as tf
+
+        answers = []
+        for mels in model_input["mels"]:
+            frames = np.asarray(mels, np.float32)[None]  # [1, T, D]
+            logits = self.model(pooled(tf.constant(frames), tf.constant([frames.shape[1]])), training=False)
+            answers.append(self.speakers[int(np.argmax(logits[0]))])
+        return answers
+
+    @classmethod
+    def signature(cls, config, data: dict):
+        from mlflow.models import ModelSignature
+        from mlflow.types import DataType
+        from mlflow.types.schema import AnyType, ColSpec, Schema
+
+        return ModelSignature(inputs=Schema([ColSpec(AnyType(), "mels")]), outputs=Schema([ColSpec(DataType.string)]))
+
+    @classmethod
+    def example(cls, config, data: dict) -> dict:
+        import numpy as np
+
+        return {"mels": [np.zeros([3, data["feature_dim"]], np.float32).tolist()]}
