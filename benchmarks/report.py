@@ -84,6 +84,17 @@ SECTIONS: dict[str, Section] = {
         "bfloat16 (`--set precision=mixed_bfloat16`) is off by default: on these CPUs it makes the LSTM "
         "step slower, and on two ranks its input share rises (not investigated).",
     ),
+    "lstm_paths.json": (
+        "The acoustic model's LSTM path on a CPU",
+        "`benchmarks/throughput.py --only asr --np 2 --precision float32`: the demo's acoustic model on "
+        "synthetic demo-shaped shards at two ranks, the same batches on three paths: the default on a CPU "
+        "(`models/lstm.py`'s LSTMs, the C++ CTC kernel), Keras' LSTM loop with the CTC loss from dense labels "
+        "(`_keras`: the path before `models/lstm.py`), and Keras' loop with the C++ CTC kernel "
+        "(`_keras_sparse_ctc`). Threads per rank: the trainer's default, its share of the cores.",
+        throughput,
+        "Both paths compute the same loss and gradients (`tests/test_lstm.py`). The difference between the "
+        "last two rows is the CTC kernel's; between the first two, both levers'.",
+    ),
     "throughput_tts.json": (
         "Synthesis throughput and batch-size curve",
         "`benchmarks/throughput.py --only tts`: the demo's synthesis model alone and on two ranks, then the "

@@ -75,6 +75,9 @@ def throughput(r: dict) -> list[str]:
                 ]
             )
     out += table(benchmarks.throughput.TABLE, rows)
+    threads = sorted({v for k, v in r.items() if k.endswith("_intra_op_threads_per_rank")})
+    if threads:
+        out += [f"Threads per rank (TensorFlow's intra-op pool): {', '.join(str(t) for t in threads)}.", ""]
     out += [
         f"`{model}_np2`: a training step {r[f'{model}_np2_speedup_over_keras']:.2f}x as fast as `{model}_np2_keras` "
         "(Keras' LSTM loop" + (", CTC from dense labels" if model == "asr" else "") + ")."

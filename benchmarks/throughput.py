@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         results[f"{key}_frames_per_s"] = summary["frames_per_s_total"]
         results[f"{key}_steps_per_s"] = summary["steps_per_s"]
+        results[f"{key}_intra_op_threads_per_rank"] = summary["threads_per_rank"]["intra_op_threads"]
         for part in ("input", "compute", "communication"):
             results[f"{key}_share_{part}"] = summary.get(f"share_{part}", 0.0)
             results[f"{key}_time_{part}_ms"] = summary.get(f"time_{part}_ms", 0.0)

@@ -218,6 +218,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         summary = {
             "rank": self.rank,
             "world_size": self.size,
+            "threads_per_rank": {k: self.threads[k] for k in ("intra_op_threads", "inter_op_threads")},
             "run_id": self.run_id,
             "steps": step,
             "resumed_from_step": run.start_step,
