@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--before", type=Path, default=BEFORE, help="config of the first arm")
     parser.add_argument("--after", type=Path, default=AFTER, help="config of the second arm")
+    parser.add_argument(
+        "--arms",
+        type=lambda v: [a for a in ("after", "before") if a in v.split(",")],
+        default=["after", "before"],
+        help="which arms to run (after,before; one alone is a quick look, not a comparison)",
+    )
     parser.add_argument("--evaluations", type=int, default=12, help="dev evaluations in each arm's run")
     parser.add_argument("--targets", default="0.02,0.015", help="dev CERs to report the minutes to")
     args = parser.parse_args(argv)
@@ -142,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = {"before": (args.before.resolve(), []), "after": (args.after.resolve(), [])}
         evaluations = args.evaluations
     # The new config runs first (its figures are the ones a reader waits for); the table keeps before, after.
-    ran = {name: run_arm(name, *plan[name], shards, work, evaluations, tracking) for name in ("after", "before")}
-    arms = {name: ran[name] for name in plan}
+    ran = {name: run_arm(name, *plan[name], shards, work, evaluations, tracking) for name in args.arms}
+    arms = {name: ran[name] for name in plan if name in ran}
     results: dict = {"tiny": args.tiny, "workers": 2, "targets": targets, "arms": arms}
     rows = []
     for name, arm in arms.items():
