@@ -57,7 +57,7 @@ def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) 
     if config.resolve() != run_config.resolve() or not saved_path.is_file():
         return None
     saved = configlib.load(TrainConfig, saved_path)
-    if configlib.load(TrainConfig, saved_path, sets) != saved:
+    if configlib.apply_overrides(saved, configlib.parse_set(sets)) != saved:
         print(f"--set {' '.join(sets)}: not what the demo run trained; its seed {saved.seed} is trained here too")
         return None
     return saved.seed

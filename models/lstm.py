@@ -112,7 +112,8 @@ def _backward(x, w, saved, dh_out):
     frames, batch = tf.shape(x)[0], tf.shape(x)[1]
     inputs, units = x.shape[-1], w.shape[1] // 4
     zeros = tf.zeros([batch, units], x.dtype)  # [B, u]
-    recurrent_t = tf.transpose(w[inputs:])  # [4u, u], transposed once
+    recurrent = w[inputs:]  # [u, 4u], sliced once, not at every step
+    recurrent_t = tf.transpose(recurrent)  # [4u, u], transposed once
     no_input = tf.zeros([batch, 0], x.dtype)  # the cell op's input: its projection is outside the loop
     no_peephole, no_bias = tf.zeros([units], x.dtype), tf.zeros([4 * units], x.dtype)
     c_prev = tf.concat([zeros[None], saved["cs"][:-1]], 0)  # [T, B, u]
@@ -120,7 +121,7 @@ def _backward(x, w, saved, dh_out):
 
     def step(t, dh_next, dc_next, dzs):
         dc_prev, dz, _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
-            x=no_input, cs_prev=c_prev[t], h_prev=zeros, w=w[inputs:], wci=no_peephole, wcf=no_peephole,
+            x=no_input, cs_prev=c_prev[t], h_prev=zeros, w=recurrent, wci=no_peephole, wcf=no_peephole,
             wco=no_peephole, b=no_bias, i=saved["i"][t], cs=saved["cs"][t], f=saved["f"][t], o=saved["o"][t],
             ci=saved["ci"][t], co=saved["co"][t], cs_grad=dc_next, h_grad=dh_out[t] + dh_next, use_peephole=False,
         )  # fmt: skip
