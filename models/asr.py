@@ -27,8 +27,13 @@ class AsrConfig:
     vocab_size: int = 0  # output tokens including the CTC blank (0: from the manifest)
     num_targets: int = 0  # pdf ids for frame cross-entropy (0: from the manifest)
     loss: str = "ctc"  # "ctc" over characters, or "frame_ce" over alignment targets
-    stack_frames: int = 3  # neighbouring frames stacked into one input vector
-    subsample: int = 3  # keep every n-th stacked frame (frame rate 100 Hz -> 33 Hz)
+    # "stack": neighbouring frames stacked into one vector, every `subsample`-th kept (a linear
+    # front-end: the first LSTM's input kernel); "conv": two strided 1-D convolutions over time
+    # (ReLU, `conv_channels` each; strides 2 and subsample/2), a learned front-end of few FLOPs
+    frontend: str = "stack"
+    stack_frames: int = 3  # "stack": neighbouring frames stacked into one input vector
+    subsample: int = 3  # input frames per LSTM step (frame rate 100 Hz -> 33 Hz); "conv": even
+    conv_channels: int = 256  # "conv": channels of both convolutions
     num_layers: int = 3  # bidirectional LSTM layers
     units: int = 192  # LSTM cells per direction
     projection: int = 256  # linear bottleneck before the output layer (0: none)
@@ -62,6 +67,20 @@ class AcousticModel(keras.Model):
             raise ValueError(
                 f"the model needs its output size: vocab_size={config.vocab_size}, num_targets={config.num_targets}"
             )
+        if config.frontend not in ("stack", "conv"):
+            raise ValueError(f"asr.frontend must be 'stack' or 'conv', got {config.frontend!r}")
+        if config.frontend == "conv" and (config.subsample < 2 or config.subsample % 2):
+            raise ValueError(
+                f"asr.frontend=conv subsamples by strides 2 and subsample/2: asr.subsample must be even, got "
+                f"{config.subsample} (e.g. 4 for one LSTM step per 40 ms)"
+            )
+        self.convs = []
+        if config.frontend == "conv":
+            strides = (2, config.subsample // 2)
+            self.convs = [
+                keras.layers.Conv1D(config.conv_channels, 3, strides=s, activation="relu", name=f"conv{i}")
+                for i, s in enumerate(strides)
+            ]
         self.lstms = [BiLSTM(config.units, config.lstm, name=f"blstm{i}") for i in range(config.num_layers)]
         self.drop = keras.layers.Dropout(config.dropout)
         self.bottleneck = keras.layers.Dense(config.projection, name="projection") if config.projection else None
@@ -71,7 +90,16 @@ class AcousticModel(keras.Model):
         """feats [batch, frames, feature_dim], lengths [batch] -> (logits [batch, frames', outputs] float32,
         lengths' [batch]) with frames' = ceil(frames / subsample)."""
         c = self.config
-        x, lengths = stack_and_subsample(feats, lengths, c.stack_frames, c.subsample)  # [B, T', D*stack]
+        if self.convs:
+            x = feats
+            for conv in self.convs:
+                # A batch's padding is zeroed, and one zero frame is added at each end ("same" padding
+                # would place the windows by the padded length), so frame i sees frames si-1..si+1.
+                x = x * tf.sequence_mask(lengths, tf.shape(x)[1], x.dtype)[..., None]  # [B, T, C]
+                x = conv(tf.pad(x, [[0, 0], [1, 1], [0, 0]]))  # [B, ceil(T/stride), channels]
+                lengths = (lengths + conv.strides[0] - 1) // conv.strides[0]
+        else:
+            x, lengths = stack_and_subsample(feats, lengths, c.stack_frames, c.subsample)  # [B, T', D*stack]
         for layer in self.lstms:
             x = self.drop(layer(x, lengths), training=training)  # [B, T', 2*units]
         if self.bottleneck is not None:
@@ -208,6 +236,9 @@ def flops_per_frame(config: AsrConfig) -> float:
     the subsampled rate, so each input frame accounts for 1/subsample of a step.
     """
     inputs, forward = config.feature_dim * config.stack_frames, 0.0
+    if config.frontend == "conv":  # kernel 3: the first at half the input rate, the second at the LSTM's
+        first = 2 * 3 * config.feature_dim * config.conv_channels * (config.subsample // 2)
+        forward, inputs = first + 2 * 3 * config.conv_channels**2, config.conv_channels
     for _ in range(config.num_layers):
         forward += 2 * 2 * 4 * config.units * (inputs + config.units)
         inputs = 2 * config.units

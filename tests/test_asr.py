@@ -34,6 +34,24 @@ def test_padding_does_not_change_valid_outputs():
     np.testing.assert_allclose(padded[:, :4].numpy(), short.numpy(), atol=1e-5)
 
 
+CONV = asr.AsrConfig(
+    feature_dim=13, vocab_size=7, num_layers=1, units=8, projection=6, frontend="conv", subsample=4, conv_channels=5
+)
+
+
+def test_conv_frontend_subsamples_by_its_strides_and_ignores_padding():
+    model = asr.build_asr(CONV)
+    logits, lengths = model(tf.random.normal([4, 31, 13]), tf.constant([31, 30, 10, 1]))
+    assert logits.shape == (4, 8, 7) and lengths.numpy().tolist() == [8, 8, 3, 1]
+    assert [c.strides[0] for c in model.convs] == [2, 2]
+    x = tf.random.normal([1, 13, 13])  # 13 frames: the last LSTM step's convolutions reach past the end
+    short, _ = model(x, tf.constant([13]))
+    padded, _ = model(tf.concat([x, 100 * tf.ones([1, 11, 13])], axis=1), tf.constant([13]))
+    np.testing.assert_allclose(padded[:, :4].numpy(), short.numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="asr.subsample must be even"):
+        asr.build_asr(asr.AsrConfig(feature_dim=13, vocab_size=7, frontend="conv", subsample=3))
+
+
 def test_frame_ce_model_outputs_pdf_ids():
     cfg = asr.AsrConfig(
         feature_dim=13, vocab_size=7, num_targets=11, loss="frame_ce", num_layers=1, units=4, subsample=2
@@ -120,3 +138,13 @@ def test_flops_per_frame_counts_every_layer(loss):
     lstm = 2 * 2 * 4 * 10 * (80 + 10)
     out = 2 * 20 * (30 if loss == "ctc" else 100)
     assert asr.flops_per_frame(cfg) == 3 * (lstm + out)
+
+
+def test_flops_per_frame_counts_the_conv_frontend():
+    cfg = asr.AsrConfig(
+        feature_dim=80, vocab_size=30, num_layers=1, units=10, projection=0, frontend="conv", subsample=4, conv_channels=16
+    )
+    convs = 2 * 3 * 80 * 16 * 2 + 2 * 3 * 16 * 16  # per LSTM step: the first conv runs twice as often
+    lstm = 2 * 2 * 4 * 10 * (16 + 10)
+    out = 2 * 20 * 30
+    assert asr.flops_per_frame(cfg) == 3 * (convs + lstm + out) / 4
