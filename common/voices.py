@@ -68,13 +68,14 @@ def check_engines(engines: Iterable[str]) -> tuple[str, ...]:
     return engines
 
 
-def describe(specs: Iterable[str]) -> str:
-    """Voices grouped by engine, for people: `espeak-ng (56 voices), flite (awb, rms)`."""
+def describe(specs: Iterable[str], most: int = 4) -> str:
+    """Voices grouped by engine, for people: `espeak-ng (56 voices), flite (awb, rms)`; an engine's
+    voices are named when it has at most `most`."""
     by_engine: dict[str, list[str]] = {}
     for spec in specs:
         engine, voice = parse(spec)
         by_engine.setdefault(engine, []).append(voice)
     return ", ".join(
-        f"{engine} ({', '.join(voices) if len(voices) <= 4 else f'{len(voices)} voices'})"
+        f"{engine} ({', '.join(voices) if len(voices) <= most else f'{len(voices)} voices'})"
         for engine, voices in by_engine.items()
     )
