@@ -11,9 +11,9 @@ mono 16-bit wavs under `DIR/wav/`, then `DIR/corpus.json` as the done marker. Vo
 flite voices (`flite:awb`). A speaker is a voice at its own rate and pitch (espeak-ng's `-s`/`-p`,
 flite's `duration_stretch`/`int_f0_target_mean`); flite's few voices each make several speakers.
 `test/` has voices training never hears, `test_noisy/` the same utterances mixed with pink noise at
-a fixed SNR, and `test_engine/` the test sentences again in voices of an engine's that training
-never hears (flite's slt and kal16), as the voices ship; it is left out when no such voice is of the
-engines in use. Sentences come from a small grammar of commands, numbers, names, places and times,
+a fixed SNR, and `test_engine/` the test sentences again in held-out voices of a synthesizer
+(flite's slt and kal16, as they ship), which training never hears; it is left out when none of
+its voices is of an engine in use. Sentences come from a small grammar of commands, numbers, names, places and times,
 spelled out exactly as spoken.
 
 `plan_corpus` is the pure core (config -> list of utterances); `build_corpus` runs the engines and
@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test", "test_engine")  # what the plan holds; test_noisy mirrors test
 ALL_SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
-# The Debian package of each tool the corpus runs.
-PACKAGES = {"espeak-ng": "espeak-ng", "flite": "flite", "sox": "sox"}
 INSTALL_HINT = "install them with `apt-get install espeak-ng flite sox`"
 # Fewer voices than this and a model trained on the corpus cannot learn speaker-independent
 # features, or the test set cannot show whether it did.
@@ -358,11 +356,9 @@ def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr_db: float) -> tuple[np.
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
+        leave_out = f", or leave {name}'s voices out with `--engines`" if name in voices.ENGINES else ""
         raise FileNotFoundError(
-            f"{name} is not on PATH; the corpus runs espeak-ng, flite (for their voices) and sox: {INSTALL_HINT}, "
-            f"or leave {name}'s voices out with `--engines`"
-            if name in voices.ENGINES
-            else f"{name} is not on PATH; the corpus runs espeak-ng, flite and sox: {INSTALL_HINT}"
+            f"{name} is not on PATH; the corpus runs espeak-ng, flite and sox: {INSTALL_HINT}{leave_out}"
         )
     return path
 
