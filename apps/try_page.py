@@ -28,6 +28,15 @@ from pathlib import Path
 TIMEOUT_S = 300  # one request; an untrained synthesis model may decode all of its max_steps
 MAX_STEPS = 400  # synthesis decoder steps (the served model's default)
 LABELS = {"asr": "acoustic model", "tts": "synthesis model"}
+# What the models of `make demo` know (pipeline/corpus.py, docs/data.md "The demo corpus"), said
+# before anyone records their own voice and wonders at the transcript.
+HEARD = (
+    "**What the demo models have heard: synthetic speech only.** `make demo` trains them on the voices "
+    "of two speech synthesizers, espeak-ng (its English accents in eight voice variants) and flite (awb "
+    "and rms), and tests them on voices they never heard (other espeak-ng variants; flite's slt and "
+    "kal16). They have never heard a human voice: a recording of yours will come back mostly wrong. A "
+    "model trained on a corpus of your own (the pipeline's `data_dir`) knows what that corpus holds."
+)
 
 
 class PageError(Exception):
@@ -115,6 +124,7 @@ def build(champions: dict, out_dir: Path):
     asr_ready, tts_ready = (missing_message(k, champions[k]) is None for k in ("asr", "tts"))
     with gr.Blocks(title="speechflow: try the models", analytics_enabled=False) as page:
         gr.Markdown("# Try the models\nThe registered champions answer: speech to text, and text to speech.")
+        gr.Markdown(HEARD, elem_id="heard")
         with gr.Tab("Speech to text"):
             gr.Markdown(header("asr", champions["asr"]), elem_id="asr-status")
             audio_in = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio", elem_id="audio-in")

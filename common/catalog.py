@@ -85,7 +85,7 @@ register_model(
         "configs/demo_asr.yaml",
         section="asr",
         data_service=True,
-        eval_splits=("dev", "test", "test_noisy"),
+        eval_splits=("dev", "test", "test_noisy", "test_engine"),
     )
 )
 register_model(

@@ -1,6 +1,6 @@
 """speech_pipeline: Kaldi data directories (or the demo corpus) to trained, evaluated, registered models.
 
-    plan -> start_mlflow_run -> prepare_corpus -> features_{train,dev,test,test_noisy} -> make_shards
+    plan -> start_mlflow_run -> prepare_corpus -> features_{train,dev,test,test_noisy,test_engine} -> make_shards
          -> train_asr -> evaluate_asr ------------------------------> register_asr -> finish_mlflow_run
          -> train_tts -> evaluate_tts (with the new acoustic model) -> register_tts ->
 
@@ -22,7 +22,7 @@ import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, setup, task, teardown
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from common import catalog
+from common import catalog, voices
 from workflow import commands, runner
 from workflow.plan import MODELS, SPLITS, Plan, make_plan
 
@@ -39,6 +39,7 @@ REGISTERED = {
 }
 
 DATA, TRAINING, TRACKING, EXECUTION = "Data", "Training", "Tracking", "Execution"
+VOICE_PATTERN = rf"^({'|'.join(voices.ENGINES)}):[A-Za-z0-9_+-]+$"
 PARAMS = {
     "data_dir": Param(
         "",
@@ -46,7 +47,7 @@ PARAMS = {
         title="Kaldi data root",
         section=DATA,
         description="Directory holding one Kaldi data directory per split (train/ and test/ required, "
-        "dev/ and test_noisy/ used when present). Empty: make the demo corpus. "
+        "dev/, test_noisy/ and test_engine/ used when present). Empty: make the demo corpus. "
         "Relative paths are the repository's (local mode).",
     ),
     "features_dir": Param(
@@ -76,6 +77,39 @@ PARAMS = {
         section=DATA,
         description="Utterances of the demo corpus (train, dev and test together); only used when data_dir is empty.",
     ),
+    "demo_engines": Param(
+        list(voices.ENGINES),
+        type="array",
+        items={"type": "string", "enum": list(voices.ENGINES)},
+        minItems=1,
+        uniqueItems=True,
+        examples=list(voices.ENGINES),
+        title="Demo corpus engines",
+        section=DATA,
+        description="Synthesizers whose voices the demo corpus speaks in; the voices below of another "
+        "engine are left out (and with them test_engine, when none of its voices is left).",
+    ),
+    **{
+        f"demo_{group}_voices": Param(
+            [],
+            type="array",
+            items={"type": "string", "pattern": VOICE_PATTERN},
+            title=f"Demo corpus voices: {title}",
+            section=DATA,
+            description=f"{what}, one ENGINE:VOICE a line (espeak-ng:en-us+f2, flite:awb). Empty: "
+            f"{voices.describe(default, most=8)}.",
+        )
+        for group, title, what, default in (
+            ("train", "training", "Voices heard in training (and dev)", voices.TRAIN_VOICES),
+            ("test", "test", "Held-out voices of the test split", voices.TEST_VOICES),
+            (
+                "test_engine",
+                "held-out engine",
+                "Voices of test_engine, the test sentences in an engine's voices never heard in training",
+                voices.TEST_ENGINE_VOICES,
+            ),
+        )
+    },
     "num_shards": Param(
         8,
         type="integer",

@@ -4,7 +4,8 @@ The entry point: it loads the trained model, builds each split's input, and runs
 evaluation (models/evaluate_asr.py, models/evaluate_tts.py), then logs to MLflow.
 
 Acoustic model: CER and WER with greedy and beam-search decoding, and a file of hypotheses next
-to the references, for the test split and, when the shards have it, the noisy test. Synthesis
+to the references, for the test split and, when the shards have them, the noisy test and the test in
+an engine's voices never heard in training (test_engine). Synthesis
 model: mel L1 (teacher-forced) and filterbank cepstral distance (free-running, DTW-aligned) against
 the references, attention plots and a monotonicity measure, predicted-versus-reference mel
 plots, Griffin-Lim audio for a few sentences, and intelligibility: an acoustic model
@@ -28,7 +29,8 @@ from pipeline.records import ShardSet
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    # empty: dev (choosing the champion) and test, and test_noisy for asr, when the shards have them
+    # empty: dev (choosing the champion) and test, and test_noisy and test_engine for asr, when the
+    # shards have them
     splits: tuple[str, ...] = ()
     beam_width: int = 16  # asr: CTC beam search width (greedy decoding is always reported too)
     max_utterances: int = 100  # tts: test sentences to synthesize
@@ -144,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", required=True, type=Path, help="the training workdir (holds model/)")
     p.add_argument("--shards", required=True, type=Path, help="directory with manifest.json and the shards")
     p.add_argument(
-        "--split", action="append", default=[], help="split(s) to evaluate (default: test, and test_noisy for asr)"
+        "--split",
+        action="append",
+        default=[],
+        help="split(s) to evaluate (default: dev and test, and test_noisy and test_engine for asr)",
     )
     p.add_argument("--asr-model-dir", type=Path, help="tts: a trained acoustic model's workdir, for intelligibility")
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")

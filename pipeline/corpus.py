@@ -1,15 +1,22 @@
-"""A demo speech corpus as a Kaldi data root, synthesized with espeak-ng.
+"""A demo speech corpus as a Kaldi data root, synthesized with espeak-ng and flite.
 
     python -m pipeline.corpus --out DIR [--num-utterances 2500] [--seed 0] [--jobs 2]
+        [--engines espeak-ng flite] [--train-voices SPEC ...] [--test-voices SPEC ...]
+        [--test-engine-voices SPEC ...]
 
-writes `DIR/{train,dev,test,test_noisy}/` (Kaldi data directories: `wav.scp`, `text`, `utt2spk`,
-`spk2utt`, sorted by id) over 16 kHz mono 16-bit wavs under `DIR/wav/`, then `DIR/corpus.json`
-as the done marker. Speakers are espeak-ng voices with variants (`en-gb-x-rp+f2`) at a per-speaker
-rate and pitch; `test/` uses voice combinations training never hears, and `test_noisy/` is the
-same utterances mixed with pink noise at a fixed SNR. Sentences come from a small grammar of
-commands, numbers, names, places and times, spelled out exactly as spoken.
+writes `DIR/{train,dev,test,test_noisy,test_engine}/` (Kaldi data directories: `wav.scp`, `text`,
+`utt2spk`, `spk2utt`, sorted by id, and `utt2voice`: each utterance's `ENGINE:VOICE`) over 16 kHz
+mono 16-bit wavs under `DIR/wav/`, then `DIR/corpus.json` as the done marker. Voices are named
+`ENGINE:VOICE` (common/voices.py): espeak-ng voices with variants (`espeak-ng:en-gb-x-rp+f2`) and
+flite voices (`flite:awb`). A speaker is a voice at its own rate and pitch (espeak-ng's `-s`/`-p`,
+flite's `duration_stretch`/`int_f0_target_mean`); flite's few voices each make several speakers.
+`test/` has voices training never hears, `test_noisy/` the same utterances mixed with pink noise at
+a fixed SNR, and `test_engine/` the test sentences again in held-out voices of a synthesizer
+(flite's slt and kal16, as they ship), which training never hears; it is left out when none of
+its voices is of an engine in use. Sentences come from a small grammar of commands, numbers, names, places and times,
+spelled out exactly as spoken.
 
-`plan_corpus` is the pure core (config -> list of utterances); `build_corpus` runs espeak-ng and
+`plan_corpus` is the pure core (config -> list of utterances); `build_corpus` runs the engines and
 sox in a thread pool (the work happens in the subprocesses, so threads suffice).
 """
 
@@ -26,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -34,29 +42,27 @@ from typing import NamedTuple
 import numpy as np
 import soundfile as sf
 
-from common import cli, fsutil
+from common import cli, fsutil, voices
 from common import config as configlib
 from common.progress import progress as progress_bar
 from pipeline.grammar import grammar_vocabulary, make_sentence
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "dev", "test")  # what the plan holds; test_noisy mirrors test
-ALL_SPLITS = (*SPLITS, "test_noisy")
-INSTALL_HINT = "install both with `apt-get install espeak-ng sox`"
+SPLITS = ("train", "dev", "test", "test_engine")  # what the plan holds; test_noisy mirrors test
+ALL_SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
+INSTALL_HINT = "install them with `apt-get install espeak-ng flite sox`"
 # Fewer voices than this and a model trained on the corpus cannot learn speaker-independent
 # features, or the test set cannot show whether it did.
-MIN_TRAIN_VOICES, MIN_TEST_VOICES = 8, 3
-# Every accent espeak-ng has for English is heard in training, as in a real corpus whose test
-# speakers are new people from the same dialect regions; the variants (the voice timbre) m3, f4,
-# m7 and klatt3 are never heard in training and make the test voices.
-_ACCENTS = ("en", "en-us", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan", "en-gb-x-gbcwmd")
-_TRAIN_VARIANTS = ("m1", "m2", "m4", "m6", "f1", "f2", "f3", "klatt")
+MIN_TRAIN_VOICES, MIN_TEST_VOICES = 2, 1
+# flite voices whose F0 model (rms: SPAM) ignores int_f0_target_mean: they keep their own pitch,
+# and their speakers differ in rate only (tests/test_corpus.py checks it still holds).
+FLITE_OWN_PITCH = frozenset({"rms"})
 
 
 @dataclasses.dataclass(frozen=True)
 class CorpusConfig:
-    # Utterances in train + dev + test; test_noisy mirrors test and is not counted.
+    # Utterances in train + dev + test; test_noisy and test_engine mirror test and are not counted.
     num_utterances: int = 2500
     # Seeds sentences, speaker rates and pitches, and noise offsets; same seed, same bytes.
     seed: int = 0
@@ -64,22 +70,33 @@ class CorpusConfig:
     dev_fraction: float = 0.1
     # Share of num_utterances for test (unseen voices, new sentences); train gets the rest.
     test_fraction: float = 0.1
-    # espeak-ng `voice+variant` specs heard in training (dev uses the same speakers).
-    train_voices: tuple[str, ...] = tuple(f"{b}+{v}" for b in _ACCENTS for v in _TRAIN_VARIANTS)
-    # Held-out voices: a variant training never hears, on an accent it does.
-    test_voices: tuple[str, ...] = (
-        "en+m3", "en-us+f4", "en-gb-x-rp+m7", "en-gb-scotland+klatt3",
-        "en-029+m3", "en-gb-x-gbclan+f4", "en-gb-x-gbcwmd+m7", "en-us+klatt3",
-    )  # fmt: skip
-    # Inclusive range of a speaker's speaking rate, in words per minute (espeak-ng default 175).
+    # Synthesizers whose voices the corpus uses (of common/voices.py ENGINES); the voices below
+    # of any other engine are left out.
+    engines: tuple[str, ...] = voices.ENGINES
+    # `ENGINE:VOICE` specs heard in training (dev uses the same speakers).
+    train_voices: tuple[str, ...] = voices.TRAIN_VOICES
+    # Held-out voices of the test split: for espeak-ng, a variant training never hears on an accent it does.
+    test_voices: tuple[str, ...] = voices.TEST_VOICES
+    # Voices of test_engine (the test sentences again), as they ship: never in training.
+    test_engine_voices: tuple[str, ...] = voices.TEST_ENGINE_VOICES
+    # (engine, n): each training voice of that engine makes n speakers, each its own rate and pitch;
+    # engines not named make one. flite's two training voices against espeak-ng's 56: ten each give
+    # flite about a quarter of the training utterances.
+    speakers_per_voice: tuple[tuple[str, int], ...] = (("flite", 10),)
+    # Inclusive range of an espeak-ng speaker's rate, in words per minute (espeak-ng default 175).
     rate_range: tuple[int, int] = (130, 190)
-    # Inclusive range of a speaker's espeak-ng pitch, 0-99 (default 50).
+    # Inclusive range of an espeak-ng speaker's pitch, 0-99 (default 50).
     pitch_range: tuple[int, int] = (30, 70)
+    # Inclusive range of a flite speaker's duration_stretch, in percent (100: the voice's own pace;
+    # 130: 30% slower), about the spread of rate_range.
+    stretch_range: tuple[int, int] = (90, 130)
+    # Inclusive range of a flite speaker's int_f0_target_mean, in Hz: low male to female pitch.
+    f0_range: tuple[int, int] = (85, 190)
     # espeak-ng amplitude (default 100): 60 leaves headroom so resampling and noise never clip.
     amplitude: int = 60
     # Signal-to-noise ratio of test_noisy, in dB, over the whole utterance.
     snr_db: float = 15.0
-    # Output sample rate in Hz (espeak-ng synthesizes at 22050).
+    # Output sample rate in Hz (espeak-ng synthesizes at 22050, flite at 16000, its kal at 8000).
     sample_rate: int = 16000
     # Fewest words in a sentence; shorter grammar outputs are redrawn.
     min_words: int = 3
@@ -91,17 +108,34 @@ class CorpusConfig:
             raise ValueError("dev_fraction and test_fraction must be positive and sum to less than 1")
         if min(split_sizes(self).values()) < 1:
             raise ValueError(f"num_utterances={self.num_utterances} leaves a split empty; use at least 10")
-        overlap = sorted(set(self.train_voices) & set(self.test_voices))
-        if overlap:
-            raise ValueError(f"voices {overlap} are in both train_voices and test_voices; test voices must be unseen")
-        for spec in (*self.train_voices, *self.test_voices):
-            if not re.fullmatch(r"[a-z0-9-]+(\+[A-Za-z0-9]+)?", spec):
-                raise ValueError(f"voice {spec!r} is not an espeak-ng `voice` or `voice+variant` spec")
+        voices.check_engines(self.engines)
+        groups = {"train_voices": self.train_voices, "test_voices": self.test_voices}
+        groups["test_engine_voices"] = self.test_engine_voices
+        for specs in groups.values():
+            for spec in specs:
+                voices.parse(spec)  # ValueError naming the spec
+        names = list(groups)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                if overlap := sorted(set(groups[a]) & set(groups[b])):
+                    raise ValueError(f"voices {overlap} are in both {a} and {b}; held-out voices must be unseen")
+        for engine, count in self.speakers_per_voice:
+            if engine not in voices.ENGINES or count < 1:
+                raise ValueError(
+                    f"speakers_per_voice: ({engine!r}, {count}) needs an engine of {list(voices.ENGINES)} and a count >= 1"
+                )
         if not (
             80 <= self.rate_range[0] <= self.rate_range[1] <= 450
             and 0 <= self.pitch_range[0] <= self.pitch_range[1] <= 99
         ):
             raise ValueError(f"rate_range {self.rate_range} must lie in 80-450, pitch_range {self.pitch_range} in 0-99")
+        if not (
+            25 <= self.stretch_range[0] <= self.stretch_range[1] <= 400
+            and 40 <= self.f0_range[0] <= self.f0_range[1] <= 400
+        ):
+            raise ValueError(
+                f"stretch_range {self.stretch_range} must lie in 25-400 (percent), f0_range {self.f0_range} in 40-400 (Hz)"
+            )
         if not 1 <= self.min_words <= self.max_words:
             raise ValueError(f"need 1 <= min_words <= max_words, got {self.min_words}, {self.max_words}")
         if not 0 < self.amplitude <= 200 or self.sample_rate < 8000:
@@ -119,68 +153,136 @@ def split_sizes(config: CorpusConfig) -> dict[str, int]:
 
 # --- plan ---------------------------------------------------------------------------------------
 class VoiceInventory(NamedTuple):
-    """What this espeak-ng installation has: base voice names and variant names."""
+    """What this machine's engines have: espeak-ng base voices and variants, flite voices."""
 
-    bases: frozenset[str]
-    variants: frozenset[str]
+    espeak_bases: frozenset[str] = frozenset()
+    espeak_variants: frozenset[str] = frozenset()
+    flite_voices: frozenset[str] = frozenset()
+
+    def has(self, spec: str) -> bool:
+        engine, voice = voices.parse(spec)
+        if engine == "flite":
+            return voice in self.flite_voices
+        base, _, variant = voice.partition("+")
+        return base in self.espeak_bases and (not variant or variant in self.espeak_variants)
 
 
 class Speaker(NamedTuple):
-    id: str  # Kaldi speaker id: voice spec, rate and pitch, e.g. "en-gb-x-rp-f2-r150-p45"
-    voice: str  # espeak-ng spec, e.g. "en-gb-x-rp+f2"
-    rate: int  # words per minute
-    pitch: int  # espeak-ng pitch, 0-99
+    # Kaldi speaker id: espeak-ng voice, rate and pitch ("en-gb-x-rp-f2-r150-p45"), or for flite
+    # "flite-", voice, duration stretch and F0 ("flite-awb-r110-p140"; no -p: the voice's own pitch,
+    # nothing after the voice: as it ships)
+    id: str
+    engine: str  # "espeak-ng" or "flite"
+    voice: str  # the engine's name of it: "en-gb-x-rp+f2", "awb"
+    rate: int  # espeak-ng: words per minute; flite: duration_stretch in percent (100: its own)
+    pitch: int  # espeak-ng: pitch 0-99; flite: int_f0_target_mean in Hz (0: its own)
 
 
 class PlannedUtterance(NamedTuple):
-    split: str  # "train", "dev" or "test" (test_noisy mirrors test)
+    split: str  # "train", "dev", "test" or "test_engine" (test_noisy mirrors test)
     utt_id: str  # starts with the speaker id, as Kaldi sorting requires
     speaker: str
+    engine: str
     voice: str
     rate: int
     pitch: int
     text: str
 
+    @property
+    def spec(self) -> str:
+        """`ENGINE:VOICE`, as the config and utt2voice name it."""
+        return f"{self.engine}:{self.voice}"
 
-def select_voices(
-    config: CorpusConfig, inventory: VoiceInventory | None = None
-) -> tuple[list[str], list[str], list[str]]:
-    """(train voices, test voices, skipped voices): config voices that `inventory` has, in config order.
 
-    inventory=None assumes every voice exists. Raises ValueError when fewer than
-    MIN_TRAIN_VOICES / MIN_TEST_VOICES remain.
+class VoiceSelection(NamedTuple):
+    """The config's voices of the engines in use that this machine has, in config order."""
+
+    train: list[str]
+    test: list[str]
+    test_engine: list[str]  # empty: no test_engine split
+    skipped: list[str]  # of the engines in use, but not installed here
+
+
+def select_voices(config: CorpusConfig, inventory: VoiceInventory | None = None) -> VoiceSelection:
+    """The voices of `config.engines` that `inventory` has (None: assume every voice exists).
+
+    Raises ValueError when fewer than MIN_TRAIN_VOICES / MIN_TEST_VOICES remain, or when the
+    test_engine voices of the engines in use are all missing.
     """
 
     def exists(spec: str) -> bool:
-        base, _, variant = spec.partition("+")
-        return inventory is None or (base in inventory.bases and (not variant or variant in inventory.variants))
+        return inventory is None or inventory.has(spec)
 
-    train = [v for v in config.train_voices if exists(v)]
-    test = [v for v in config.test_voices if exists(v)]
-    skipped = [v for v in (*config.train_voices, *config.test_voices) if not exists(v)]
-    if len(train) < MIN_TRAIN_VOICES or len(test) < MIN_TEST_VOICES:
-        raise ValueError(
-            f"only {len(train)} train and {len(test)} test voices exist here (need {MIN_TRAIN_VOICES} and "
-            f"{MIN_TEST_VOICES}); missing: {skipped}. Check `espeak-ng --voices=en` and "
-            "`espeak-ng --voices=variant`, and edit train_voices / test_voices"
+    wanted = {
+        name: voices.of_engines(specs, config.engines)
+        for name, specs in (
+            ("train", config.train_voices),
+            ("test", config.test_voices),
+            ("test_engine", config.test_engine_voices),
         )
-    return train, test, skipped
+    }
+    found = {name: [v for v in specs if exists(v)] for name, specs in wanted.items()}
+    skipped = [v for specs in wanted.values() for v in specs if not exists(v)]
+    engines = ", ".join(config.engines)
+    if len(found["train"]) < MIN_TRAIN_VOICES or len(found["test"]) < MIN_TEST_VOICES:
+        raise ValueError(
+            f"only {len(found['train'])} train and {len(found['test'])} test voices of the engines in use "
+            f"({engines}) exist here (need {MIN_TRAIN_VOICES} and {MIN_TEST_VOICES}); missing: {skipped}. Check "
+            "`espeak-ng --voices=en`, `espeak-ng --voices=variant` and `flite -lv`, and edit train_voices / "
+            "test_voices (ENGINE:VOICE) or engines"
+        )
+    if wanted["test_engine"] and not found["test_engine"]:
+        raise ValueError(
+            f"none of the test_engine voices {list(wanted['test_engine'])} exists here; check `flite -lv` "
+            "and edit test_engine_voices"
+        )
+    return VoiceSelection(found["train"], found["test"], found["test_engine"], skipped)
 
 
-def _speaker(voice: str, config: CorpusConfig) -> Speaker:
+def _speaker_id(engine: str, voice: str, rate: int | None, pitch: int | None) -> str:
+    if engine == "espeak-ng":
+        return f"{voice.replace('+', '-')}-r{rate:03d}-p{pitch:02d}"
+    parts = [f"flite-{voice}"]
+    parts += [f"r{rate:03d}"] if rate is not None else []
+    parts += [f"p{pitch:03d}"] if pitch else []
+    return "-".join(parts)
+
+
+def _speakers(spec: str, count: int, config: CorpusConfig) -> list[Speaker]:
+    """`count` speakers of one voice, each its own rate and pitch."""
+    engine, voice = voices.parse(spec)
     # Seeded per voice, not from one shared stream, so a skipped voice leaves the others unchanged.
-    rng = random.Random(f"{config.seed}/{voice}")
-    rate, pitch = rng.randint(*config.rate_range), rng.randint(*config.pitch_range)
-    return Speaker(f"{voice.replace('+', '-')}-r{rate:03d}-p{pitch:02d}", voice, rate, pitch)
+    rng = random.Random(f"{config.seed}/{spec}")
+    speakers: dict[str, Speaker] = {}
+    for _ in range(1000 * count):
+        if engine == "espeak-ng":
+            rate, pitch = rng.randint(*config.rate_range), rng.randint(*config.pitch_range)
+        else:
+            rate, pitch = rng.randint(*config.stretch_range), rng.randint(*config.f0_range)
+            pitch = 0 if voice in FLITE_OWN_PITCH else pitch
+        speaker = Speaker(_speaker_id(engine, voice, rate, pitch), engine, voice, rate, pitch)
+        speakers.setdefault(speaker.id, speaker)
+        if len(speakers) == count:
+            return list(speakers.values())
+    raise ValueError(f"{spec}: the rate and pitch ranges hold fewer than {count} speakers; widen them")
+
+
+def _as_shipped(spec: str) -> Speaker:
+    engine, voice = voices.parse(spec)
+    if engine == "espeak-ng":  # its defaults: 175 words per minute, pitch 50
+        return Speaker(_speaker_id(engine, voice, 175, 50), engine, voice, 175, 50)
+    return Speaker(_speaker_id(engine, voice, None, 0), engine, voice, 100, 0)
 
 
 def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -> list[PlannedUtterance]:
-    """Every utterance of the corpus, without synthesizing: train, then dev, then test.
+    """Every utterance of the corpus, without synthesizing: train, dev, test, then test_engine.
 
-    Sentences are unique across the corpus, so dev and test never repeat a training sentence.
-    Utterances go round-robin over a shuffled speaker list; dev uses the speakers of train.
+    Sentences are unique across train, dev and test, so dev and test never repeat a training
+    sentence; test_engine speaks the test sentences again. Utterances go round-robin over a
+    shuffled speaker list; dev uses the speakers of train.
     """
-    train_voices, test_voices, _ = select_voices(config, inventory)
+    selection = select_voices(config, inventory)
+    per_voice = dict(config.speakers_per_voice)
     rng = random.Random(config.seed)
     seen: set[str] = set()
     plan: list[PlannedUtterance] = []
@@ -188,8 +290,11 @@ def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -
     for split, size in split_sizes(config).items():
         if split == "dev":
             speakers = used_in_train
+        elif split == "train":
+            speakers = [s for v in selection.train for s in _speakers(v, per_voice.get(voices.parse(v)[0], 1), config)]
+            rng.shuffle(speakers)
         else:
-            speakers = [_speaker(v, config) for v in (train_voices if split == "train" else test_voices)]
+            speakers = [s for v in selection.test for s in _speakers(v, 1, config)]
             rng.shuffle(speakers)
         for i in range(size):
             for _ in range(1000):
@@ -200,12 +305,21 @@ def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -
                 raise ValueError(f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances")
             seen.add(text)
             spk = speakers[i % len(speakers)]
-            plan.append(
-                PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, spk.voice, spk.rate, spk.pitch, text)
-            )
+            plan.append(PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, *spk[1:], text))
         if split == "train":
             used_in_train = speakers[:size]
+    # The held-out engine's voices say the test sentences, with the test utterances' numbers.
+    engine_speakers = [_as_shipped(v) for v in selection.test_engine]
+    for i, utt in enumerate([u for u in plan if u.split == "test"] if engine_speakers else []):
+        spk = engine_speakers[i % len(engine_speakers)]
+        number = utt.utt_id.rsplit("-", 1)[1]
+        plan.append(PlannedUtterance("test_engine", f"{spk.id}-{number}", spk.id, *spk[1:], utt.text))
     return plan
+
+
+def corpus_splits(plan: Sequence[PlannedUtterance]) -> tuple[str, ...]:
+    """The splits a plan makes, of ALL_SPLITS: test_engine only when it has voices."""
+    return tuple(s for s in ALL_SPLITS if s != "test_engine" or any(u.split == s for u in plan))
 
 
 def kaldi_files(rows: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:
@@ -242,7 +356,10 @@ def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr_db: float) -> tuple[np.
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        raise FileNotFoundError(f"{name} is not on PATH; the corpus needs espeak-ng and sox: {INSTALL_HINT}")
+        leave_out = f", or leave {name}'s voices out with `--engines`" if name in voices.ENGINES else ""
+        raise FileNotFoundError(
+            f"{name} is not on PATH; the corpus runs espeak-ng, flite and sox: {INSTALL_HINT}{leave_out}"
+        )
     return path
 
 
@@ -253,35 +370,52 @@ def _run(cmd: list[str], what: str, **kwargs) -> bytes:
     return proc.stdout
 
 
-def installed_voices() -> VoiceInventory:
-    """Asks espeak-ng which English voices and which variants exist on this machine.
+def installed_voices(engines: Sequence[str] = voices.ENGINES) -> VoiceInventory:
+    """Asks the engines in `engines` which English voices (and espeak-ng variants) exist here.
 
-    Needed because espeak-ng does not fail on a missing voice: `-v en-xx` or `-v en+nosuch`
-    silently speaks with the default voice, which would give two "speakers" the same voice.
+    Needed because neither engine fails on a missing voice: espeak-ng's `-v en-xx` or `-v en+nosuch`
+    and flite's `-voice nosuch` silently speak with the default voice, which would give two
+    "speakers" the same voice.
     """
-    bases, variants = set(), set()
-    for line in _run([_tool("espeak-ng"), "--voices=en"], "listing voices").decode().splitlines()[1:]:
-        fields = line.split()
-        # mbrola voices (mb/) need separately installed data; !v/ entries are variants.
-        if len(fields) >= 5 and not fields[4].startswith(("mb/", "!v/")):
-            bases |= {fields[1], *re.findall(r"\((\S+) \d+\)", line)}
-    for line in _run([_tool("espeak-ng"), "--voices=variant"], "listing variants").decode().splitlines()[1:]:
-        variants |= set(re.findall(r"!v/(\S+)", line))
-    return VoiceInventory(frozenset(bases), frozenset(variants))
+    bases, variants, flite_voices = set(), set(), set()
+    if "espeak-ng" in engines:
+        for line in _run([_tool("espeak-ng"), "--voices=en"], "listing voices").decode().splitlines()[1:]:
+            fields = line.split()
+            # mbrola voices (mb/) need separately installed data; !v/ entries are variants.
+            if len(fields) >= 5 and not fields[4].startswith(("mb/", "!v/")):
+                bases |= {fields[1], *re.findall(r"\((\S+) \d+\)", line)}
+        for line in _run([_tool("espeak-ng"), "--voices=variant"], "listing variants").decode().splitlines()[1:]:
+            variants |= set(re.findall(r"!v/(\S+)", line))
+    if "flite" in engines:  # "Voices available: kal awb_time kal16 awb rms slt"
+        listing = _run([_tool("flite"), "-lv"], "listing flite voices").decode()
+        flite_voices |= set(listing.partition(":")[2].split())
+    return VoiceInventory(frozenset(bases), frozenset(variants), frozenset(flite_voices))
 
 
 def code_version() -> str:
-    """Hash of this module's source: a changed grammar or pipeline invalidates old corpora."""
-    return fsutil.code_version(sys.modules[__name__])
+    """Hash of this module's source and the voice lists: a changed grammar, pipeline or default voice
+    list invalidates old corpora."""
+    return fsutil.code_version(sys.modules[__name__], voices)
 
 
-def _synthesize(utt: PlannedUtterance, wav: Path, config: CorpusConfig, espeak: str, sox: str) -> None:
-    """espeak-ng (22050 Hz) piped through sox into a 16-bit mono wav at config.sample_rate."""
-    speech = _run([espeak, "-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch),
-                   "-a", str(config.amplitude), "--stdout", utt.text], f"espeak-ng for {utt.utt_id}")  # fmt: skip
+def synthesis_command(utt: PlannedUtterance, config: CorpusConfig, tools: dict[str, str]) -> list[str]:
+    """The engine's command line that writes `utt` as a wav to stdout (`tools`: name -> path)."""
+    if utt.engine == "espeak-ng":  # 22050 Hz
+        return [tools["espeak-ng"], "-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch),
+                "-a", str(config.amplitude), "--stdout", utt.text]  # fmt: skip
+    # flite: 16000 Hz (kal: 8000). It writes the wav header's sizes before the samples, so a pipe works.
+    cmd = [tools["flite"], "-voice", utt.voice, "--setf", f"duration_stretch={utt.rate / 100:g}"]
+    if utt.pitch:
+        cmd += ["--setf", f"int_f0_target_mean={utt.pitch}"]
+    return [*cmd, "-t", utt.text, "-o", "/dev/stdout"]
+
+
+def _synthesize(utt: PlannedUtterance, wav: Path, config: CorpusConfig, tools: dict[str, str]) -> None:
+    """The engine's wav piped through sox into a 16-bit mono wav at config.sample_rate."""
+    speech = _run(synthesis_command(utt, config, tools), f"{utt.engine} for {utt.utt_id}")
     tmp = wav.with_name(wav.name + ".tmp")
     # -R: sox dithers with a fixed seed, so the same input gives byte-identical output.
-    _run([sox, "-R", "-t", "wav", "-", "-t", "wav", "-r", str(config.sample_rate), "-c", "1", "-b", "16",
+    _run([tools["sox"], "-R", "-t", "wav", "-", "-t", "wav", "-r", str(config.sample_rate), "-c", "1", "-b", "16",
           "-e", "signed-integer", str(tmp)], f"sox for {utt.utt_id}", input=speech)  # fmt: skip
     tmp.replace(wav)
 
@@ -307,20 +441,20 @@ def _up_to_date(out: Path, config: CorpusConfig) -> dict | None:
         done = json.loads((out / "corpus.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None  # never built, or a marker that is not ours: build
-    complete = all((out / split / "wav.scp").is_file() for split in ALL_SPLITS)
+    complete = all((out / split / "wav.scp").is_file() for split in done.get("counts", ALL_SPLITS))
     same = done.get("config") == configlib.to_dict(config) and done.get("code_version") == code_version()
     return done if complete and same else None
 
 
-def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, espeak: str, sox: str) -> dict[str, float]:
+def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, tools: dict[str, str]) -> dict[str, float]:
     """Synthesizes every planned wav (and the noisy copy of each test wav); returns utt_id -> SNR dB."""
-    noise_cmd = [sox, "-R", "-n", "-t", "raw", "-e", "floating-point", "-b", "32", "-L",
+    noise_cmd = [tools["sox"], "-R", "-n", "-t", "raw", "-e", "floating-point", "-b", "32", "-L",
                  "-r", str(config.sample_rate), "-c", "1", "-", "synth", "30", "pinknoise"]  # fmt: skip
     noise = np.frombuffer(_run(noise_cmd, "making pink noise"), dtype="<f4")  # [30 s * sample_rate]
 
     def render(utt: PlannedUtterance) -> float | None:
         wav = out / "wav" / utt.split / f"{utt.utt_id}.wav"
-        _synthesize(utt, wav, config, espeak, sox)
+        _synthesize(utt, wav, config, tools)
         if utt.split == "test":
             return _add_noise(utt.utt_id, wav, out / "wav" / "test_noisy" / wav.name, noise, config)
         return None
@@ -339,22 +473,37 @@ def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, espeak: str, s
 
 
 def _write_data_dirs(plan: list[PlannedUtterance], out: Path, snrs: dict[str, float]) -> dict[str, list]:
-    """Writes the four Kaldi data dirs and snr.tsv, drops stale wavs; returns split -> rows."""
-    rows: dict[str, list] = {split: [] for split in ALL_SPLITS}
+    """Writes the Kaldi data dirs (with utt2voice) and snr.tsv, drops stale wavs and a split this plan
+    does not make; returns split -> rows (utt_id, speaker, text, wav path, ENGINE:VOICE)."""
+    splits = corpus_splits(plan)
+    rows: dict[str, list] = {split: [] for split in splits}
     for utt in plan:
         for split in (utt.split, "test_noisy") if utt.split == "test" else (utt.split,):
-            rows[split].append((utt.utt_id, utt.speaker, utt.text, str(out / "wav" / split / f"{utt.utt_id}.wav")))
-    for split in ALL_SPLITS:
-        for name, content in kaldi_files(rows[split]).items():
+            wav = str(out / "wav" / split / f"{utt.utt_id}.wav")
+            rows[split].append((utt.utt_id, utt.speaker, utt.text, wav, utt.spec))
+    for split in splits:
+        for name, content in kaldi_files([row[:4] for row in rows[split]]).items():
             fsutil.atomic_write_text(out / split / name, content)
+        fsutil.atomic_write_text(out / split / "utt2voice", "".join(f"{r[0]} {r[4]}\n" for r in sorted(rows[split])))
         # Wavs of an earlier, different build (or its unfinished temporaries) would otherwise linger.
         keep = {Path(row[3]).name for row in rows[split]}
         for stale in (out / "wav" / split).iterdir():
             if stale.name not in keep:
                 stale.unlink()
+    for split in set(ALL_SPLITS) - set(splits):  # an earlier build's test_engine
+        for stale in (out / split, out / "wav" / split):
+            shutil.rmtree(stale, ignore_errors=True)
     table = "".join(f"{utt}\t{snr:.3f}\n" for utt, snr in sorted(snrs.items()))
     fsutil.atomic_write_text(out / "test_noisy" / "snr.tsv", "utt_id\tsnr_db\n" + table)
     return rows
+
+
+def _version(tool: str) -> str:
+    """`tool --version`'s words; flite says its version and then exits 1, so the status is not checked."""
+    proc = subprocess.run([tool, "--version"], capture_output=True, text=True)
+    if not proc.stdout.strip():
+        raise RuntimeError(f"`{tool} --version` printed no version: {proc.stderr[-2000:]}")
+    return " ".join(proc.stdout.split())
 
 
 def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = None) -> dict:
@@ -372,24 +521,30 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
     if (out / "corpus.json").exists():
         log.info("%s was built with another config or code version, or is incomplete; rebuilding", out)
         (out / "corpus.json").unlink()  # first, so that an interrupted rebuild never looks done
-    espeak, sox = _tool("espeak-ng"), _tool("sox")
-    inventory = installed_voices()
-    train_voices, test_voices, skipped = select_voices(config, inventory)
-    for voice in skipped:
-        log.warning("espeak-ng voice %s is not installed here; skipping it", voice)
+    engines = [e for e in voices.ENGINES if e in config.engines]
+    tools = {name: _tool(name) for name in (*engines, "sox")}
+    inventory = installed_voices(engines)
+    selection = select_voices(config, inventory)
+    for voice in selection.skipped:
+        log.warning("voice %s is not installed here; skipping it", voice)
     plan = plan_corpus(config, inventory)
-    for split in ALL_SPLITS:
+    splits = corpus_splits(plan)
+    for split in splits:
         (out / "wav" / split).mkdir(parents=True, exist_ok=True)
         (out / split).mkdir(parents=True, exist_ok=True)
-    snrs = _render_all(plan, out, config, jobs or os.cpu_count() or 1, espeak, sox)
+    snrs = _render_all(plan, out, config, jobs or os.cpu_count() or 1, tools)
     rows = _write_data_dirs(plan, out, snrs)
-    version = {tool: _run([tool, "--version"], f"{tool} --version").decode().strip() for tool in (espeak, sox)}
     summary = {
         "config": configlib.to_dict(config),
         "code_version": code_version(),
-        "counts": {split: len(rows[split]) for split in ALL_SPLITS},
-        "speakers": {split: sorted({row[1] for row in rows[split]}) for split in ALL_SPLITS},
-        "voices": {"train": train_voices, "test": test_voices, "skipped": skipped},
+        "counts": {split: len(rows[split]) for split in splits},
+        "speakers": {split: sorted({row[1] for row in rows[split]}) for split in splits},
+        # Which voices each split has, and how many of its utterances each engine spoke.
+        "voices": {split: sorted({row[4] for row in rows[split]}) for split in splits},
+        "engines": {
+            split: dict(sorted(Counter(voices.parse(row[4])[0] for row in rows[split]).items())) for split in splits
+        },
+        "skipped_voices": selection.skipped,
         "vocabulary_size": len({w for utt in plan for w in utt.text.split()}),
         "grammar_vocabulary_size": len(grammar_vocabulary()),
         "snr_db": {
@@ -397,10 +552,11 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
             "mean": math.fsum(snrs.values()) / len(snrs),  # fsum: exact, so the order of completion cannot show
             "max": max(snrs.values()),
         },
-        "tools": {"espeak-ng": version[espeak], "sox": version[sox]},
+        "tools": {name: _version(path) for name, path in tools.items()},
     }
     fsutil.atomic_write_text(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
-    log.info("wrote %s: %s utterances, %d words", out, summary["counts"], summary["vocabulary_size"])
+    log.info("wrote %s: %s utterances, %d words; voices: %s", out, summary["counts"], summary["vocabulary_size"],
+             {split: voices.describe(v) for split, v in summary["voices"].items()})  # fmt: skip
     return summary
 
 
@@ -409,6 +565,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="corpus root to write (Kaldi data dirs, wav/, corpus.json)")
     parser.add_argument("--num-utterances", type=int, help="train + dev + test utterances (default 2500)")
     parser.add_argument("--seed", type=int, help="random seed (default 0)")
+    parser.add_argument(
+        "--engines", nargs="+", choices=voices.ENGINES, help="synthesizers whose voices to use (default: all)"
+    )
+    parser.add_argument(
+        "--train-voices", nargs="+", metavar="ENGINE:VOICE", help="voices heard in training (default: common/voices.py)"
+    )
+    parser.add_argument("--test-voices", nargs="+", metavar="ENGINE:VOICE", help="held-out voices of the test split")
+    parser.add_argument(
+        "--test-engine-voices",
+        nargs="+",
+        metavar="ENGINE:VOICE",
+        help="voices of test_engine, the test sentences in an engine's voices that training never hears "
+        "(default: flite:slt flite:kal16)",
+    )
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "CorpusConfig")
     args = parser.parse_args(argv)
@@ -418,7 +588,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> None:
-    flags = {"num_utterances": args.num_utterances, "seed": args.seed}
+    flags = {
+        "num_utterances": args.num_utterances,
+        "seed": args.seed,
+        "engines": args.engines,
+        "train_voices": args.train_voices,
+        "test_voices": args.test_voices,
+        "test_engine_voices": args.test_engine_voices,
+    }
     config = configlib.load(CorpusConfig, args.config, args.set, flags=flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     build_corpus(config, args.out, jobs=args.jobs or os.cpu_count())

@@ -46,8 +46,11 @@ from pipeline.audio_io import AudioError
 MARKER = ".features.done.json"
 REJECTED = "feats_rejected.tsv"
 # The input's tables that describe its utterances; `--out-dir` gets copies, so it is a data
-# directory of its own (the shard stage reads text and utt2spk from it).
-TABLES = ("text", "utt2spk", "spk2utt", "spk2gender", "wav.scp", "segments", "reco2file_and_channel", "utt2dur")
+# directory of its own (the shard stage reads text and utt2spk from it); utt2voice: the demo
+# corpus' engine and voice of each utterance.
+TABLES = (
+    "text", "utt2spk", "spk2utt", "spk2gender", "wav.scp", "segments", "reco2file_and_channel", "utt2dur", "utt2voice",
+)  # fmt: skip
 # Kaldi-made features: what `--out-dir` gets of them besides TABLES.
 KALDI_FEATURES = ("feats.scp", "cmvn.scp", "utt2num_frames", "frame_shift")
 

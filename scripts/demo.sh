@@ -83,6 +83,8 @@ import os
 import sys
 from pathlib import Path
 
+from common.voices import describe as voices  # ENGINE:VOICE specs, grouped by engine
+
 summary_file, elapsed, status, root, log = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
 s = json.loads(Path(summary_file).read_text())
 home = os.environ["AIRFLOW_HOME"]
@@ -114,6 +116,10 @@ def registry(info) -> str:
     return f"registered {r['name']} version {r['version']}, {verdict} ({r['reason']})"
 
 
+# The demo corpus' voices per split (pipeline/corpus.py corpus.json); absent when data_dir was given.
+corpus_file = Path(summary_file).parent / "corpus" / "corpus.json"
+heard = json.loads(corpus_file.read_text()).get("voices", {}) if corpus_file.exists() else {}
+
 print()
 print(f"speech_pipeline {'succeeded' if status == 0 else 'FAILED'} in {elapsed // 60} min {elapsed % 60} s "
       f"(MLflow parent run {s['parent_run_id']}, {s['status']})")
@@ -122,6 +128,10 @@ if "asr" in models:
     m = models["asr"]["metrics"]
     print(f"  acoustic model   test CER {pct(m, 'test_cer')} (beam search {pct(m, 'test_cer_beam')}), "
           f"WER {pct(m, 'test_wer')}; noisy test CER {pct(m, 'test_noisy_cer')}; {trained(models['asr'])}")
+    if "test_engine_cer" in m:
+        print(f"                   engine test CER {pct(m, 'test_engine_cer')} (beam search "
+              f"{pct(m, 'test_engine_cer_beam')}), WER {pct(m, 'test_engine_wer')}: the test sentences in "
+              f"{voices(heard.get('test_engine', [])) or 'n/a'}, voices never heard in training")
     print(f"                   {registry(models['asr'])}")
 if "tts" in models:
     m = models["tts"]["metrics"]
@@ -135,6 +145,11 @@ if "tts" in models:
           f"{pct(m, 'dev_intelligibility_cer_recordings')} on the recordings themselves")
     print(f"                   filterbank cepstral distance {fcd} (test, free-running), mel L1 {l1} (test, teacher-forced)")
     print(f"                   {registry(models['tts'])}")
+if heard:  # dev has the voices of train, test_noisy those of test
+    print("Voices of the demo corpus (synthetic speech only: the models have never heard a human voice)")
+    for split, what in (("train", "heard in training"), ("test", "held out"), ("test_engine", "held out")):
+        if split in heard:
+            print(f"  {split:<16} {voices(heard[split])}  ({what})")
 run_dir = Path(summary_file).parent
 print("Artifacts")
 print(f"  run directory    {rel(run_dir)}/  (corpus/, shards/, asr/, tts/, summary.json)")

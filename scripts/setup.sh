@@ -19,7 +19,7 @@ stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 
 # --- system packages --------------------------------------------------------------------------
 # command -> Debian package that provides it
-declare -A NEED=([espeak-ng]=espeak-ng [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
+declare -A NEED=([espeak-ng]=espeak-ng [flite]=flite [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
 missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
 # PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_dag.py starts its

@@ -5,19 +5,27 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
+from common import voices
 from pipeline import corpus, grammar
 from pipeline.corpus import CorpusConfig, VoiceInventory, plan_corpus, select_voices
 
 ALL_SPLITS = corpus.ALL_SPLITS
-DEFAULT_VOICES = (*CorpusConfig().train_voices, *CorpusConfig().test_voices)
-ALL_BASES = frozenset(v.partition("+")[0] for v in DEFAULT_VOICES)
-ALL_VARIANTS = frozenset(v.partition("+")[2] for v in DEFAULT_VOICES)
+DEFAULTS = CorpusConfig()
+ESPEAK = [voices.parse(v)[1] for v in (*DEFAULTS.train_voices, *DEFAULTS.test_voices) if v.startswith("espeak-ng:")]
+ALL_BASES = frozenset(v.partition("+")[0] for v in ESPEAK)
+ALL_VARIANTS = frozenset(v.partition("+")[2] for v in ESPEAK)
+FLITE = frozenset({"awb", "rms", "slt", "kal16", "kal"})
+
+
+def inventory(variants=ALL_VARIANTS, flite=FLITE, bases=ALL_BASES) -> VoiceInventory:
+    return VoiceInventory(bases, variants, flite)
 
 
 def by_split(plan, field):
@@ -31,6 +39,7 @@ def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
         "train": 2000,
         "dev": 250,
         "test": 250,
+        "test_engine": 250,
     }
     words = {w for u in plan for w in u.text.split()}
     assert 300 <= len(words) <= 500
@@ -44,12 +53,40 @@ def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
 
 def test_plan_holds_test_voices_and_sentences_out_of_training():
     plan = plan_corpus(CorpusConfig())
-    voices, speakers, texts = by_split(plan, "voice"), by_split(plan, "speaker"), by_split(plan, "text")
-    assert not voices["train"] & voices["test"]
+    specs, speakers, texts = by_split(plan, "spec"), by_split(plan, "speaker"), by_split(plan, "text")
+    assert not specs["train"] & specs["test"] and not specs["train"] & specs["test_engine"]
     assert len(speakers["train"]) >= 8 and len(speakers["test"]) >= 3
     assert speakers["dev"] <= speakers["train"]
     assert not texts["dev"] & texts["train"]
     assert not texts["test"] & (texts["train"] | texts["dev"])
+
+
+def test_training_hears_both_engines_and_test_engine_is_the_test_sentences_in_unheard_voices():
+    plan = plan_corpus(CorpusConfig())
+    train = [u for u in plan if u.split == "train"]
+    assert {u.spec for u in train if u.engine == "flite"} == {"flite:awb", "flite:rms"}
+    # Ten speakers per flite voice: flite speaks about a quarter of training, at varied rate and pitch.
+    assert 0.2 < sum(u.engine == "flite" for u in train) / len(train) < 0.3
+    awb = {(u.rate, u.pitch) for u in train if u.voice == "awb"}
+    assert len(awb) == 10 and all(90 <= r <= 130 and 85 <= p <= 190 for r, p in awb)
+    assert {p for u in train if u.voice == "rms" for p in [u.pitch]} == {0}  # rms keeps its own pitch
+    test = {u.utt_id.rsplit("-", 1)[1]: u.text for u in plan if u.split == "test"}
+    engine = [u for u in plan if u.split == "test_engine"]
+    assert {u.utt_id.rsplit("-", 1)[1]: u.text for u in engine} == test
+    assert {u.spec for u in engine} == {"flite:slt", "flite:kal16"} and {(u.rate, u.pitch) for u in engine} == {
+        (100, 0)
+    }
+    assert corpus.corpus_splits(plan) == ALL_SPLITS
+
+
+def test_engines_choose_the_voices_and_without_flite_there_is_no_test_engine():
+    plan = plan_corpus(CorpusConfig(engines=("espeak-ng",)))
+    assert {u.engine for u in plan} == {"espeak-ng"} and "test_engine" not in corpus.corpus_splits(plan)
+    assert sum(u.split == "train" for u in plan) == 2000  # the corpus keeps its size
+    flite_only = CorpusConfig(engines=("flite",), test_voices=("flite:kal",), test_engine_voices=("flite:slt",))
+    assert {u.spec for u in plan_corpus(flite_only)} == {"flite:awb", "flite:rms", "flite:kal", "flite:slt"}
+    with pytest.raises(ValueError, match=r"only 2 train and 0 test voices of the engines in use \(flite\)"):
+        plan_corpus(CorpusConfig(engines=("flite",)))
 
 
 def test_plan_is_deterministic_for_a_seed_and_differs_for_another():
@@ -60,26 +97,35 @@ def test_plan_is_deterministic_for_a_seed_and_differs_for_another():
 
 def test_missing_voices_are_skipped_without_moving_the_others():
     config = CorpusConfig()
-    no_klatt = VoiceInventory(ALL_BASES, ALL_VARIANTS - {"klatt"})
-    train, test, skipped = select_voices(config, no_klatt)
+    no_klatt = inventory(ALL_VARIANTS - {"klatt"})
+    train, test, test_engine, skipped = select_voices(config, no_klatt)
     assert skipped == [v for v in config.train_voices if v.endswith("+klatt")]
     assert len(train) == len(config.train_voices) - len(skipped) and test == list(config.test_voices)
-    full = {u.voice: u.speaker for u in plan_corpus(config)}
+    assert test_engine == list(config.test_engine_voices)
+    full = {u.speaker for u in plan_corpus(config)}
     for u in plan_corpus(config, no_klatt):
         assert not u.voice.endswith("+klatt")
-        assert full.get(u.voice, u.speaker) == u.speaker  # same rate and pitch as with every voice
+        assert u.speaker in full  # same rates and pitches as with every voice
 
-    with pytest.raises(ValueError, match=r"only 8 train and 1 test voices .*need 8 and 3"):
-        select_voices(config, VoiceInventory(frozenset({"en"}), ALL_VARIANTS))
+    with pytest.raises(ValueError, match=r"only 1 train and 0 test voices .*need 2 and 1"):
+        select_voices(config, inventory(frozenset({"m1"}), frozenset({"slt", "kal16"}), frozenset({"en"})))
+    with pytest.raises(ValueError, match=r"none of the test_engine voices .*flite:slt"):
+        select_voices(config, inventory(flite=FLITE - {"slt", "kal16"}))
 
 
 def test_config_rejects_overlapping_voices_and_empty_splits():
     with pytest.raises(ValueError, match="both train_voices and test_voices"):
-        CorpusConfig(test_voices=("en+m1", "en+m3", "en+f4"))
+        CorpusConfig(test_voices=("espeak-ng:en+m1", "espeak-ng:en+m3"))
+    with pytest.raises(ValueError, match="both train_voices and test_engine_voices"):
+        CorpusConfig(test_engine_voices=("flite:awb",))
     with pytest.raises(ValueError, match="at least 10"):
         CorpusConfig(num_utterances=4)
-    with pytest.raises(ValueError, match="not an espeak-ng"):
-        CorpusConfig(test_voices=("en m3",))
+    with pytest.raises(ValueError, match="not a espeak-ng voice name"):
+        CorpusConfig(test_voices=("espeak-ng:en m3",))
+    with pytest.raises(ValueError, match=r"'en\+m3' does not name its engine: write ENGINE:VOICE"):
+        CorpusConfig(test_voices=("en+m3",))
+    with pytest.raises(ValueError, match="engines must be a non-empty selection"):
+        CorpusConfig(engines=("festival",))
     with pytest.raises(ValueError, match="widen the range"):
         plan_corpus(CorpusConfig(max_words=2, min_words=1))
 
@@ -105,13 +151,49 @@ def test_mix_at_snr_hits_the_target():
 
 
 def test_missing_tool_names_it_and_the_install_command(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # neither espeak-ng nor sox is found there
-    with pytest.raises(FileNotFoundError, match=r"espeak-ng is not on PATH.*apt-get install espeak-ng sox"):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no engine, no sox there
+    with pytest.raises(FileNotFoundError, match=r"espeak-ng is not on PATH.*apt-get install espeak-ng flite sox"):
         corpus.build_corpus(CorpusConfig(num_utterances=10), tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match=r"flite is not on PATH.*or leave flite's voices out with `--engines`"):
+        corpus.build_corpus(CorpusConfig(num_utterances=10, engines=("flite",)), tmp_path / "out")
+
+
+def synthesize(tmp_path, engine: str, voice: str, rate: int, pitch: int) -> np.ndarray:
+    """One sentence through the corpus' own engine and sox commands: [samples] int16 at 16 kHz."""
+    utt = corpus.PlannedUtterance(
+        "train", f"u-{voice}-{rate}-{pitch}", "s", engine, voice, rate, pitch, "the taxi is late"
+    )
+    tools = {name: shutil.which(name) for name in (engine, "sox")}
+    corpus._synthesize(utt, tmp_path / f"{utt.utt_id}.wav", CorpusConfig(), tools)
+    audio, rate_hz = sf.read(tmp_path / f"{utt.utt_id}.wav", dtype="int16")
+    assert rate_hz == 16000
+    return audio
+
+
+def test_flite_rate_and_pitch_change_the_speech_and_rms_ignores_the_pitch(tmp_path):
+    slow, fast = synthesize(tmp_path, "flite", "awb", 130, 120), synthesize(tmp_path, "flite", "awb", 90, 120)
+    assert 1.3 < len(slow) / len(fast) < 1.6
+    assert not np.array_equal(
+        synthesize(tmp_path, "flite", "awb", 100, 90), synthesize(tmp_path, "flite", "awb", 100, 180)
+    )
+    # FLITE_OWN_PITCH: once rms follows int_f0_target_mean, its speakers can vary in pitch too.
+    assert np.array_equal(synthesize(tmp_path, "flite", "rms", 100, 90), synthesize(tmp_path, "flite", "rms", 100, 180))
 
 
 # --- real runs ----------------------------------------------------------------------------------
-ARGS = ["--num-utterances", "30", "--seed", "7"]
+# Both engines in training; kal (8 kHz) among the held-out voices shows the resampling.
+VOICES = ["--train-voices", "espeak-ng:en+m1", "espeak-ng:en-us+f3", "flite:awb", "flite:rms"]
+ARGS = [
+    "--num-utterances",
+    "30",
+    "--seed",
+    "7",
+    *VOICES,
+    "--test-engine-voices",
+    "flite:slt",
+    "flite:kal16",
+    "flite:kal",
+]
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +224,20 @@ def test_real_run_writes_valid_sorted_kaldi_dirs(built):
         for _, path in tables["wav.scp"]:
             assert Path(path).is_absolute() and Path(path).is_file() and Path(path).parent == built / "wav" / split
     assert read_table(built / "test_noisy" / "text") == read_table(built / "test" / "text")
-    train_voices = {s.rsplit("-r", 1)[0] for s in summary["speakers"]["train"]}
-    assert not train_voices & {s.rsplit("-r", 1)[0] for s in summary["speakers"]["test"]}
+    assert summary["voices"]["train"] == sorted(VOICES[1:]) and summary["voices"]["test_engine"] == [
+        "flite:kal", "flite:kal16", "flite:slt",
+    ]  # fmt: skip
+    assert not set(summary["voices"]["train"]) & set(summary["voices"]["test"] + summary["voices"]["test_engine"])
+    assert summary["engines"]["test_engine"] == {"flite": 3} and sum(summary["engines"]["train"].values()) == 24
+    for split in ALL_SPLITS:  # utt2voice: each utterance's engine and voice
+        utt2voice = dict(read_table(built / split / "utt2voice"))
+        assert list(utt2voice) == [u for u, _ in read_table(built / split / "text")]
+        assert set(utt2voice.values()) == set(summary["voices"][split])
+        for utt, spec in utt2voice.items():  # the speaker id (the utterance id's start) names the voice
+            engine, voice = voices.parse(spec)
+            assert utt.startswith(f"flite-{voice}-" if engine == "flite" else f"{voice.replace('+', '-')}-r"), utt
+    number = {u.rsplit("-", 1)[1]: t for u, t in read_table(built / "test" / "text")}
+    assert {u.rsplit("-", 1)[1]: t for u, t in read_table(built / "test_engine" / "text")} == number
 
 
 def test_real_run_wavs_are_16k_mono_16bit_speech(built):
@@ -192,12 +286,16 @@ def test_changed_config_rebuilds_and_drops_stale_wavs(tmp_path, monkeypatch, cap
     out = tmp_path / "c"
     corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "1"])
     # A machine without the klatt variant: those voices are skipped and logged, the rest build.
-    monkeypatch.setattr(corpus, "installed_voices", lambda: VoiceInventory(ALL_BASES, ALL_VARIANTS - {"klatt"}))
+    monkeypatch.setattr(corpus, "installed_voices", lambda engines: inventory(ALL_VARIANTS - {"klatt"}))
     with caplog.at_level(logging.INFO, logger="pipeline.corpus"):
         corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "2"])
-    assert "rebuilding" in caplog.text and "en-us+klatt is not installed" in caplog.text
+    assert "rebuilding" in caplog.text and "espeak-ng:en-us+klatt is not installed" in caplog.text
     summary = json.loads((out / "corpus.json").read_text())
-    assert summary["config"]["seed"] == 2 and "en-us+klatt" in summary["voices"]["skipped"]
-    for split in ALL_SPLITS:
+    assert summary["config"]["seed"] == 2 and "espeak-ng:en-us+klatt" in summary["skipped_voices"]
+    # Without flite there is no test_engine, and the earlier build's is gone.
+    corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "2", "--engines", "espeak-ng"])
+    assert not (out / "test_engine").exists() and not (out / "wav" / "test_engine").exists()
+    assert set(json.loads((out / "corpus.json").read_text())["counts"]) == set(ALL_SPLITS) - {"test_engine"}
+    for split in set(ALL_SPLITS) - {"test_engine"}:
         listed = {Path(p).name for _, p in read_table(out / split / "wav.scp")}
         assert {p.name for p in (out / "wav" / split).iterdir()} == listed

@@ -40,6 +40,10 @@ DEFAULTS = {
     "features_dir": "",
     "allow_pipes": False,
     "demo_utterances": 2500,
+    "demo_engines": ["espeak-ng", "flite"],
+    "demo_train_voices": [],
+    "demo_test_voices": [],
+    "demo_test_engine_voices": [],
     "num_shards": 8,
     "models": ["asr", "tts"],
     "strategy": "allreduce",
@@ -130,8 +134,8 @@ EDGES = {
     "plan": set(),
     "start_mlflow_run": {"plan"},
     "prepare_corpus": {"start_mlflow_run"},
-    **{f"features_{s}": {"prepare_corpus"} for s in ("train", "dev", "test", "test_noisy")},
-    "make_shards": {"features_train", "features_dev", "features_test", "features_test_noisy"},
+    **{f"features_{s}": {"prepare_corpus"} for s in ("train", "dev", "test", "test_noisy", "test_engine")},
+    "make_shards": {"features_train", "features_dev", "features_test", "features_test_noisy", "features_test_engine"},
     "train_asr": {"make_shards"},
     "train_tts": {"make_shards"},
     "evaluate_asr": {"train_asr"},
@@ -206,7 +210,7 @@ def test_task_graph_is_as_described(dag_info):
     outlets = {t: v["outlets"] for t, v in tasks.items() if v["outlets"]}
     assert outlets == {
         "prepare_corpus": ["speechflow.corpus"],
-        **{f"features_{s}": ["speechflow.features"] for s in ("train", "dev", "test", "test_noisy")},
+        **{f"features_{s}": ["speechflow.features"] for s in ("train", "dev", "test", "test_noisy", "test_engine")},
         "make_shards": ["speechflow.shards"],
         "train_asr": ["speechflow.model.asr"],
         "train_tts": ["speechflow.model.tts"],
@@ -259,7 +263,13 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
     plan = make_plan(DEFAULTS, "speech_pipeline", "manual__2026-01-01T00:00:00+00:00")
     run_dir = Path(plan.run_dir)
     assert run_dir.parent == tmp_path / "work" and ":" not in run_dir.name and len(run_dir.name) < 40
-    assert plan.data_root == f"{run_dir}/corpus" and plan.splits == ("train", "dev", "test", "test_noisy")
+    assert plan.data_root == f"{run_dir}/corpus" and plan.splits == (
+        "train",
+        "dev",
+        "test",
+        "test_noisy",
+        "test_engine",
+    )
     assert plan.workdirs == {"asr": f"{run_dir}/asr", "tts": f"{run_dir}/tts"}
     assert plan.configs["asr"] == str(ROOT / "configs" / "demo_asr.yaml")
     assert Plan.from_xcom(json.loads(json.dumps(plan.to_xcom()))) == plan
@@ -322,12 +332,15 @@ def test_command_lines_of_the_stages():
         allreduce, "tts", "p"
     ) and "--epochs" not in commands.plan_train_args(allreduce, "tts", "p")
     shards = commands.shards_args(allreduce)
-    assert shards.count("--split") == 4 and f"test_noisy={allreduce.data_root}/test_noisy" in shards
+    assert shards.count("--split") == 5 and f"test_noisy={allreduce.data_root}/test_noisy" in shards
+    assert f"test_engine={allreduce.data_root}/test_engine" in shards
     assert shards[shards.index("--num-shards") + 1] == "2"
     tts_eval = commands.evaluate_args(allreduce, "tts", "p", with_asr=True)
     assert tts_eval[tts_eval.index("--asr-model-dir") + 1] == allreduce.workdirs["asr"]
     assert "--asr-model-dir" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
-    assert commands.corpus_args(allreduce) == ["--out", allreduce.data_root, "--num-utterances", "40"]
+    assert commands.corpus_args(allreduce) == [
+        "--out", allreduce.data_root, "--num-utterances", "40", "--engines", "espeak-ng", "flite",
+    ]  # fmt: skip
     # A training setting from the trigger form reaches every model's trainer as it is written there.
     tuned = make_plan({**DEFAULTS, **TINY, "train_overrides": ["optim.learning_rate=0.002"]}, "speech_pipeline", "r")
     tuned = Plan.from_xcom(json.loads(json.dumps(tuned.to_xcom())))  # as the tasks receive it
@@ -335,6 +348,29 @@ def test_command_lines_of_the_stages():
         args = commands.plan_train_args(tuned, model, "p")
         assert args[args.index("--set") + 1] == "optim.learning_rate=0.002"
     assert "--set" not in commands.plan_train_args(allreduce, "asr", "p")
+
+
+def test_the_forms_engines_and_voices_reach_the_corpus_stage():
+    chosen = {
+        **DEFAULTS,
+        **TINY,
+        "demo_engines": ["espeak-ng"],
+        "demo_train_voices": ["espeak-ng:en+m1", "espeak-ng:en-us+f2"],
+    }
+    plan = Plan.from_xcom(json.loads(json.dumps(make_plan(chosen, "speech_pipeline", "r").to_xcom())))
+    assert plan.splits == ("train", "dev", "test", "test_noisy")  # no flite: the corpus makes no test_engine
+    args = commands.corpus_args(plan)
+    assert args[args.index("--engines") :] == [
+        "--engines", "espeak-ng", "--train-voices", "espeak-ng:en+m1", "espeak-ng:en-us+f2",
+    ]  # fmt: skip
+    kal = make_plan({**DEFAULTS, "demo_test_engine_voices": ["flite:kal"]}, "speech_pipeline", "r")
+    assert "test_engine" in kal.splits and commands.corpus_args(kal)[-2:] == ["--test-engine-voices", "flite:kal"]
+    for change, message in (
+        ({"demo_engines": ["festival"]}, "demo_engines: engines must be"),
+        ({"demo_test_voices": ["en+m3"]}, r"demo_test_voices: voice 'en\+m3' does not name its engine"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            make_plan({**DEFAULTS, **change}, "speech_pipeline", "r")
 
 
 def test_command_lines_of_the_data_service():
@@ -719,6 +755,7 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         "features_dev": "pipeline.features",
         "features_test": "pipeline.features",
         "features_test_noisy": "pipeline.features",
+        "features_test_engine": "pipeline.features",
         "make_shards": "pipeline.shards",
         "evaluate_asr": "models.evaluate",
         "evaluate_tts": "models.evaluate",
@@ -921,6 +958,7 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
         "features-dev",
         "features-test",
         "features-test_noisy",
+        "features-test_engine",
         "shards",
         "train-asr",
         "train-tts",

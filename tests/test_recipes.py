@@ -479,9 +479,9 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
         )
         assert proc.returncode == 0, f"{name}:\n{script}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     manifest = records.load_manifest(work / "shards")
-    assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy"}
+    assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine"}
     metrics = json.loads((work / "runs" / "asr" / "eval.json").read_text())
-    assert {"test_cer", "test_noisy_cer"} <= set(metrics)
+    assert {"test_cer", "test_noisy_cer", "test_engine_cer"} <= set(metrics)
     # The registered model, evaluated on a data directory of its own that no shards had held.
     evaluated = json.loads((work / "champion" / "artifacts" / "eval.json").read_text())
     assert evaluated["primary_metric"] == "eval_cer" and evaluated["eval_cer"] >= 0

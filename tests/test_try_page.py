@@ -170,6 +170,7 @@ def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_pa
             page.on("request", lambda r: r.url.startswith(LOCAL) or outside.append(r.url))
             page.goto(f"http://127.0.0.1:{port}/")
             expect(page.locator("#asr-status")).to_contain_text("Answered by try-asr version 1")
+            expect(page.locator("#heard")).to_contain_text("They have never heard a human voice")
             errors = page.get_by_test_id("toast-body")
 
             page.locator("#audio-in input[type=file]").set_input_files(str(wav))

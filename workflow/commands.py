@@ -33,7 +33,10 @@ def horovodrun_local(python: str, np: int, module: str, args: Sequence[str], hos
 
 
 def corpus_args(plan: Plan) -> list[str]:
-    return ["--out", plan.data_root, "--num-utterances", str(plan.demo_utterances)]
+    args = ["--out", plan.data_root, "--num-utterances", str(plan.demo_utterances), "--engines", *plan.demo_engines]
+    for group, specs in plan.demo_voices.items():
+        args += [f"--{group.replace('_', '-')}-voices", *specs]
+    return args
 
 
 def features_args(plan: Plan, split: str) -> list[str]:

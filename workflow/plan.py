@@ -13,11 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common import catalog
+from common import catalog, voices
 from common.fsutil import slug
 from workflow.local import REPO, training_python
 
-SPLITS = ("train", "dev", "test", "test_noisy")  # of the demo corpus; train and test are required
+# Of the demo corpus (test_engine only when an engine in use has voices for it); train and test are required.
+SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
+# The demo corpus' voice groups: the DAG param demo_{group}_voices -> `pipeline.corpus --{group}-voices`.
+VOICE_GROUPS = ("train", "test", "test_engine")
 REQUIRED_SPLITS = ("train", "test")
 MODELS = tuple(catalog.models())  # the registered models (common/catalog.py), extensions' included
 # Cluster mode: where the training image keeps the project's files (configs/ of relative paths)
@@ -61,6 +64,11 @@ class Plan:
     data_service_workers: int = 0
     # `models.train --set` items (KEY=VALUE of TrainConfig) for every model's training
     train_overrides: tuple[str, ...] = ()
+    # the demo corpus' synthesizers (common/voices.py ENGINES)
+    demo_engines: tuple[str, ...] = voices.ENGINES
+    # the demo corpus' ENGINE:VOICE specs of a group (VOICE_GROUPS) where the form names them;
+    # a group left out: the corpus' own (common/voices.py)
+    demo_voices: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,6 +78,8 @@ class Plan:
         value = dict(value)
         value["splits"], value["models"] = tuple(value["splits"]), tuple(value["models"])
         value["train_overrides"] = tuple(value.get("train_overrides", ()))
+        value["demo_engines"] = tuple(value.get("demo_engines", voices.ENGINES))
+        value["demo_voices"] = {group: tuple(specs) for group, specs in value.get("demo_voices", {}).items()}
         return cls(**value)
 
     def model_name(self, model: str) -> str:
@@ -152,6 +162,9 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
             splits = ("train", "dev", "test")  # the Airflow pods do not mount the data: the standard three
     else:
         data_root, splits = f"{run_dir}/corpus", SPLITS
+    demo_engines, demo_voices = _demo_voices(params)
+    if not data_dir and not voices.of_engines(demo_voices.get("test_engine", voices.TEST_ENGINE_VOICES), demo_engines):
+        splits = tuple(s for s in splits if s != "test_engine")  # the corpus makes none
     features_dir = (params.get("features_dir") or "").strip()
     features_root = _resolve(features_dir, mode) if features_dir else data_root
     if mode == "local" and features_dir:
@@ -190,4 +203,25 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         allow_pipes=bool(params.get("allow_pipes", False)),
         data_service_workers=data_service_workers,
         train_overrides=overrides,
+        demo_engines=demo_engines,
+        demo_voices=demo_voices,
     )
+
+
+def _demo_voices(params: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """(engines, {group: voices named by the form}) of the demo corpus; ValueError naming the param."""
+    try:
+        engines = voices.check_engines(params.get("demo_engines") or voices.ENGINES)
+    except ValueError as err:
+        raise ValueError(f"demo_engines: {err}") from err
+    chosen = {}
+    for group in VOICE_GROUPS:
+        specs = tuple(str(s).strip() for s in params.get(f"demo_{group}_voices") or ())
+        for spec in specs:
+            try:
+                voices.parse(spec)
+            except ValueError as err:
+                raise ValueError(f"demo_{group}_voices: {err}") from err
+        if specs:
+            chosen[group] = specs
+    return engines, chosen
