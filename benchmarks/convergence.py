@@ -79,7 +79,8 @@ def demo_shards(work: Path, utterances: int) -> Path:
         check=True,
         capture_output=True,
     )
-    for split in ("train", "dev", "test"):
+    splits = [s for s in ("train", "dev", "test", "test_engine") if (data / s).is_dir()]  # test_engine: flite's
+    for split in splits:
         subprocess.run(
             [PYTHON, "-m", "pipeline.features", "--data-dir", str(data / split), "--no-progress"],
             cwd=ROOT,
@@ -87,21 +88,9 @@ def demo_shards(work: Path, utterances: int) -> Path:
             capture_output=True,
         )
     out = work / "shards"
+    split_args = [arg for s in splits for arg in ("--split", f"{s}={data / s}")]
     subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "pipeline.shards",
-            "--split",
-            f"train={data / 'train'}",
-            "--split",
-            f"dev={data / 'dev'}",
-            "--split",
-            f"test={data / 'test'}",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
+        [PYTHON, "-m", "pipeline.shards", *split_args, "--out", str(out), "--no-progress"],
         cwd=ROOT,
         check=True,
         capture_output=True,

@@ -92,6 +92,11 @@ class CorpusConfig:
     stretch_range: tuple[int, int] = (90, 130)
     # Inclusive range of a flite speaker's int_f0_target_mean, in Hz: low male to female pitch.
     f0_range: tuple[int, int] = (85, 190)
+    # Inclusive range of a flite speaker's vocal-tract warp, in percent (100: none): flite speaks
+    # duration_stretch x warp and F0 / warp, then sox plays it `speed` warp times faster, so pace and
+    # pitch are as drawn and every formant moves by the warp (vocal tract length perturbation: two
+    # male training voices then sound like shorter and longer vocal tracts, female-like at 115-120).
+    warp_range: tuple[int, int] = (90, 120)
     # espeak-ng amplitude (default 100): 60 leaves headroom so resampling and noise never clip.
     amplitude: int = 60
     # Signal-to-noise ratio of test_noisy, in dB, over the whole utterance.
@@ -132,9 +137,11 @@ class CorpusConfig:
         if not (
             25 <= self.stretch_range[0] <= self.stretch_range[1] <= 400
             and 40 <= self.f0_range[0] <= self.f0_range[1] <= 400
+            and 70 <= self.warp_range[0] <= self.warp_range[1] <= 150
         ):
             raise ValueError(
-                f"stretch_range {self.stretch_range} must lie in 25-400 (percent), f0_range {self.f0_range} in 40-400 (Hz)"
+                f"stretch_range {self.stretch_range} must lie in 25-400 (percent), f0_range {self.f0_range} in 40-400 (Hz), "
+                f"warp_range {self.warp_range} in 70-150 (percent)"
             )
         if not 1 <= self.min_words <= self.max_words:
             raise ValueError(f"need 1 <= min_words <= max_words, got {self.min_words}, {self.max_words}")
@@ -169,13 +176,14 @@ class VoiceInventory(NamedTuple):
 
 class Speaker(NamedTuple):
     # Kaldi speaker id: espeak-ng voice, rate and pitch ("en-gb-x-rp-f2-r150-p45"), or for flite
-    # "flite-", voice, duration stretch and F0 ("flite-awb-r110-p140"; no -p: the voice's own pitch,
-    # nothing after the voice: as it ships)
+    # "flite-", voice, duration stretch, F0 and warp ("flite-awb-r110-p140-w115"; no -p: the voice's
+    # own pitch, no -w: no warp, nothing after the voice: as it ships)
     id: str
     engine: str  # "espeak-ng" or "flite"
     voice: str  # the engine's name of it: "en-gb-x-rp+f2", "awb"
     rate: int  # espeak-ng: words per minute; flite: duration_stretch in percent (100: its own)
     pitch: int  # espeak-ng: pitch 0-99; flite: int_f0_target_mean in Hz (0: its own)
+    warp: int = 100  # flite: vocal-tract warp in percent (CorpusConfig.warp_range); 100: none
 
 
 class PlannedUtterance(NamedTuple):
@@ -187,6 +195,7 @@ class PlannedUtterance(NamedTuple):
     rate: int
     pitch: int
     text: str
+    warp: int = 100
 
     @property
     def spec(self) -> str:
@@ -239,12 +248,13 @@ def select_voices(config: CorpusConfig, inventory: VoiceInventory | None = None)
     return VoiceSelection(found["train"], found["test"], found["test_engine"], skipped)
 
 
-def _speaker_id(engine: str, voice: str, rate: int | None, pitch: int | None) -> str:
+def _speaker_id(engine: str, voice: str, rate: int | None, pitch: int | None, warp: int = 100) -> str:
     if engine == "espeak-ng":
         return f"{voice.replace('+', '-')}-r{rate:03d}-p{pitch:02d}"
     parts = [f"flite-{voice}"]
     parts += [f"r{rate:03d}"] if rate is not None else []
     parts += [f"p{pitch:03d}"] if pitch else []
+    parts += [f"w{warp:03d}"] if warp != 100 else []
     return "-".join(parts)
 
 
@@ -255,16 +265,18 @@ def _speakers(spec: str, count: int, config: CorpusConfig) -> list[Speaker]:
     rng = random.Random(f"{config.seed}/{spec}")
     speakers: dict[str, Speaker] = {}
     for _ in range(1000 * count):
+        warp = 100
         if engine == "espeak-ng":
             rate, pitch = rng.randint(*config.rate_range), rng.randint(*config.pitch_range)
         else:
             rate, pitch = rng.randint(*config.stretch_range), rng.randint(*config.f0_range)
             pitch = 0 if voice in FLITE_OWN_PITCH else pitch
-        speaker = Speaker(_speaker_id(engine, voice, rate, pitch), engine, voice, rate, pitch)
+            warp = rng.randint(*config.warp_range)
+        speaker = Speaker(_speaker_id(engine, voice, rate, pitch, warp), engine, voice, rate, pitch, warp)
         speakers.setdefault(speaker.id, speaker)
         if len(speakers) == count:
             return list(speakers.values())
-    raise ValueError(f"{spec}: the rate and pitch ranges hold fewer than {count} speakers; widen them")
+    raise ValueError(f"{spec}: the rate, pitch and warp ranges hold fewer than {count} speakers; widen them")
 
 
 def _as_shipped(spec: str) -> Speaker:
@@ -305,7 +317,7 @@ def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -
                 raise ValueError(f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances")
             seen.add(text)
             spk = speakers[i % len(speakers)]
-            plan.append(PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, *spk[1:], text))
+            plan.append(PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, *spk[1:5], text, spk.warp))
         if split == "train":
             used_in_train = speakers[:size]
     # The held-out engine's voices say the test sentences, with the test utterances' numbers.
@@ -313,7 +325,7 @@ def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -
     for i, utt in enumerate([u for u in plan if u.split == "test"] if engine_speakers else []):
         spk = engine_speakers[i % len(engine_speakers)]
         number = utt.utt_id.rsplit("-", 1)[1]
-        plan.append(PlannedUtterance("test_engine", f"{spk.id}-{number}", spk.id, *spk[1:], utt.text))
+        plan.append(PlannedUtterance("test_engine", f"{spk.id}-{number}", spk.id, *spk[1:5], utt.text, spk.warp))
     return plan
 
 
@@ -404,19 +416,22 @@ def synthesis_command(utt: PlannedUtterance, config: CorpusConfig, tools: dict[s
         return [tools["espeak-ng"], "-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch),
                 "-a", str(config.amplitude), "--stdout", utt.text]  # fmt: skip
     # flite: 16000 Hz (kal: 8000). It writes the wav header's sizes before the samples, so a pipe works.
-    cmd = [tools["flite"], "-voice", utt.voice, "--setf", f"duration_stretch={utt.rate / 100:g}"]
+    # A warp: slower and lower by it here, sox speeds it up by it (`_synthesize`).
+    cmd = [tools["flite"], "-voice", utt.voice, "--setf", f"duration_stretch={utt.rate * utt.warp / 10000:g}"]
     if utt.pitch:
-        cmd += ["--setf", f"int_f0_target_mean={utt.pitch}"]
+        cmd += ["--setf", f"int_f0_target_mean={utt.pitch * 100 / utt.warp:g}"]
     return [*cmd, "-t", utt.text, "-o", "/dev/stdout"]
 
 
 def _synthesize(utt: PlannedUtterance, wav: Path, config: CorpusConfig, tools: dict[str, str]) -> None:
-    """The engine's wav piped through sox into a 16-bit mono wav at config.sample_rate."""
+    """The engine's wav piped through sox into a 16-bit mono wav at config.sample_rate (flite's warp:
+    sox's `speed`, which moves tempo, pitch and formants together)."""
     speech = _run(synthesis_command(utt, config, tools), f"{utt.engine} for {utt.utt_id}")
     tmp = wav.with_name(wav.name + ".tmp")
     # -R: sox dithers with a fixed seed, so the same input gives byte-identical output.
     _run([tools["sox"], "-R", "-t", "wav", "-", "-t", "wav", "-r", str(config.sample_rate), "-c", "1", "-b", "16",
-          "-e", "signed-integer", str(tmp)], f"sox for {utt.utt_id}", input=speech)  # fmt: skip
+          "-e", "signed-integer", str(tmp), *(["speed", f"{utt.warp / 100:g}"] if utt.warp != 100 else [])],
+         f"sox for {utt.utt_id}", input=speech)  # fmt: skip
     tmp.replace(wav)
 
 

@@ -142,7 +142,14 @@ def test_flops_per_frame_counts_every_layer(loss):
 
 def test_flops_per_frame_counts_the_conv_frontend():
     cfg = asr.AsrConfig(
-        feature_dim=80, vocab_size=30, num_layers=1, units=10, projection=0, frontend="conv", subsample=4, conv_channels=16
+        feature_dim=80,
+        vocab_size=30,
+        num_layers=1,
+        units=10,
+        projection=0,
+        frontend="conv",
+        subsample=4,
+        conv_channels=16,
     )
     convs = 2 * 3 * 80 * 16 * 2 + 2 * 3 * 16 * 16  # per LSTM step: the first conv runs twice as often
     lstm = 2 * 2 * 4 * 10 * (16 + 10)

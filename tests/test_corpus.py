@@ -158,10 +158,10 @@ def test_missing_tool_names_it_and_the_install_command(tmp_path, monkeypatch):
         corpus.build_corpus(CorpusConfig(num_utterances=10, engines=("flite",)), tmp_path / "out")
 
 
-def synthesize(tmp_path, engine: str, voice: str, rate: int, pitch: int) -> np.ndarray:
+def synthesize(tmp_path, engine: str, voice: str, rate: int, pitch: int, warp: int = 100) -> np.ndarray:
     """One sentence through the corpus' own engine and sox commands: [samples] int16 at 16 kHz."""
     utt = corpus.PlannedUtterance(
-        "train", f"u-{voice}-{rate}-{pitch}", "s", engine, voice, rate, pitch, "the taxi is late"
+        "train", f"u-{voice}-{rate}-{pitch}-{warp}", "s", engine, voice, rate, pitch, "the taxi is late", warp
     )
     tools = {name: shutil.which(name) for name in (engine, "sox")}
     corpus._synthesize(utt, tmp_path / f"{utt.utt_id}.wav", CorpusConfig(), tools)
@@ -178,6 +178,16 @@ def test_flite_rate_and_pitch_change_the_speech_and_rms_ignores_the_pitch(tmp_pa
     )
     # FLITE_OWN_PITCH: once rms follows int_f0_target_mean, its speakers can vary in pitch too.
     assert np.array_equal(synthesize(tmp_path, "flite", "rms", 100, 90), synthesize(tmp_path, "flite", "rms", 100, 180))
+
+
+def test_flite_warp_moves_the_formants_and_keeps_the_pace(tmp_path):
+    def centroid(audio):  # Hz: where the spectrum's energy lies
+        power = np.abs(np.fft.rfft(audio.astype(np.float64))) ** 2
+        return float((np.fft.rfftfreq(len(audio), 1 / 16000) * power).sum() / power.sum())
+
+    plain, warped = synthesize(tmp_path, "flite", "awb", 100, 120), synthesize(tmp_path, "flite", "awb", 100, 120, 120)
+    assert 0.93 < len(warped) / len(plain) < 1.07, "the warp keeps the speaking rate"
+    assert centroid(warped) > 1.1 * centroid(plain), "and moves the spectrum up"
 
 
 # --- real runs ----------------------------------------------------------------------------------
