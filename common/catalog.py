@@ -56,6 +56,8 @@ class StrategyEntry:
     # otherwise every rank steps through exact epochs of its own shards
     budget_in_data: bool = False
     supports_elastic: bool = False  # survives lost workers under Horovod elastic (`--elastic`)
+    # every rank holds the same weights after each step, so the ranks share the dev evaluation
+    replicas_equal: bool = False
     dynamic_process_sets: bool = False  # Horovod: registers process sets at run time
     options: tuple[str, ...] = ()  # the StrategyConfig fields it reads, besides `name` and `extension`
 
@@ -106,6 +108,7 @@ register_strategy(
         "models.strategies:Allreduce",
         "allreduce (synchronous ring-allreduce)",
         supports_elastic=True,
+        replicas_equal=True,
         options=("compression", "fused_step"),
     )
 )

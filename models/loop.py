@@ -129,12 +129,22 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
                 "Horovod 0.28.1: horovod/horovod#4021)"
             )
         self.dev = None
-        if self.rank == 0:
+        # Equal replicas share the dev split (each rank its shards, the counts summed); otherwise
+        # rank 0 evaluates its own weights while the others go on. Elastic keeps rank 0 alone: the
+        # shares would change with the world size.
+        shared = declared.replicas_equal and not c.elastic and self.size > 1
+        if self.rank == 0 or shared:
             from models.validation import DevSelection
 
-            self.dev = DevSelection(self.task, self.model, self.shards, c, self.workdir, self._owners())
+            share = (self.rank, self.size, self._sum_over_ranks) if shared else None
+            self.dev = DevSelection(self.task, self.model, self.shards, c, self.workdir, self._owners(), share)
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        # Horovod: a collective; every rank calls it at the same dev evaluation.
+        summed = self.hvd.allreduce(self.tf.constant(values, self.tf.float64), op=self.hvd.Sum, name="dev_counts")
+        return summed.numpy().tolist()
 
     # -- the loop ---------------------------------------------------------------------------------
 

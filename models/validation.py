@@ -1,9 +1,11 @@
 """Model selection on the dev split during training: its loss (and CER for the acoustic model)
 every `eval_every` steps, and the best weights kept in `WORKDIR/best/`.
 
-Rank 0 evaluates its own weights (under gossip, its own copy of the model) while the others go on
-(allreduce: they wait for it at the next step). The saved model is the best one on dev; the test
-split is only for reporting (models.evaluate).
+Under allreduce every rank holds the same weights, so the ranks share the work: each evaluates its
+shards of dev and the counts behind the loss and the error rates are summed over the ranks (rank 0
+alone would keep the others waiting at the next step). Otherwise (gossip, elastic) rank 0 evaluates
+its own weights while the others go on. Rank 0 keeps the best weights. The saved model is the best
+one on dev; the test split is only for reporting (models.evaluate).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from models import checkpoint
 from pipeline.records import ShardSet
 
 DEV = "dev"
+COUNTS = ("chars", "char_sub", "char_del", "char_ins", "words", "word_sub", "word_del", "word_ins")
 
 
 class DevSelection:
-    def __init__(self, task, model, shards: ShardSet, config, workdir: Path, owners: tuple):
+    def __init__(self, task, model, shards: ShardSet, config, workdir: Path, owners: tuple, share=None):
+        """`share`: (rank, size, sum over ranks of a list of floats) when the ranks share the split."""
         self.task, self.model, self.owners = task, model, owners
+        self.rank, size, self.combine = share or (0, 1, None)
         self.every = config.eval_every
         self.best_dir = workdir / "best"
         self.metric = task.selection_metric
@@ -31,9 +36,9 @@ class DevSelection:
         self.started_unix_s = time.time()  # the same moment by the wall clock: where dev_wall_s counts from
         if self.enabled:
             cfg = dataclasses.replace(config.input, frames_per_batch=40000, max_batch_size=64)
-            self.dataset, _ = task.dataset(shards, DEV, cfg, 0, 1, 0, False)
+            self.dataset, _ = task.dataset(shards, DEV, cfg, self.rank, size, 0, False)  # this rank's shards
             self.vocabulary = shards.vocabulary
-        saved = checkpoint.latest(self.best_dir)
+        saved = checkpoint.latest(self.best_dir) if self.rank == 0 else None
         if saved is not None:  # a resumed run keeps the best it had found
             meta = checkpoint.restore_meta(saved)
             self.best, self.best_step = meta["position"]["value"], meta["step"]
@@ -56,19 +61,27 @@ class DevSelection:
             hyps += batch_hyps
             tokens, lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
             refs += ["".join(self.vocabulary[t] for t in row[:n]) for row, n in zip(tokens, lengths)]
-        metrics = {"dev_loss": sum(losses) / max(1, len(losses)), "dev_wall_s": time.perf_counter() - self.started}
-        if refs:
+        totals = [sum(losses), len(losses)]
+        if self.metric == "dev_cer":
             rates = error_rates(refs, hyps)
-            metrics.update(dev_cer=rates["cer"], dev_wer=rates["wer"])
-        if metrics[self.metric] < self.best:
+            totals += [rates[k] for k in COUNTS]
+        if self.combine is not None:
+            totals = self.combine(totals)
+        metrics = {"dev_loss": totals[0] / max(1, totals[1]), "dev_wall_s": time.perf_counter() - self.started}
+        if self.metric == "dev_cer":
+            n = dict(zip(COUNTS, totals[2:]))
+            cer = (n["char_sub"] + n["char_del"] + n["char_ins"]) / max(n["chars"], 1)
+            wer = (n["word_sub"] + n["word_del"] + n["word_ins"]) / max(n["words"], 1)
+            metrics.update(dev_cer=cer, dev_wer=wer)
+        if self.rank == 0 and metrics[self.metric] < self.best:
             self.best, self.best_step = metrics[self.metric], step
             position = {"metric": self.metric, "value": self.best}
             checkpoint.save(self.best_dir, step, self.model.weights, [], position, keep=1, owners=self.owners)
         return metrics
 
     def restore_best(self) -> dict:
-        """Puts the best weights on dev into the model; returns what was selected."""
-        saved = checkpoint.latest(self.best_dir)
+        """Puts the best weights on dev into rank 0's model (the one it saves); returns what was selected."""
+        saved = checkpoint.latest(self.best_dir) if self.rank == 0 else None
         if saved is None:
             return {}
         checkpoint.restore(saved, self.model.weights, owners=self.owners)

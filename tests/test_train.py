@@ -133,25 +133,40 @@ def _check_horovod_run(workdir, mlflow_uri, model: str):
 
 
 @pytest.mark.slow
-def test_horovodrun_acoustic_model_allreduce(tiny_shards, tmp_path, mlflow_uri):
+def test_horovodrun_acoustic_model_allreduce(tmp_path, mlflow_uri):
+    from pipeline import shards
+    from tests.kaldi_fixtures import make_feats_dir
+
+    splits = {
+        name: make_feats_dir(tmp_path / name, num_utts=n, dim=13, frames=(30, 70), seed=seed)[0]
+        for name, n, seed in (("train", 24, 3), ("dev", 12, 6))
+    }
+    shard_dir = tmp_path / "shards"
+    shards.make_shards(splits, shard_dir, shards.ShardConfig(num_shards=4, jobs=1), progress=False)
     workdir = tmp_path / "asr"
     horovodrun(
         [
-            "-m",
-            "models.train",
-            "--shards",
-            str(tiny_shards),
-            "--workdir",
-            str(workdir),
-            "--config",
-            str(CONFIGS / "tiny_asr.yaml"),
-            "--max-steps",
-            "6",
+            *("-m", "models.train", "--shards", str(shard_dir), "--workdir", str(workdir)),
+            *("--config", str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "6"),
+            *("--set", "eval_every=3", "--set", "optim.learning_rate=0.03"),
         ],
         env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri),
     )
     summary, run, loaded = _check_horovod_run(workdir, mlflow_uri, "asr")
     assert run.data.metrics["time_communication_ms"] > 0  # the allreduce is timed apart from compute
+    # The two ranks shared the dev split (each its shards, the counts summed): the selected model's
+    # dev CER is the one evaluation finds on the whole split.
+    assert [h["step"] for h in summary["dev_history"]] == [3]
+    subprocess.run(
+        [PYTHON, "-m", "models.evaluate", "--model-dir", str(workdir), "--shards", str(shard_dir), "--split", "dev"]
+        + ["--no-mlflow"],
+        cwd=ROOT,
+        env=quiet_env(),
+        check=True,
+        capture_output=True,
+    )
+    evaluated = json.loads((workdir / "eval.json").read_text())
+    assert summary["selected_dev_cer"] == pytest.approx(evaluated["dev_cer"], abs=1e-9)
     # The served model takes audio (tests/test_serving.py); these shards hold random matrices in
     # Kaldi's format, features no audio gives, and the model says so.
     with pytest.raises(ValueError, match="made by Kaldi"):
