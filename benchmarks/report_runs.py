@@ -306,30 +306,36 @@ def time_to_accuracy(r: dict) -> list[str]:
     rows = []
     for name in sorted(r["arms"], key=lambda n: (n != "before", n)):  # before, then after
         arm = r["arms"][name]
-        rows.append(
-            [
-                name,
-                f"`{arm['config']}`",
-                arm["steps"],
-                num(arm["startup_minutes"], 1),
-                *(
-                    "never" if arm.get(f"minutes_to_{t:g}") is None else num(arm[f"minutes_to_{t:g}"], 1)
-                    for t in targets
-                ),
-                num(arm["job_minutes"], 1),
-                pct(arm["final_dev_cer"]),
-                pct(arm["test_cer"]),
-            ]
-        )
+        runs = arm.get("runs", [{**arm, "seed": r["meta"].get("seeds", {}).get("training", 0)}])
+        for run in [*runs, {**arm, "seed": "mean"}] if len(runs) > 1 else runs:
+            rows.append(
+                [
+                    name,
+                    f"`{arm['config']}`",
+                    run["seed"],
+                    num(run["steps"], 0),
+                    num(run["startup_minutes"], 1),
+                    *(
+                        "never" if run.get(f"minutes_to_{t:g}") is None else num(run[f"minutes_to_{t:g}"], 1)
+                        for t in targets
+                    ),
+                    num(run["job_minutes"], 1),
+                    pct(run["final_dev_cer"]),
+                    pct(run["test_cer"]),
+                    "-" if run.get("test_engine_cer") is None else pct(run["test_engine_cer"]),
+                ]
+            )
     headers = [
         "arm",
         "config",
+        "seed",
         "steps",
         "start-up minutes",
         *(f"minutes to dev CER {pct(t)}" for t in targets),
         "job minutes",
         "final dev CER",
         "test CER",
+        "test_engine CER",
     ]
     return table(headers, rows)
 

@@ -6,7 +6,7 @@ and the demo's as it runs ("after": models/lstm.py's CPU path).
                                           [--before benchmarks/configs/demo_asr_keras_path.yaml]
                                           [--after configs/demo_asr.yaml]
                                           [--evaluations 12]
-                                          [--targets 0.02,0.015]
+                                          [--targets 0.02,0.015] [--seeds 0,1] [--before-seeds 0]
 
 Each arm is the real command a user runs (`horovodrun -np 2 -H localhost:2 --gloo python -m
 models.train --config ...`), with the dev CER measured about `--evaluations` times in its run (the
@@ -14,7 +14,10 @@ same number for both arms, so both pay the same share of evaluation); a point's 
 launching horovodrun to that evaluation's end, so start-up, input, evaluation and checkpoints are all
 in them. Reported per arm: the minutes until the dev CER first reached each target, the job's
 minutes from launch to exit, its final dev CER, and the test CER (greedy, voices never heard in
-training) of the model it saved. A plot of both curves is written beside the JSON (`out.png`).
+training) of the model it saved, and on the held-out engine's voices (test_engine) where the shards
+have them. `--seeds`: the after arm runs once per training seed and its figures are their means (one
+seed's test CER differs by most of a point between two CPUs), each seed's beside them; the before
+arm runs `--before-seeds`. A plot of every run's curve is written beside the JSON (`out.png`).
 Without --shards it builds the demo corpus first (espeak-ng + sox, fbank, shards), as `make demo` does.
 """
 
@@ -29,12 +32,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.convergence import demo_shards, evaluate, first_below  # noqa: E402
-from benchmarks.harness import ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks.convergence import demo_shards, first_below  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    ROOT,
+    evaluate_model,
+    print_table,
+    run_training,
+    synthetic_shards,
+    write_json,
+)
 
 BEFORE = ROOT / "benchmarks/configs/demo_asr_keras_path.yaml"
 AFTER = ROOT / "configs/demo_asr.yaml"
-TABLE = ["arm", "config", "steps", "job minutes", "final dev CER", "test CER"]
+TABLE = ["arm", "seed", "config", "steps", "job minutes", "final dev CER", "test CER", "test_engine CER"]
 RUN_TIMEOUT_S = 2 * 3600  # an arm of the demo's config takes about 20 minutes on a 2-core CPU
 
 
@@ -62,6 +72,44 @@ def dev_curve_from_launch(summary: dict, launched_unix_s: float) -> list[list[fl
 
 
 def run_arm(
+    name: str,
+    config: Path,
+    sets: list[str],
+    shards: Path,
+    work: Path,
+    evaluations: int,
+    tracking: str,
+    seeds: list[int],
+    targets: list[float],
+) -> dict:
+    """One arm: a run per seed, its figures the seeds' means (`runs`: each seed's)."""
+    runs = [
+        run_seed(f"{name}-seed{seed}", config, [*sets, f"seed={seed}"], shards, work, evaluations, tracking)
+        for seed in seeds
+    ]
+    for run, seed in zip(runs, seeds):
+        run["seed"] = seed
+        for target in targets:
+            run[f"minutes_to_{target:g}"] = first_below(run["dev_curve"], target)
+    mean = {}
+    for key in (
+        "steps",
+        "job_minutes",
+        "startup_minutes",
+        "final_dev_cer",
+        "selected_dev_cer",
+        "test_cer",
+        "test_engine_cer",
+    ):
+        values = [r[key] for r in runs]
+        mean[key] = None if any(v is None for v in values) else sum(values) / len(values)
+    for target in targets:  # a seed that never reached it: the arm did not reach it
+        values = [r[f"minutes_to_{target:g}"] for r in runs]
+        mean[f"minutes_to_{target:g}"] = None if None in values else sum(values) / len(values)
+    return {"config": runs[0]["config"], "eval_every": runs[0]["eval_every"], **mean, "seeds": seeds, "runs": runs}
+
+
+def run_seed(
     name: str, config: Path, sets: list[str], shards: Path, work: Path, evaluations: int, tracking: str
 ) -> dict:
     steps = steps_of(config, shards, sets, 2)
@@ -76,7 +124,7 @@ def run_arm(
         env_extra={"MLFLOW_TRACKING_URI": tracking},
         timeout=RUN_TIMEOUT_S,
     )
-    test = evaluate(work / name, shards)
+    test = evaluate_test(work / name, shards)
     curve = dev_curve_from_launch(summary, launched)
     return {
         "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config),
@@ -87,8 +135,17 @@ def run_arm(
         "final_dev_cer": summary.get("last_dev_cer"),
         "selected_dev_cer": summary.get("selected_dev_cer"),
         "test_cer": test.get("test_cer"),
+        "test_engine_cer": test.get("test_engine_cer"),
         "dev_curve": curve,
     }
+
+
+def evaluate_test(workdir: Path, shards: Path) -> dict:
+    """Greedy CER of the saved model on test, and on test_engine where the shards have it."""
+    from pipeline.records import open_shard_set
+
+    held_out = [s for s in ("test", "test_engine") if s in open_shard_set(shards).splits]
+    return evaluate_model(workdir, shards, *(a for s in held_out for a in ("--split", s)), "--beam-width", "4")
 
 
 def plot(arms: dict[str, dict], targets: list[float], path: Path) -> Path:
@@ -100,7 +157,9 @@ def plot(arms: dict[str, dict], targets: list[float], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, arm in arms.items():
-        ax.plot(*zip(*arm["dev_curve"]), marker="o", markersize=3, label=f"{name} ({arm['config']})")
+        for run in arm["runs"]:
+            label = f"{name} ({arm['config']}, seed {run['seed']})"
+            ax.plot(*zip(*run["dev_curve"]), marker="o", markersize=3, label=label)
     for target in targets:
         ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
     ax.set_yscale("log")
@@ -131,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--evaluations", type=int, default=12, help="dev evaluations in each arm's run")
     parser.add_argument("--targets", default="0.02,0.015", help="dev CERs to report the minutes to")
+    seeds = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
+    parser.add_argument("--seeds", type=seeds, default=[0, 1], help="training seeds of the after arm (their mean)")
+    parser.add_argument("--before-seeds", type=seeds, default=[0], help="training seeds of the before arm")
     args = parser.parse_args(argv)
     targets = [float(t) for t in args.targets.split(",")]
     work = Path(tempfile.mkdtemp(prefix="time-to-accuracy-"))
@@ -143,24 +205,29 @@ def main(argv: list[str] | None = None) -> int:
         common = ["max_steps=8", "log_model=false"]
         plan = {"before": (tiny, common), "after": (tiny, [*common, "asr.subsample=2"])}
         evaluations = 2
+        args.seeds, args.before_seeds = args.seeds[:2], args.before_seeds[:1]
     else:
         shards = args.shards or demo_shards(work, args.utterances)
         plan = {"before": (args.before.resolve(), []), "after": (args.after.resolve(), [])}
         evaluations = args.evaluations
     # The new config runs first (its figures are the ones a reader waits for); the table keeps before, after.
-    ran = {name: run_arm(name, *plan[name], shards, work, evaluations, tracking) for name in args.arms}
+    seeds_of = {"after": args.seeds, "before": args.before_seeds}
+    ran = {
+        name: run_arm(name, *plan[name], shards, work, evaluations, tracking, seeds_of[name], targets)
+        for name in args.arms
+    }
     arms = {name: ran[name] for name in plan if name in ran}
     results: dict = {"tiny": args.tiny, "workers": 2, "targets": targets, "arms": arms}
     rows = []
     for name, arm in arms.items():
-        for target in targets:
-            arm[f"minutes_to_{target:g}"] = first_below(arm["dev_curve"], target)
-        rows.append(
-            [name, arm["config"], arm["steps"], arm["job_minutes"], arm["final_dev_cer"], arm["test_cer"]]
-            + [arm[f"minutes_to_{t:g}"] or "never" for t in targets]
-        )
+        for run in [*arm["runs"], {**arm, "seed": "mean"}] if len(arm["runs"]) > 1 else arm["runs"]:
+            rows.append(
+                [name, run["seed"], arm["config"], run["steps"], run["job_minutes"], run["final_dev_cer"]]
+                + [run["test_cer"], run["test_engine_cer"] if run["test_engine_cer"] is not None else "-"]
+                + [run[f"minutes_to_{t:g}"] or "never" for t in targets]
+            )
     print_table([*TABLE, *(f"minutes to dev CER {t:.1%}" for t in targets)], rows)
-    seeds = {"training": 0, "demo_corpus" if not args.tiny else "synthetic_shards": 0}
+    seeds = {"training": args.seeds, "demo_corpus" if not args.tiny else "synthetic_shards": 0}
     write_json(args.json, results, seeds)
     if args.json:
         print("plot:", plot(arms, targets, args.json.with_suffix(".png")))

@@ -110,7 +110,8 @@ def _backward(x, w, saved, dh_out):
     after it (TensorFlow's whole-sequence gradient op does those as small matmuls at every step).
     """
     frames, batch = tf.shape(x)[0], tf.shape(x)[1]
-    inputs, units = x.shape[-1], w.shape[1] // 4
+    units = w.shape[1] // 4
+    inputs = w.shape[0] - units  # from the kernel: x's last dimension may be unknown when traced
     zeros = tf.zeros([batch, units], x.dtype)  # [B, u]
     recurrent = w[inputs:]  # [u, 4u], sliced once, not at every step
     recurrent_t = tf.transpose(recurrent)  # [4u, u], transposed once

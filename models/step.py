@@ -38,9 +38,18 @@ class Stepping:
             optimizer.apply(grads, variables)
             return loss, aux, task.frames(batch)
 
-        self._compute = tf.function(compute, reduce_retracing=True)
-        self._apply = tf.function(apply, reduce_retracing=True)
+        self._compute_fn, self._compute = compute, None
+        self._apply = tf.function(apply, reduce_retracing=True)  # the gradients' shapes never change
         self._fused_fn, self._fused = fused, None
+
+    def _traced(self, fn, batch):
+        """`fn(batch, seed)` as one graph for every batch shape: every dimension unknown. Traced per
+        shape (or by `reduce_retracing`, which relaxes only the dimensions seen to change), a batch of
+        a new size or length class retraced the step mid-run, about half a minute each time with the
+        LSTM gradient's loops."""
+        tf = self.tf
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
+        return tf.function(fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)])
 
     def _seed(self, step: int):
         """The stateless seed of this step's random input augmentation: another on every rank and step."""
@@ -55,16 +64,17 @@ class Stepping:
             start = time.perf_counter()
             if self.strategy.fused_step:
                 if self._fused is None:
-                    # Horovod: one trace with every dimension unknown, the same graph on every rank.
-                    # Traces that follow each rank's own batch shapes (reduce_retracing) name their
-                    # allreduce ops differently on ranks that retraced at different steps, and the
-                    # ranks then wait for each other's tensors forever.
-                    spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
-                    self._fused = tf.function(self._fused_fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)])
+                    # Horovod: one trace, the same graph on every rank. Traces that follow each
+                    # rank's own batch shapes (reduce_retracing) name their allreduce ops differently
+                    # on ranks that retraced at different steps, and the ranks then wait for each
+                    # other's tensors forever.
+                    self._fused = self._traced(self._fused_fn, batch)
                 loss, aux, frames = self._fused(batch, seed)
                 loss = float(loss)  # waits for the step
                 times["compute"], times["communication"] = time.perf_counter() - start, 0.0
             else:
+                if self._compute is None:
+                    self._compute = self._traced(self._compute_fn, batch)
                 loss, aux, frames, grads = self._compute(batch, seed)
                 self._sync_accelerators()
                 times["compute"] = time.perf_counter() - start

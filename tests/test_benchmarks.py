@@ -115,14 +115,19 @@ def test_time_to_accuracy_curves_run_from_launch(tmp_path):
     results = run_tiny("time_to_accuracy", tmp_path)
     assert set(results["arms"]) == {"before", "after"}
     for arm in results["arms"].values():
-        minutes = [m for m, _ in arm["dev_curve"]]
-        assert len(minutes) >= 2 and minutes == sorted(minutes), arm["dev_curve"]
-        assert 0 < arm["startup_minutes"] < minutes[0] <= minutes[-1] <= arm["job_minutes"]
-        assert all(math.isfinite(cer) and cer >= 0 for _, cer in arm["dev_curve"])  # an untrained model inserts
-        assert arm["test_cer"] is not None and arm["steps"] == 8
-        for target in results["targets"]:
-            assert f"minutes_to_{target:g}" in arm
-    assert results["arms"]["after"]["config"] == results["arms"]["before"]["config"]
+        for run in arm["runs"]:
+            minutes = [m for m, _ in run["dev_curve"]]
+            assert len(minutes) >= 2 and minutes == sorted(minutes), run["dev_curve"]
+            assert 0 < run["startup_minutes"] < minutes[0] <= minutes[-1] <= run["job_minutes"]
+            assert all(math.isfinite(cer) and cer >= 0 for _, cer in run["dev_curve"])  # an untrained model inserts
+            assert run["test_cer"] is not None and run["steps"] == 8
+            for target in results["targets"]:
+                assert f"minutes_to_{target:g}" in run and f"minutes_to_{target:g}" in arm
+    after = results["arms"]["after"]
+    assert after["seeds"] == [0, 1] and results["arms"]["before"]["seeds"] == [0]
+    # The after arm's figures are its seeds' means.
+    assert after["test_cer"] == pytest.approx(sum(r["test_cer"] for r in after["runs"]) / 2)
+    assert after["config"] == results["arms"]["before"]["config"]
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
 
 
