@@ -167,7 +167,7 @@ class Job:
 
 
 def evaluate_cer(workdir: Path, shards: Path) -> float:
-    args = ["--model-dir", str(workdir), "--shards", str(shards), "--split", "test", "--no-mlflow", "--beam-width", "1"]
+    args = ["--model", str(workdir), "--shards", str(shards), "--split", "test", "--no-mlflow", "--beam-width", "1"]
     subprocess.run(
         commands.module_command(PYTHON, commands.EVALUATE, args), cwd=ROOT, env=env(), check=True, capture_output=True
     )

@@ -113,8 +113,8 @@ def run_training(
 
 
 def evaluate_model(workdir: Path, shards: Path, *args: str) -> dict:
-    """`models.evaluate --model-dir WORKDIR --shards SHARDS ARGS --no-mlflow`; its eval.json."""
-    cmd = [PYTHON, "-m", "models.evaluate", "--model-dir", str(workdir), "--shards", str(shards), *args, "--no-mlflow"]
+    """`models.evaluate --model WORKDIR --shards SHARDS ARGS --no-mlflow`; its eval.json."""
+    cmd = [PYTHON, "-m", "models.evaluate", "--model", str(workdir), "--shards", str(shards), *args, "--no-mlflow"]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     return json.loads((workdir / "eval.json").read_text())
 

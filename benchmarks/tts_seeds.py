@@ -42,7 +42,7 @@ RUN_TIMEOUT_S = 3600
 
 def evaluate(workdir: Path, shards: Path, listener: Path, max_utterances: int) -> dict:
     """`models.evaluate` of a synthesis model on dev and test, as the DAG's evaluate_tts task runs it."""
-    return evaluate_model(workdir, shards, "--asr-model-dir", str(listener), "--max-utterances", str(max_utterances))
+    return evaluate_model(workdir, shards, "--asr-model", str(listener), "--max-utterances", str(max_utterances))
 
 
 def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) -> int | None:

@@ -1,7 +1,8 @@
-"""Evaluation: `python -m models.evaluate --model-dir W --shards OUT [--split test]`.
+"""Evaluation: `python -m models.evaluate --model W --shards OUT [--split test]`.
 
-The entry point: it loads the trained model, builds each split's input, and runs the model's
-evaluation (models/evaluate_asr.py, models/evaluate_tts.py), then logs to MLflow.
+The entry point: it opens the trained model (`--model`: a training workdir, its `model/` or a
+registry URI, as every command names a model: models/inference.py), builds each split's input, and
+runs the model's evaluation (models/evaluate_asr.py, models/evaluate_tts.py), then logs to MLflow.
 
 Acoustic model: CER and WER with greedy and beam-search decoding, and a file of hypotheses next
 to the references, for the test split and, when the shards have them, the noisy test and the test in
@@ -9,8 +10,9 @@ an engine's voices never heard in training (test_engine). Synthesis
 model: mel L1 (teacher-forced) and filterbank cepstral distance (free-running, DTW-aligned) against
 the references, attention plots and a monotonicity measure, predicted-versus-reference mel
 plots, Griffin-Lim audio for a few sentences, and intelligibility: an acoustic model
-(`--asr-model-dir`) transcribes the synthesized mels and we report its CER. Everything goes to
-`W/eval.json`, `W/eval/`, and the MLflow run that trained the model.
+(`--asr-model`, named in any of the same forms) transcribes the synthesized mels and we report its
+CER. Everything goes to `W/eval.json`, `W/eval/` (or `--out-dir`, which a registry URI needs), and the
+MLflow run that trained the model.
 """
 
 from __future__ import annotations
@@ -45,22 +47,39 @@ class EvalConfig:
     voice: str = ""
 
 
-def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path | None = None) -> dict:
-    """Evaluates the model trained in `model_dir` (a training workdir) on `cfg.splits` of `shards`
-    with its model's evaluation (common/catalog.py `ModelEntry.evaluation`). Writes
-    `model_dir/eval.json` and `model_dir/eval/` (hypotheses, plots, audio); returns the metrics."""
+def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
+    """Where the evaluation of `model` writes eval.json and eval/: `out_dir`, or else the training
+    workdir the model was named by (a workdir or its model/); a registry URI needs `out_dir`."""
+    from models import inference
+
+    if out_dir is not None:
+        return Path(out_dir)
+    source = inference.locate(model)
+    if source.workdir is None:
+        raise ValueError(f"{model} is not in a training workdir: say where the evaluation goes with --out-dir DIR")
+    return source.workdir
+
+
+def evaluate(
+    model: str | Path, shards: Path, cfg: EvalConfig, asr_model: str | Path | None = None, out_dir: Path | None = None
+) -> dict:
+    """Evaluates the trained `model` (any form models/inference.py opens) on `cfg.splits` of
+    `shards` with its model's evaluation (common/catalog.py `ModelEntry.evaluation`). Writes
+    `eval.json` and `eval/` (hypotheses, plots, audio) into `output_dir(model, out_dir)`; returns
+    the metrics."""
     from common import catalog
-    from models.serving import load_model_dir
+    from models import inference
     from pipeline.records import open_shard_set
 
-    model_dir = Path(model_dir)
-    model, config, data = load_model_dir(model_dir / "model")
+    root = output_dir(model, out_dir)
+    model_spec = model
+    model, config, data = inference.open_model(model_spec)
     shards = open_shard_set(shards)
-    check_vocabulary(data, shards, model_dir)
+    check_vocabulary(data, shards, model_spec)
     entry = catalog.model(config.model)
     splits = list(cfg.splits) or [s for s in entry.eval_splits if s in shards.splits]
-    out_dir = model_dir / "eval"
-    out_dir.mkdir(exist_ok=True)
+    out_dir = root / "eval"
+    out_dir.mkdir(parents=True, exist_ok=True)
     task = catalog.task_class(config.model).create(config, shards, cfg)
 
     def batches(split: str, frames_per_batch: int):
@@ -70,14 +89,14 @@ def evaluate(model_dir: Path, shards: Path, cfg: EvalConfig, asr_model_dir: Path
         )
         return task.dataset(shards, split, evaluation, 0, 1, 0, False)[0]
 
-    listener = asr_model_dir if entry.listener else None  # a model whose output is heard
+    listener = asr_model if entry.listener else None  # a model whose output is heard
     metrics = {"model": config.model}
     metrics.update(catalog.resolve(entry.evaluation)(model, config, data, batches, splits, cfg, out_dir, listener))
-    atomic_write_json(model_dir / "eval.json", metrics)
+    atomic_write_json(root / "eval.json", metrics)
     return metrics
 
 
-def check_vocabulary(data: dict, shards: ShardSet, model_dir: Path) -> None:
+def check_vocabulary(data: dict, shards: ShardSet, model_dir: str | Path) -> None:
     """ValueError with the fix when the shards' token ids do not mean the model's characters: the
     references would be decoded with the wrong characters (or as `<unk>`) and every CER be wrong."""
     ours, theirs = list(data["vocabulary"]), list(shards.vocabulary)
@@ -101,8 +120,9 @@ def check_vocabulary(data: dict, shards: ShardSet, model_dir: Path) -> None:
 
 
 def log_to_mlflow(model_dir: Path, metrics: dict, parent_run_id: str | None) -> str | None:
-    """Logs metrics to the training run; with a parent (the DAG), also to an evaluation child run
-    that holds the artifacts. Returns the run id that holds the artifacts."""
+    """Logs metrics to the training run (when `model_dir`, where eval.json is, is the training
+    workdir); with a parent (the DAG), also to an evaluation child run that holds the artifacts.
+    Returns the run id that holds the artifacts."""
     from models import tracking
 
     trained = tracking.load_run_file(model_dir)
@@ -143,7 +163,14 @@ def log_to_mlflow(model_dir: Path, metrics: dict, parent_run_id: str | None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model-dir", required=True, type=Path, help="the training workdir (holds model/)")
+    p.add_argument(
+        "--model",
+        "--model-dir",
+        dest="model",
+        required=True,
+        help="a training workdir (runs/asr), its model/ or a registry URI (models:/NAME@ALIAS)",
+    )
+    p.add_argument("--out-dir", type=Path, help="where eval.json and eval/ go (default: the model's training workdir)")
     p.add_argument("--shards", required=True, type=Path, help="directory with manifest.json and the shards")
     p.add_argument(
         "--split",
@@ -151,7 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="split(s) to evaluate (default: dev and test, and test_noisy and test_engine for asr)",
     )
-    p.add_argument("--asr-model-dir", type=Path, help="tts: a trained acoustic model's workdir, for intelligibility")
+    p.add_argument(
+        "--asr-model",
+        "--asr-model-dir",
+        dest="asr_model",
+        help="tts: the acoustic model that listens, for intelligibility (any form --model takes)",
+    )
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")
     p.add_argument("--max-utterances", type=int, help="tts: utterances to synthesize (default 100)")
     p.add_argument("--num-audio", type=int, help="tts: sentences to render as audio with Griffin-Lim (default 3)")
@@ -175,10 +207,11 @@ def _main(args: argparse.Namespace) -> None:
         "voice": args.voice,
     }
     cfg = configlib.load(EvalConfig, args.config, args.set, flags=flags)
-    metrics = evaluate(args.model_dir, args.shards, cfg, args.asr_model_dir)
+    root = output_dir(args.model, args.out_dir)
+    metrics = evaluate(args.model, args.shards, cfg, args.asr_model, root)
     if not args.no_mlflow:
-        metrics["mlflow_run_id"] = log_to_mlflow(args.model_dir, metrics, args.mlflow_parent_run_id)
-        atomic_write_json(args.model_dir / "eval.json", metrics)
+        metrics["mlflow_run_id"] = log_to_mlflow(root, metrics, args.mlflow_parent_run_id)
+        atomic_write_json(root / "eval.json", metrics)
     print(json.dumps(metrics, sort_keys=True))
 
 

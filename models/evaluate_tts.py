@@ -111,7 +111,7 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
 
 
 def intelligibility(
-    spoken: list[Spoken], vocabulary: list[str], asr_model_dir: Path, split: str, out_dir: Path
+    spoken: list[Spoken], vocabulary: list[str], asr_model: str | Path, split: str, out_dir: Path
 ) -> dict:
     """CER of an acoustic model on the synthesized log-mels (`SPLIT_intelligibility_cer`), and, to
     say where what it misses is lost, on two more sources of the same sentences: the model's
@@ -120,11 +120,11 @@ def intelligibility(
     (`..._cer_recordings`: the judge's own errors). Features are normalized as the acoustic model
     was trained: each utterance by its own statistics (`input.cmvn: utterance`), or each voice as one
     speaker, by the mean and variance of all its utterances (speaker CMVN and the others)."""
+    from models import inference
     from models.evaluate_asr import error_rates
-    from models.serving import load_model_dir
     from pipeline import frontend
 
-    asr_model, asr_config, asr_data = load_model_dir(Path(asr_model_dir) / "model")
+    asr_model, asr_config, asr_data = inference.open_model(asr_model)
     per_utterance = asr_config.input.cmvn == "utterance"
 
     def transcribe(mels: list[np.ndarray], voices: list[str]) -> list[str]:

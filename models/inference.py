@@ -1,42 +1,71 @@
-"""What the batch inference commands share (`models.transcribe`, `models.synthesize`): opening a
-trained model by registry URI or directory, and where each CTC output lands in time.
+"""What the commands that read a trained model share (`models.evaluate`, `models.transcribe`,
+`models.synthesize`, `models.registry`, the pyfunc server): one way to name and open a trained
+model, and where each CTC output lands in time.
 
-A model is named as MLflow names it, `models:/NAME@ALIAS` (the registry's champion:
-`models:/speechflow-asr@champion`) or `models:/NAME/VERSION`, or by a model directory a training
-left (`WORKDIR/model`). Either way what comes back is what serving runs: the Keras model with its
-trained weights, the TrainConfig and the data record (vocabulary, feature settings, voices).
+A trained model is named in one of three forms, the same for every command:
+  - a training workdir (`runs/asr`: what `models.train --workdir` wrote; its model is `model/`),
+  - that workdir's model directory (`runs/asr/model`: config.yaml, data.json, ckpt-*.npz),
+  - a registry URI as MLflow names it, `models:/NAME@ALIAS` (the champion:
+    `models:/speechflow-asr@champion`), `models:/NAME/VERSION` or `runs:/RUN/PATH`.
+`locate` says which (a workdir is known for the first two only); `open_model` opens any of them to
+what serving runs: the Keras model with its trained weights, the TrainConfig and the data record
+(vocabulary, feature settings, voices).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
+FORMS = "a training workdir (runs/asr), its model directory (runs/asr/model) or a registry URI such as models:/speechflow-asr@champion"
 
-def open_model(spec: str):
-    """(model, TrainConfig, data dict) of a `models:/...` URI or a model directory."""
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where a named model is: `model_dir` (local, holds config.yaml) or `uri` (the registry's)."""
+
+    spec: str
+    model_dir: Path | None = None
+    workdir: Path | None = None  # the training workdir, when the spec names one or its model/
+    uri: str | None = None
+
+
+def locate(spec: str | Path) -> ModelSource:
+    """Which of the three forms `spec` is (see the module docstring); FileNotFoundError naming the
+    forms when a path is neither a workdir with a model nor a model directory."""
+    text = str(spec)
+    if text.startswith(("models:/", "runs:/")):
+        return ModelSource(text, uri=text)
+    path = Path(text)
+    if (path / "model" / "config.yaml").is_file():
+        return ModelSource(text, model_dir=path / "model", workdir=path)
+    if (path / "config.yaml").is_file() and (path / "data.json").is_file():
+        # A model directory; a training wrote it as WORKDIR/model, beside mlflow_run.json and eval.json.
+        workdir = path.parent if path.name == "model" else None
+        return ModelSource(text, model_dir=path, workdir=workdir)
+    raise FileNotFoundError(f"{path} holds no trained model (no config.yaml, nor model/config.yaml): give {FORMS}")
+
+
+def open_model(spec: str | Path):
+    """(model, TrainConfig, data dict) of a model named in any of the three forms."""
     from models import serving
 
-    if spec.startswith("models:/") or spec.startswith("runs:/"):
-        import mlflow
+    source = locate(spec)
+    if source.uri is None:
+        return serving.load_model_dir(source.model_dir)
+    import mlflow
 
-        try:
-            loaded = mlflow.pyfunc.load_model(spec)
-        except mlflow.exceptions.MlflowException as err:
-            raise ValueError(
-                f"cannot load {spec} from the MLflow store at {mlflow.get_tracking_uri()}: {err.message} "
-                "(set MLFLOW_TRACKING_URI to the store that registered it; `make demo` registers champions)"
-            ) from err
-        python_model = loaded.unwrap_python_model()
-        return python_model.model, python_model.config, python_model.data
-    path = Path(spec)
-    if not (path / "config.yaml").is_file():
-        raise FileNotFoundError(
-            f"{path} is not a model directory (no config.yaml): give a training's WORKDIR/model or a "
-            "registry URI such as models:/speechflow-asr@champion"
-        )
-    return serving.load_model_dir(path)
+    try:
+        loaded = mlflow.pyfunc.load_model(source.uri)
+    except mlflow.exceptions.MlflowException as err:
+        raise ValueError(
+            f"cannot load {source.uri} from the MLflow store at {mlflow.get_tracking_uri()}: {err.message} "
+            "(set MLFLOW_TRACKING_URI to the store that registered it; `make demo` registers champions)"
+        ) from err
+    python_model = loaded.unwrap_python_model()
+    return python_model.model, python_model.config, python_model.data
 
 
 def ctc_forced_alignment(log_probs: np.ndarray, labels: list[int]) -> np.ndarray:

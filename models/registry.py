@@ -217,19 +217,30 @@ def _champion(name: str, alias: str, metric: str):
     return current, value
 
 
+def _training_workdir(spec: str | Path) -> Path:
+    """The training workdir of a model named as every command names one (models/inference.py)."""
+    if str(spec).startswith(("models:/", "runs:/")):
+        raise ValueError(f"{spec} is in the registry already: register takes a training workdir or its model/")
+    path = Path(spec)
+    if path.name == "model" and (path / "config.yaml").is_file():
+        return path.parent
+    return path
+
+
 def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: str = ALIAS) -> dict:
     """Registers the model trained in `workdir` as a version of `name`; moves `alias` to it only when
-    its primary metric (eval.json) beats the current holder's (lower is better)."""
-    workdir = Path(workdir)
+    its primary metric (eval.json) beats the current holder's (lower is better). `workdir` may
+    also name its model/ (models/inference.py); a registry URI is refused: it is registered already."""
+    workdir = _training_workdir(workdir)
     trained = tracking.load_run_file(workdir)
     if trained is None:
         raise FileNotFoundError(f"{workdir / tracking.RUN_FILE} does not exist: train into {workdir} first")
-    evaluation = _need_json(workdir / "eval.json", f"python -m models.evaluate --model-dir {workdir} ...")
+    evaluation = _need_json(workdir / "eval.json", f"python -m models.evaluate --model {workdir} ...")
     metric = evaluation.get("primary_metric")
     if metric not in evaluation:
         raise ValueError(
             f"{workdir / 'eval.json'} names primary metric {metric!r} but holds no value for it; "
-            f"evaluate again with python -m models.evaluate --model-dir {workdir}"
+            f"evaluate again with python -m models.evaluate --model {workdir}"
         )
     value = float(evaluation[metric])
     lower_is_better(metric)
@@ -341,7 +352,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="child run name (default: the stage), e.g. features-train")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="an extra param to log")
     s = sub.add_parser("register", help="register a workdir's model; move the alias if it is better")
-    s.add_argument("--workdir", required=True, type=Path, help="training workdir (mlflow_run.json, eval.json)")
+    s.add_argument(
+        "--workdir", required=True, type=Path, help="training workdir (mlflow_run.json, eval.json) or its model/"
+    )
     s.add_argument("--name", required=True, help="registered model name, e.g. speechflow-asr")
     s.add_argument("--parent-run-id", help="record the decision in a child run of this run")
     s.add_argument("--alias", default=ALIAS, help=f"the alias of the best version (default {ALIAS})")

@@ -182,7 +182,9 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         self.settings = ServingConfig.from_env()
-        self.model, self.config, self.data = load_model_dir(context.artifacts["model_dir"])
+        from models import inference
+
+        self.model, self.config, self.data = inference.open_model(context.artifacts["model_dir"])
         self.server = server_class(self.config)(self.model, self.config, self.data)
 
     def predict(self, context, model_input, params=None):

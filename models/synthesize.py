@@ -82,7 +82,11 @@ def synthesize(model_spec: str, text_file: Path, out_dir: Path, cfg: SynthesizeC
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.synthesize", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS, models:/NAME/VERSION or a model directory")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a training workdir (runs/tts), its model/ or a registry URI (models:/NAME@ALIAS, models:/NAME/VERSION)",
+    )
     parser.add_argument("--text-file", type=Path, required=True, help="one sentence per line (UTF-8)")
     parser.add_argument("--out-dir", type=Path, required=True, help="where the WAVs and index.tsv go")
     parser.add_argument("--voice", default="", help="a training voice of the model (default: its first)")

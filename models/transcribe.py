@@ -1,7 +1,7 @@
 """Batch transcription: a Kaldi data directory or audio files -> Kaldi-style `text` and a CTM.
 
     python -m models.transcribe --model models:/speechflow-asr@champion --data-dir data/test --out decode/test
-    python -m models.transcribe --model runs/asr/model a.wav b.flac --out decode/mine [--beam-width 8]
+    python -m models.transcribe --model runs/asr a.wav b.flac --out decode/mine [--beam-width 8]
 
 Audio is read as the feature stage reads it (pipeline/features.py): `wav.scp` files and the
 decoder commands of Kaldi recipes (other commands only with `--allow-pipes`), `segments`, the
@@ -172,7 +172,11 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.transcribe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS, models:/NAME/VERSION or a model directory")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a training workdir (runs/asr), its model/ or a registry URI (models:/NAME@ALIAS, models:/NAME/VERSION)",
+    )
     parser.add_argument("--data-dir", type=Path, help="a Kaldi data directory (wav.scp, utt2spk, [segments])")
     parser.add_argument("files", nargs="*", type=Path, help="audio files (instead of --data-dir)")
     parser.add_argument("--out", type=Path, required=True, help="directory for text, ctm and rejected.tsv")

@@ -73,7 +73,7 @@ render() {
           --split train=/data/corpus/train --split dev=/data/corpus/dev --out /data/shards &&
         echo --- &&
         "${k8s[@]}" stage-pod --name evaluate --module models.evaluate --gpus 1 -- \
-          --model-dir /data/runs/train --shards /data/shards
+          --model /data/runs/train --shards /data/shards
     } > "$OUT/stage-pods-$overlay.yaml" || return 1
   done
   ls "$OUT"

@@ -336,8 +336,8 @@ def test_command_lines_of_the_stages():
     assert f"test_engine={allreduce.data_root}/test_engine" in shards
     assert shards[shards.index("--num-shards") + 1] == "2"
     tts_eval = commands.evaluate_args(allreduce, "tts", "p", with_asr=True)
-    assert tts_eval[tts_eval.index("--asr-model-dir") + 1] == allreduce.workdirs["asr"]
-    assert "--asr-model-dir" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
+    assert tts_eval[tts_eval.index("--asr-model") + 1] == allreduce.workdirs["asr"]
+    assert "--asr-model" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
     assert commands.corpus_args(allreduce) == [
         "--out", allreduce.data_root, "--num-utterances", "40", "--engines", "espeak-ng", "flite",
     ]  # fmt: skip
@@ -767,7 +767,7 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
     evaluation = {p["task"]: p for p in stages if p["command"][-1] == "models.evaluate"}
     assert str(evaluation["evaluate_tts"]["limits"].get("nvidia.com/gpu")) == "1"
     assert (
-        evaluation["evaluate_tts"]["args"][evaluation["evaluate_tts"]["args"].index("--asr-model-dir") + 1]
+        evaluation["evaluate_tts"]["args"][evaluation["evaluate_tts"]["args"].index("--asr-model") + 1]
         == f"{run_dir}/asr"
     )
     registry = [p for p in result["pods"] if p["command"][-1] == "models.registry"]

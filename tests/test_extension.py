@@ -43,7 +43,7 @@ def evaluate(shards, workdir, env: dict, *args: str) -> dict:
         f"""
         import sys
         from models import evaluate
-        sys.exit(evaluate.main(["--model-dir", {str(workdir)!r}, "--shards", {str(shards)!r}, *{list(args)!r}]))
+        sys.exit(evaluate.main(["--model", {str(workdir)!r}, "--shards", {str(shards)!r}, *{list(args)!r}]))
         """,
         env,
     )

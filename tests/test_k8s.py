@@ -343,7 +343,7 @@ def test_stage_pod_runs_the_module_with_the_data_claim():
     assert not [e for e in c["env"] if e["name"].startswith(("AWS_", "S3_")) or "valueFrom" in e]  # no credentials
     assert "nvidia.com/gpu" not in c["resources"]["limits"] and "nodeSelector" not in spec
 
-    gpu_pod = pods.render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
+    gpu_pod = pods.render_stage_pod("evaluate", "models.evaluate", ["--model", "/data/runs/r1"], gpus=1)
     assert gpu_pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert gpu_pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
@@ -388,7 +388,7 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
         from kubernetes.client import ApiClient
         from workflow.pods import render_stage_pod, stage_pod_operator_kwargs
 
-        pod = render_stage_pod("evaluate", "models.evaluate", ["--model-dir", "/data/runs/r1"], gpus=1)
+        pod = render_stage_pod("evaluate", "models.evaluate", ["--model", "/data/runs/r1"], gpus=1)
         op = KubernetesPodOperator(task_id="evaluate", **stage_pod_operator_kwargs(pod))
         print("POD " + json.dumps(ApiClient().sanitize_for_serialization(op.build_pod_request_obj())))
         """
@@ -412,7 +412,7 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
     (c,) = spec["containers"]
     assert c["image"] == "speechflow/train:0.1.0"
     assert c["command"] == ["python", "-m", "models.evaluate"] and c["args"] == [
-        "--model-dir",
+        "--model",
         "/data/runs/r1",
     ]
     assert c["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")

@@ -421,7 +421,7 @@ def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path)
     # every character of a transcript tells whether serving computed what evaluation did.
     train = ["--config", str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "12", "--set", "input.cmvn=utterance"]
     _run([PYTHON, "-m", "models.train", "--shards", str(shard_dir), "--workdir", str(workdir), *train], env, ROOT)
-    _run([PYTHON, "-m", "models.evaluate", "--model-dir", str(workdir), "--shards", str(shard_dir), "--split", "test"],
+    _run([PYTHON, "-m", "models.evaluate", "--model", str(workdir), "--shards", str(shard_dir), "--split", "test"],
          env, ROOT)  # fmt: skip
     _run([PYTHON, "-m", "models.registry", "register", "--workdir", str(workdir), "--name", "served-asr"], env, ROOT)
     rows = (workdir / "eval" / "test_hypotheses.tsv").read_text(encoding="utf-8").splitlines()[1:]

@@ -158,7 +158,7 @@ def test_horovodrun_acoustic_model_allreduce(tmp_path, mlflow_uri):
     # dev CER is the one evaluation finds on the whole split.
     assert [h["step"] for h in summary["dev_history"]] == [3]
     subprocess.run(
-        [PYTHON, "-m", "models.evaluate", "--model-dir", str(workdir), "--shards", str(shard_dir), "--split", "dev"]
+        [PYTHON, "-m", "models.evaluate", "--model", str(workdir), "--shards", str(shard_dir), "--split", "dev"]
         + ["--no-mlflow"],
         cwd=ROOT,
         env=quiet_env(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -89,6 +90,35 @@ def test_audio_files_and_beam_search_from_the_command_line(decoded, tmp_path):
     assert "broken" in rejected, "the unreadable file is listed with its reason"
 
 
+def test_every_command_names_a_model_in_the_same_three_forms(decoded, tmp_path):
+    from models import registry
+
+    root, data, evaluated = decoded
+    work, model = root / "work", root / "work" / "model"
+    assert inference.locate(work) == inference.ModelSource(str(work), model_dir=model, workdir=work)
+    assert inference.locate(model) == inference.ModelSource(str(model), model_dir=model, workdir=work)
+    assert inference.locate("models:/m@champion").uri == "models:/m@champion"
+    with pytest.raises(FileNotFoundError, match="training workdir .* its model directory .* registry URI"):
+        inference.locate(root / "shards")
+    # transcribe: the workdir as the model/ it holds
+    assert transcribe.main(["--model", str(work), "--data-dir", str(data), "--out", str(tmp_path / "t")]) == 0
+    text = dict(line.split(" ", 1) for line in (tmp_path / "t" / "text").read_text().splitlines())
+    assert text == evaluated
+    # evaluate: the model/ form, its output elsewhere; the same figures as the workdir's evaluation
+    args = ["--model", str(model), "--shards", str(root / "shards"), "--split", "test", "--no-mlflow"]
+    assert evaluate.main([*args, "--beam-width", "4", "--out-dir", str(tmp_path / "e")]) == 0
+    ours = json.loads((tmp_path / "e" / "eval.json").read_text())
+    theirs = json.loads((work / "eval.json").read_text())
+    assert ours["test_cer"] == theirs["test_cer"] and (tmp_path / "e" / "eval" / "test_hypotheses.tsv").is_file()
+    assert evaluate.output_dir(model) == work
+    with pytest.raises(ValueError, match="--out-dir"):
+        evaluate.output_dir("models:/m@champion")
+    # registry: registers a training, named by its workdir or its model/
+    assert registry._training_workdir(model) == work and registry._training_workdir(work) == work
+    with pytest.raises(ValueError, match="in the registry already"):
+        registry._training_workdir("models:/m@champion")
+
+
 def test_ctc_forced_alignment_is_the_best_path_of_the_labels():
     import itertools
 
@@ -147,9 +177,16 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, monkeypat
         mlflow.MlflowClient().set_registered_model_alias("tiny-asr", "champion", version.version)
         cfg = transcribe.TranscribeConfig(progress=False)
         transcribe.transcribe("models:/tiny-asr@champion", tmp_path / "out", cfg, data_dir=data)
+        uri_eval = evaluate.evaluate(
+            "models:/tiny-asr@champion",
+            root / "shards",
+            evaluate.EvalConfig(splits=("test",), beam_width=4),
+            out_dir=tmp_path / "uri-eval",
+        )
     finally:
         mlflow.set_tracking_uri(None)
     text = dict(line.split(" ", 1) for line in (tmp_path / "out" / "text").read_text().splitlines())
     assert text == evaluated
+    assert uri_eval["test_cer"] == json.loads((root / "work" / "eval.json").read_text())["test_cer"]
     with pytest.raises(ValueError, match="models:/missing@champion"):
         inference.open_model("models:/missing@champion")

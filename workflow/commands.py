@@ -142,12 +142,12 @@ def worker_args(dispatcher: str, port: int, address: str) -> list[str]:
 def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) -> list[str]:
     """`models.evaluate` of `model`; `with_asr`: the model that listens to it (its catalog entry's
     `listener`, the acoustic model) was trained in this run and transcribes what it makes."""
-    args = ["--model-dir", plan.workdirs[model], "--shards", plan.shards_dir, "--mlflow-parent-run-id", parent_run_id]
+    args = ["--model", plan.workdirs[model], "--shards", plan.shards_dir, "--mlflow-parent-run-id", parent_run_id]
     listener = catalog.model(model).listener
     if listener:  # a model whose output is heard: a synthesis model
         args += ["--max-utterances", str(plan.eval_utterances)]
         if with_asr:
-            args += ["--asr-model-dir", plan.workdirs[listener]]
+            args += ["--asr-model", plan.workdirs[listener]]
     return args
 
 
