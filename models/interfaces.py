@@ -36,6 +36,10 @@ class Task(Protocol):
     def dataset(self, shards, split: str, cfg, rank: int, size: int, epoch: int, training: bool):
         """(batches of `split` for `rank` of `size`, number of batches)."""
 
+    def input_pipeline(self):
+        """The reader of its batches from the shards (pipeline/dataset.py `Pipeline`), which
+        `dataset` runs and which the tf.data service runs for asynchronous training."""
+
     def prepare(self, batches, shards, split: str):
         """Batches that came from elsewhere (the tf.data service) completed as `dataset` makes them."""
 

@@ -53,9 +53,8 @@ class Schedule:
         # Horovod: every rank must read under the same job name; rank 0 makes a new one per run, so a
         # resumed run starts a new job instead of rejoining the rounds of a dead one.
         job = self.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
-        served = data_service.service_dataset(
-            self.shards, "train", self.config.input, self.size, first_epoch, self.last_epoch
-        )
+        pipeline = self.task.input_pipeline()
+        served = data_service.service_dataset(pipeline, self.shards, "train", self.config.input, self.size, first_epoch)
         return data_service.distribute(served, self.config.data_service, job, self.rank, self.size)
 
     def _batches(self):
@@ -92,7 +91,7 @@ class Schedule:
         # A resumed run starts its interrupted epoch again: the ranks' shares of it are not known.
         first_epoch = self.position.get("epoch", 0)
         shared = data_service.shared_dataset(
-            c.model,
+            self.task.input_pipeline(),
             self.shards,
             "train",
             c.input,

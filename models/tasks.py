@@ -60,7 +60,9 @@ class AsrTask:
 
     def __init__(self, config: asr.AsrConfig, augment: dataset.InputConfig | None = None):
         self.config = config
-        self.augment = augment if augment is not None and augment.spec_augment else None  # SpecAugment settings
+        # the training step's augmentation settings (SpecAugment, VTLP); None: none
+        wanted = augment is not None and (augment.spec_augment or tuple(augment.vtlp_range) != (1.0, 1.0))
+        self.augment = augment if wanted else None
 
     def build(self):
         return asr.build_asr(self.config)
@@ -75,7 +77,11 @@ class AsrTask:
         epoch: int,
         training: bool,
     ):
-        return dataset.asr_dataset(shards, split, cfg, rank, size, epoch, training)
+        return dataset.ASR.batches(shards, split, cfg, rank, size, epoch, training)
+
+    @staticmethod
+    def input_pipeline() -> dataset.Pipeline:
+        return dataset.ASR
 
     def prepare(self, batches, shards: records.ShardSet, split: str):
         """What the trainer adds to batches that came from elsewhere (the tf.data service): nothing."""
@@ -99,10 +105,14 @@ class AsrTask:
         )
 
     def loss(self, model, batch, training: bool, seed=None) -> tuple[tf.Tensor, dict]:
-        """`seed`: int64 [2], the stateless seed of this step's SpecAugment masks (training only)."""
+        """`seed`: int64 [2], the stateless seed of this step's augmentation (training only)."""
         feats = self.features(batch)
         if training and self.augment is not None and seed is not None:
-            feats = frontend.spec_augment(feats, batch["feat_lengths"], self.augment, seed)
+            if tuple(self.augment.vtlp_range) != (1.0, 1.0):
+                warp_seed = tf.random.experimental.stateless_fold_in(seed, 1)  # SpecAugment's masks keep theirs
+                feats = frontend.vtlp(feats, self.augment.vtlp_range, warp_seed)
+            if self.augment.spec_augment:
+                feats = frontend.spec_augment(feats, batch["feat_lengths"], self.augment, seed)
         logits, lengths = model(feats, batch["feat_lengths"], training=training)
         return self._loss_of(logits, lengths, batch)
 
@@ -170,8 +180,12 @@ class TtsTask:
     ):
         """The synthesis batches (pipeline/dataset.py `tts_dataset`) with `speaker_ids` [B] int32
         added: each utterance's row of the speaker table (see `voices`)."""
-        batches, count = dataset.tts_dataset(shards, split, cfg, rank, size, epoch, training)
+        batches, count = dataset.TTS.batches(shards, split, cfg, rank, size, epoch, training)
         return self.prepare(batches, shards, split), count
+
+    @staticmethod
+    def input_pipeline() -> dataset.Pipeline:
+        return dataset.TTS
 
     def prepare(self, batches, shards: records.ShardSet, split: str):
         """`batches` of `tts_dataset` (here or from the tf.data service) with `speaker_ids` [B] int32
@@ -230,9 +244,9 @@ class TtsTask:
         """Seconds per module on this batch, forward and backward apart: `{encoder,decoder,postnet}_
         {forward,backward}_s` (backward = forward + gradients minus forward), and their sums.
 
-        The research timed Tacotron's modules separately; inside one compiled step they cannot be
-        told apart, so each module runs here on its own, each pass a function compiled once (the
-        trainer's first call compiles them and is not counted).
+        Inside one compiled step the modules cannot be told apart, so each module runs here on its
+        own, each pass a function compiled once (the trainer's first call compiles them and is not
+        counted).
         """
         return _profile_tts(model, batch)
 

@@ -75,8 +75,8 @@ class DurationsTts(SynthesisModel):
 
     def _decoder_layers(self):
         # Made and dropped: each layer's initializer draws a seed from Python's random state when it
-        # is made, and both models were once one class that made these layers for either. Drawing
-        # the same seeds keeps a seed's initial weights, and so its training run, what it was then.
+        # is made. Drawing the attention decoder's seeds here gives the layers made after them (the
+        # output layers) the initial weights they have in the attention model at the same seed.
         attention_decoder_layers(self.config)
 
     @no_autograph
@@ -121,8 +121,8 @@ class DurationsTts(SynthesisModel):
     def _durations(self, memory, token_lengths, training=False):
         """Predicted decoder steps of each character [B, N] (float32, 0 at padding), from the encoder's
         output without moving it (the durations follow the text; the text is not bent to them).
-        Steps, not their logarithm: the mean of a log-domain fit is the geometric mean, short of the
-        arithmetic one (sentences came out 0.86 of the recordings' length)."""
+        Steps, not their logarithm: the mean of a log-domain fit is the geometric mean, which falls
+        short of the arithmetic mean, and every sentence would come out shorter than its recording."""
         maskf = mask(token_lengths, tf.shape(memory)[1], self.compute_dtype)[..., None]  # [B, N, 1]
         x = self._conv_blocks(tf.stop_gradient(memory), self.duration_convs, self.duration_norms, maskf, training)
         return tf.cast(self.duration_out(x)[..., 0] * maskf[..., 0], F32)

@@ -35,48 +35,26 @@ PROCESSING_MODE = "distributed_epoch"  # every shard of an epoch goes to exactly
 
 
 def service_dataset(
+    pipeline: dataset.Pipeline,
     shards: records.ShardSet,
     split: str,
     cfg: dataset.InputConfig,
     num_consumers: int,
     first_epoch: int,
-    last_epoch: int,
 ):
     """The infinite stream of sub-batches the workers serve: rounds of `num_consumers` batches of one
-    class, pass after pass over the shards (`last_epoch` is unused: the trainers stop the stream)."""
+    class (made by `pipeline`, the model's: pipeline/dataset.py), pass after pass over the shards
+    (the trainers stop the stream)."""
     import tensorflow as tf
 
     part = shards.split(split)
     plan = dataset.batch_plan(part, 1, cfg, training=True)
-    paths = [str(f.path) for f in part.files]
-    k = tf.constant([num_consumers * c for c in plan.chunks_per_batch], tf.int64)
-    largest = num_consumers * max(plan.chunks_per_batch)
-    class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
-
     # ONE source of files, repeated forever and reshuffled every pass: under distributed_epoch the
-    # dispatcher hands its files, one by one, to whichever worker asks (several sources, one per
-    # epoch, left a worker without files and its round-robin stream ended: seen with 2 workers).
-    files = tf.data.Dataset.from_tensor_slices(paths).shuffle(
-        len(paths), seed=cfg.seed * 100003 + first_epoch, reshuffle_each_iteration=True
-    )
-    stream = (
-        files.repeat()
-        .interleave(
-            lambda path: tf.data.TFRecordDataset(path, compression_type=shards.compression_type),
-            cycle_length=min(len(paths), 4),
-            num_parallel_calls=dataset.AUTOTUNE,
-        )
-        .shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + first_epoch)
-    )
-    # The class of each chunk comes from the record itself (a worker's share of the files is only
-    # known to the dispatcher, so the split's class sequence does not apply here).
-    keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))
-    grouped = keyed.group_by_window(
-        key_func=lambda serialized, key: key,
-        reduce_func=lambda key, window: window.batch(largest),
-        window_size_func=lambda key: k[key],
-    )
-    assemble = dataset.asr_assembler(shards, part, cfg)
+    # dispatcher hands its files, one by one, to whichever worker asks; a worker whose source ends
+    # leaves the round-robin stream of the coordinated reads.
+    chunks = dataset.unordered_chunks(part, shards.compression_type, cfg, first_epoch, passes=None)
+    grouped = dataset.group_by_class(chunks, [num_consumers * c for c in plan.chunks_per_batch])
+    assemble = pipeline.assembler(shards, part, cfg)
 
     def split_group(index, serialized, keys):
         batch = assemble(index, serialized, keys)
@@ -98,7 +76,7 @@ def steps_per_epoch(shards: records.ShardSet, split: str, cfg: dataset.InputConf
 
 
 def shared_dataset(
-    model: str,
+    pipeline: dataset.Pipeline,
     shards: records.ShardSet,
     split: str,
     cfg: dataset.InputConfig,
@@ -107,8 +85,8 @@ def shared_dataset(
     num_ranks: int,
     one_worker: bool,
 ):
-    """Batches of epochs first_epoch..last_epoch-1 for ranks that SHARE one job (asynchronous
-    training): whichever rank asks next gets the next batch, so a faster rank takes more of them,
+    """Batches (made by `pipeline`, the model's) of epochs first_epoch..last_epoch-1 for ranks that
+    SHARE one job (asynchronous training): whichever rank asks next gets the next batch, so a faster rank takes more of them,
     and the stream ends when the epochs are used up: a budget counted in data.
 
     `one_worker` (the service inside rank 0): the stream is exactly the batches that allreduce's
@@ -120,12 +98,11 @@ def shared_dataset(
     import tensorflow as tf
 
     part = shards.split(split)
-    assemble = dataset.assembler(model, shards, part, cfg)
-    build = {"asr": dataset.asr_dataset, "tts": dataset.tts_dataset}[model]
+    assemble = pipeline.assembler(shards, part, cfg)
     if one_worker:
         epochs = []
         for epoch in range(first_epoch, last_epoch):
-            ranks = [build(shards, split, cfg, r, num_ranks, epoch, True) for r in range(num_ranks)]
+            ranks = [pipeline.batches(shards, split, cfg, r, num_ranks, epoch, True) for r in range(num_ranks)]
             turns = tf.data.Dataset.range(num_ranks).repeat(ranks[0][1])  # every rank's pipeline has as many
             epochs.append(tf.data.Dataset.choose_from_datasets([d for d, _ in ranks], turns))
         chained = epochs[0]
@@ -133,27 +110,8 @@ def shared_dataset(
             chained = chained.concatenate(more)
         return chained
     plan = dataset.batch_plan(part, 1, cfg, training=True)
-    paths = [str(f.path) for f in part.files]
-    k = tf.constant(plan.chunks_per_batch, tf.int64)
-    class_only = {"class": tf.io.FixedLenFeature([], tf.int64)}
-    files = tf.data.Dataset.from_tensor_slices(paths).shuffle(
-        len(paths), seed=cfg.seed * 100003 + first_epoch, reshuffle_each_iteration=True
-    )
-    stream = (
-        files.repeat(last_epoch - first_epoch)
-        .interleave(
-            lambda path: tf.data.TFRecordDataset(path, compression_type=shards.compression_type),
-            cycle_length=min(len(paths), 4),
-            num_parallel_calls=dataset.AUTOTUNE,
-        )
-        .shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + first_epoch)
-    )
-    keyed = stream.map(lambda s: (s, tf.io.parse_single_example(s, class_only)["class"]))
-    grouped = keyed.group_by_window(
-        key_func=lambda serialized, key: key,
-        reduce_func=lambda key, window: window.batch(max(plan.chunks_per_batch)),
-        window_size_func=lambda key: k[key],
-    )
+    chunks = dataset.unordered_chunks(part, shards.compression_type, cfg, first_epoch, passes=last_epoch - first_epoch)
+    grouped = dataset.group_by_class(chunks, plan.chunks_per_batch)
     return grouped.enumerate().map(lambda i, group: assemble(i, *group), num_parallel_calls=dataset.AUTOTUNE)
 
 

@@ -44,8 +44,17 @@ class InputConfig:
     freq_mask_width: int = 15
     time_masks: int = 2  # runs of frames set to the mean, each up to time_mask_fraction long
     time_mask_fraction: float = 0.05
+    # Vocal tract length perturbation (Jaitly and Hinton 2013), in the training step too: each
+    # utterance's spectrum stretched along frequency by its own factor drawn from this range (>1:
+    # formants move up, as for a shorter vocal tract); (1.0, 1.0): off.
+    vtlp_range: tuple[float, float] = (1.0, 1.0)
     prefetch_batches: int = 8  # batches kept ready, across epoch boundaries too
     seed: int = 0  # shuffling; every rank must use the same seed
+
+    def __post_init__(self):
+        low, high = self.vtlp_range
+        if not 0.5 <= low <= high <= 2.0:
+            raise ValueError(f"vtlp_range {tuple(self.vtlp_range)}: two warp factors, low <= high, in 0.5-2.0")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,6 +96,16 @@ def batch_plan(part: records.SplitShards, size: int, cfg: InputConfig, training:
     return BatchPlan(k, int(batches), per_rank)
 
 
+def file_seed(seed: int, epoch: int) -> int:
+    """The seed of an epoch's order of shard files (every reader of the shards uses it)."""
+    return seed * 100003 + epoch
+
+
+def chunk_seed(seed: int, epoch: int) -> int:
+    """The seed of an epoch's shuffle of chunks (every reader of the shards uses it)."""
+    return seed * 1009 + epoch
+
+
 def rank_files(paths: list[str], rank: int, size: int, epoch: int, seed: int) -> list[str]:
     """The shards `rank` reads in `epoch`: a permutation all ranks agree on, dealt out.
 
@@ -94,7 +113,7 @@ def rank_files(paths: list[str], rank: int, size: int, epoch: int, seed: int) ->
     matters for gossip training, where a worker's data shapes its model between averagings).
     """
     order = list(range(len(paths)))
-    random.Random(seed * 100003 + epoch).shuffle(order)
+    random.Random(file_seed(seed, epoch)).shuffle(order)
     return [paths[i] for i in order[rank::size]]
 
 
@@ -156,6 +175,20 @@ def _speaker_stats(part: records.SplitShards, mode: str):
 # Reading
 
 
+def group_by_class(stream, chunks_per_batch):
+    """(serialized chunk, its class) elements -> batches (serialized [k], classes [k]) of one class
+    each, `k = chunks_per_batch[class]`; a class's last batch of a finite stream may be short."""
+    import tensorflow as tf
+
+    k = tf.constant(chunks_per_batch, tf.int64)
+    largest = int(max(chunks_per_batch))
+    return stream.group_by_window(
+        key_func=lambda serialized, key: key,
+        reduce_func=lambda key, window: window.batch(largest),
+        window_size_func=lambda key: k[key],
+    )
+
+
 def _chunk_stream(files, keys, compression_type: str, cfg: InputConfig, training: bool, epoch: int, plan: BatchPlan):
     """Chunks of `files` (a string tensor), grouped into batches by class: (serialized [k], keys [k]).
 
@@ -174,14 +207,31 @@ def _chunk_stream(files, keys, compression_type: str, cfg: InputConfig, training
     )
     stream = tf.data.Dataset.zip(stream, tf.data.Dataset.from_tensor_slices(keys))
     if training:
-        stream = stream.shuffle(cfg.shuffle_buffer, seed=cfg.seed * 1009 + epoch, reshuffle_each_iteration=False)
-    k = tf.constant(plan.chunks_per_batch, tf.int64)
-    largest = int(max(plan.chunks_per_batch))
-    return stream.group_by_window(
-        key_func=lambda serialized, key: key,
-        reduce_func=lambda key, window: window.batch(largest),
-        window_size_func=lambda key: k[key],
+        stream = stream.shuffle(cfg.shuffle_buffer, seed=chunk_seed(cfg.seed, epoch), reshuffle_each_iteration=False)
+    return group_by_class(stream, plan.chunks_per_batch)
+
+
+def unordered_chunks(part: records.SplitShards, compression_type: str, cfg: InputConfig, epoch: int, passes):
+    """(serialized chunk, its class) of every shard of `part`, `passes` times (None: forever), the
+    files in a new order every pass and the chunks shuffled: for readers that get whichever files a
+    tf.data service dispatcher hands them, so the split's class sequence does not apply and each
+    chunk's class is read from the record itself."""
+    import tensorflow as tf
+
+    paths = [str(f.path) for f in part.files]
+    files = tf.data.Dataset.from_tensor_slices(paths).shuffle(
+        len(paths), seed=file_seed(cfg.seed, epoch), reshuffle_each_iteration=True
     )
+    stream = (
+        files.repeat(passes)
+        .interleave(
+            lambda path: tf.data.TFRecordDataset(path, compression_type=compression_type),
+            cycle_length=min(len(paths), 4),
+            num_parallel_calls=AUTOTUNE,
+        )
+        .shuffle(cfg.shuffle_buffer, seed=chunk_seed(cfg.seed, epoch))
+    )
+    return stream.map(lambda serialized: (serialized, records.parse_class(serialized)))
 
 
 def _batches(shards: records.ShardSet, part: records.SplitShards, cfg, rank, size, epoch, training, assemble):
@@ -313,11 +363,6 @@ def tts_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
     return assemble
 
 
-def assembler(model: str, shards: records.ShardSet, part: records.SplitShards, cfg: InputConfig):
-    """The batch assembler of `model` ("asr" or "tts")."""
-    return {"asr": asr_assembler, "tts": tts_assembler}[model](shards, part, cfg)
-
-
 def tts_dataset(
     shards: records.ShardSet,
     split: str,
@@ -336,6 +381,21 @@ def tts_dataset(
     """
     part = shards.split(split)
     return _batches(shards, part, cfg, rank, size, epoch, training, tts_assembler(shards, part, cfg))
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """How one kind of batch is read from the shards: `batches(shards, split, cfg, rank, size, epoch,
+    training) -> (dataset, count)` for a rank's own reading, and `assembler(shards, part, cfg) ->
+    assemble(batch index, serialized [k], classes [k]) -> batch` for readers that group the chunks
+    themselves (the tf.data service). A model's task names its own (models/interfaces.py)."""
+
+    batches: Callable
+    assembler: Callable
+
+
+ASR = Pipeline(asr_dataset, asr_assembler)
+TTS = Pipeline(tts_dataset, tts_assembler)
 
 
 def chain_epochs(make_epoch: Callable, first_epoch: int, epochs: int, skip: int = 0, prefetch: int = 8):

@@ -1,5 +1,5 @@
 """The acoustic front end that runs inside the training step (on the accelerator), not in the input
-pipeline: CMVN, SpecAugment and frame stacking.
+pipeline: CMVN, SpecAugment, vocal tract length perturbation and frame stacking.
 
 The input pipeline hands over the stored features (8-bit codes or float16 log-mel, padded) with
 each utterance's affine map to normalized features beside them (dequantization merged with speaker
@@ -85,3 +85,31 @@ def spec_augment(feats, lengths, cfg, seed):
         keep_frames &= ~((steps >= start[:, None]) & (steps < (start + width)[:, None]))
     keep = keep_frames[:, :, None] & keep_bins[:, None, :]  # [B, T, D]
     return tf.where(keep, feats, tf.zeros_like(feats))
+
+
+# The band the mel bins span when VTLP places them: Kaldi's fbank defaults at 16 kHz (20 Hz to the
+# Nyquist frequency). The feature stage records its own band, but the perturbation only needs each
+# bin's frequency roughly: a warp drawn at random is not made wrong by a band a little off.
+VTLP_BAND_HZ = (20.0, 8000.0)
+
+
+def vtlp(feats, warp_range, seed):
+    """Vocal tract length perturbation of a padded batch of log-mel features [B, T, D]: every
+    utterance's spectrum stretched along frequency by its own factor `alpha`, drawn uniformly from
+    `warp_range` with the stateless `seed` [2] (what sounded at f Hz sounds at alpha * f). Bin i
+    takes the value at frequency f_i / alpha, interpolated linearly between the two nearest bins
+    (held at the edges). Padding frames stay as they are (each frame is remapped on its own)."""
+    batch, dim = tf.shape(feats)[0], tf.shape(feats)[2]  # dynamic: the step is traced with unknown shapes
+    alpha = tf.random.stateless_uniform([batch], seed, warp_range[0], warp_range[1])  # [B]
+    low, high = (1127.0 * tf.math.log1p(f / 700.0) for f in VTLP_BAND_HZ)
+    bins = tf.cast(dim, tf.float32)
+    centres = tf.linspace(low, high, dim + 2)[1:-1]  # [D] mel, the triangles' centres
+    source_hz = 700.0 * tf.math.expm1(centres / 1127.0)[None, :] / alpha[:, None]  # [B, D]
+    source = (1127.0 * tf.math.log1p(source_hz / 700.0) - low) / (high - low) * (bins + 1.0) - 1.0
+    source = tf.clip_by_value(source, 0.0, bins - 1.0)  # [B, D] fractional bin of each output bin
+    below = tf.floor(source)
+    weight = tf.cast(source - below, feats.dtype)[:, None, :]  # [B, 1, D]
+    below = tf.cast(below, tf.int32)
+    above = tf.minimum(below + 1, dim - 1)
+    take = lambda index: tf.gather(feats, index, axis=2, batch_dims=1)  # noqa: E731 [B, T, D]
+    return take(below) * (1.0 - weight) + take(above) * weight

@@ -1,4 +1,5 @@
-"""The shard store's format in one place: file names, the manifest, and the record (write, spec, parse).
+"""The shard store's format in one place: file names, the manifest, and the record (its `SCHEMA`, which
+the writer, the reader's parsing spec and the tf.data service all follow).
 
 The shard stage fills it (pipeline/shards.py), the input pipeline reads it (pipeline/dataset.py),
 and nothing else knows how a record is laid out.
@@ -12,8 +13,8 @@ Beside the block: lengths (0 marks an empty slot), ids, speakers, transcripts, t
 Storage dtypes: "uint8" (8-bit codes, linear between each dimension's minimum and maximum in the
 chunk, stored with the record; the dequantization is an affine map that the training step merges
 with CMVN, like Kaldi's compressed matrices but with one range per chunk), "float16", "float32".
-Bytes per 80-dim frame: 80, 160, 320. Reading and copying bytes is what bounds the input on a CPU
-(one tf.train.Example of float32 per utterance, format 1, capped it near 1.9 M frames/s on 2 cores).
+Bytes per 80-dim frame: 80, 160, 320. Reading and copying bytes is what bounds the input on a CPU,
+so a record holds a whole chunk and is decoded with one copy.
 
 Every shard of a split holds the same number of chunks of each length class, in the same order
 (`class_sequence` in the manifest). So any rank that reads the same number of shards, interleaved
@@ -42,6 +43,32 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
 COMPRESSION = {"none": "", "gzip": "GZIP"}  # our name -> TensorFlow's compression_type
 FEATURE_DTYPES = {"uint8": "u1", "float16": "<f2", "float32": "<f4"}  # how features are stored -> numpy dtype
+
+
+# The record: one tf.train.Example per chunk. Each key's value type and how many values it holds:
+# "chunk" one, "slot" one per slot (`lengths` 0 marks an empty slot), "token" the slots' token ids
+# concatenated, "frame" the slots' frame targets concatenated, "dim" one per feature dimension.
+# `when`: present only for uint8 storage ("uint8") or for shards with frame targets ("targets").
+@dataclasses.dataclass(frozen=True)
+class Field:
+    kind: str  # "int64", "bytes" or "float"
+    count: str  # "chunk", "slot", "token", "frame" or "dim"
+    when: str = ""
+
+
+SCHEMA = {
+    "class": Field("int64", "chunk"),  # the length class of every utterance of the chunk
+    "utt_ids": Field("bytes", "slot"),
+    "speakers": Field("bytes", "slot"),
+    "transcripts": Field("bytes", "slot"),
+    "lengths": Field("int64", "slot"),  # frames of each utterance
+    "feats": Field("bytes", "chunk"),  # the block [slots, T, D] in the storage dtype (encode_block)
+    "token_lengths": Field("int64", "slot"),
+    "tokens": Field("int64", "token"),
+    "quant_min": Field("float", "dim", when="uint8"),  # x = code * quant_step + quant_min
+    "quant_step": Field("float", "dim", when="uint8"),
+    "targets": Field("int64", "frame", when="targets"),
+}
 
 
 def shard_name(split: str, index: int, count: int, compression: str) -> str:
@@ -198,16 +225,16 @@ def check_shards(shards: ShardSet, split: str, content: bool = False) -> None:
 # Writing
 
 
-def _bytes(values: list[bytes]):
+def _feature(key: str, values) -> object:
+    """The tf.train.Feature of record key `key` (SCHEMA says its value type)."""
     import tensorflow as tf
 
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
-
-
-def _ints(values) -> object:
-    import tensorflow as tf
-
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+    kind = SCHEMA[key].kind
+    if kind == "bytes":
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(values)))
+    if kind == "int64":
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
 
 
 def encode_block(matrices: list[np.ndarray], slots: int, frames: int, feature_dtype: str):
@@ -229,20 +256,6 @@ def encode_block(matrices: list[np.ndarray], slots: int, frames: int, feature_dt
     return codes, (low.astype(np.float32), step.astype(np.float32))
 
 
-def decode_block(block: np.ndarray, quant) -> np.ndarray:
-    """The inverse of `encode_block` in numpy: float32 [slots, frames, D]."""
-    if quant is None:
-        return block.astype(np.float32)
-    low, step = quant
-    return block.astype(np.float32) * step + low
-
-
-def _floats(values) -> object:
-    import tensorflow as tf
-
-    return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
-
-
 def serialize_chunk(utterances: list[dict], length_class: int, slots: int, frames: int, feature_dtype: str) -> bytes:
     """One chunk as a tf.train.Example. Each utterance: `utt_id`, `speaker`, `matrix` float
     [frames, dim], `transcript`, `tokens` [label_len] and `targets` [frames] or None. `slots`
@@ -251,20 +264,21 @@ def serialize_chunk(utterances: list[dict], length_class: int, slots: int, frame
 
     empty = slots - len(utterances)
     block, quant = encode_block([u["matrix"] for u in utterances], slots, frames, feature_dtype)
-    feature = {
-        "class": _ints([length_class]),
-        "utt_ids": _bytes([u["utt_id"].encode() for u in utterances] + [b""] * empty),
-        "speakers": _bytes([u["speaker"].encode() for u in utterances] + [b""] * empty),
-        "transcripts": _bytes([u["transcript"].encode() for u in utterances] + [b""] * empty),
-        "lengths": _ints([u["matrix"].shape[0] for u in utterances] + [0] * empty),
-        "feats": _bytes([block.tobytes()]),
-        "token_lengths": _ints([len(u["tokens"]) for u in utterances] + [0] * empty),
-        "tokens": _ints([t for u in utterances for t in u["tokens"]]),
+    values = {
+        "class": [length_class],
+        "utt_ids": [u["utt_id"].encode() for u in utterances] + [b""] * empty,
+        "speakers": [u["speaker"].encode() for u in utterances] + [b""] * empty,
+        "transcripts": [u["transcript"].encode() for u in utterances] + [b""] * empty,
+        "lengths": [u["matrix"].shape[0] for u in utterances] + [0] * empty,
+        "feats": [block.tobytes()],
+        "token_lengths": [len(u["tokens"]) for u in utterances] + [0] * empty,
+        "tokens": [t for u in utterances for t in u["tokens"]],
     }
     if quant is not None:
-        feature["quant_min"], feature["quant_step"] = _floats(quant[0]), _floats(quant[1])
+        values["quant_min"], values["quant_step"] = quant
     if utterances[0].get("targets") is not None:
-        feature["targets"] = _ints([t for u in utterances for t in u["targets"]])
+        values["targets"] = [t for u in utterances for t in u["targets"]]
+    feature = {key: _feature(key, v) for key, v in values.items()}
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
@@ -306,24 +320,23 @@ def write_shard(path: Path, chunks: Iterable[tuple], compression: str, feature_d
 
 
 def chunk_spec(feature_dtype: str, with_targets: bool) -> dict:
+    """The parsing spec of a record (SCHEMA) of shards stored as `feature_dtype`."""
     import tensorflow as tf
 
-    spec = {
-        "class": tf.io.FixedLenFeature([], tf.int64),
-        "utt_ids": tf.io.VarLenFeature(tf.string),
-        "speakers": tf.io.VarLenFeature(tf.string),
-        "transcripts": tf.io.VarLenFeature(tf.string),
-        "lengths": tf.io.VarLenFeature(tf.int64),
-        "feats": tf.io.FixedLenFeature([], tf.string),
-        "token_lengths": tf.io.VarLenFeature(tf.int64),
-        "tokens": tf.io.VarLenFeature(tf.int64),
+    dtypes = {"int64": tf.int64, "bytes": tf.string, "float": tf.float32}
+    present = {"", "uint8" if feature_dtype == "uint8" else "", "targets" if with_targets else ""}
+    return {
+        key: tf.io.FixedLenFeature([], dtypes[f.kind]) if f.count == "chunk" else tf.io.VarLenFeature(dtypes[f.kind])
+        for key, f in SCHEMA.items()
+        if f.when in present
     }
-    if feature_dtype == "uint8":
-        spec["quant_min"] = tf.io.VarLenFeature(tf.float32)
-        spec["quant_step"] = tf.io.VarLenFeature(tf.float32)
-    if with_targets:
-        spec["targets"] = tf.io.VarLenFeature(tf.int64)
-    return spec
+
+
+def parse_class(serialized):
+    """The length class (int64 scalar) of one serialized chunk, without parsing the rest."""
+    import tensorflow as tf
+
+    return tf.io.parse_single_example(serialized, {"class": tf.io.FixedLenFeature([], tf.int64)})["class"]
 
 
 def parse_chunks(serialized, frames, dim: int, feature_dtype: str, with_targets: bool = False) -> dict:
@@ -376,7 +389,7 @@ def read_utterances(shards: ShardSet, split: str) -> Iterator[tuple[str, np.ndar
     dim, dtype = shards.feature_dim, shards.feature_dtype
     paths = [str(f.path) for f in part.files]
     for serialized in tf.data.TFRecordDataset(paths, compression_type=shards.compression_type):
-        length_class = tf.io.parse_single_example(serialized, chunk_spec(dtype, False))["class"]
+        length_class = parse_class(serialized)
         chunk = parse_chunks(serialized[None], part.max_lengths[int(length_class)], dim, dtype)
         scale, offset = (v.numpy() for v in chunk["dequant"])
         feats = chunk["feats"].numpy()

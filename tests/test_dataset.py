@@ -183,6 +183,34 @@ def test_spec_augment_masks_each_utterance_within_its_length_reproducibly():
     assert not np.array_equal(masked, other)
 
 
+def test_vtlp_moves_a_formant_by_its_warp_and_keeps_padding():
+    import tensorflow as tf
+
+    dim = 80
+    peak = np.zeros([3, 4, dim], np.float32)
+    peak[:, :3, 30] = 1.0  # one band sounding in 3 of 4 frames; the 4th frame is padding
+    x = tf.constant(peak)
+    same = frontend.vtlp(x, (1.0, 1.0), tf.constant([1, 2], tf.int64)).numpy()
+    np.testing.assert_allclose(same, peak, atol=1e-5)
+    up = frontend.vtlp(x, (1.3, 1.3), tf.constant([1, 2], tf.int64)).numpy()
+    down = frontend.vtlp(x, (0.8, 0.8), tf.constant([1, 2], tf.int64)).numpy()
+
+    def centre(batch):  # the band's centre of gravity, in bins
+        return (batch[0, 0] * np.arange(dim)).sum() / batch[0, 0].sum()
+
+    assert centre(up) > 31.5 and centre(down) < 28.5
+    assert (up[:, 3] == 0).all() and (down[:, 3] == 0).all(), "padding frames stay zero"
+    drawn = frontend.vtlp(x, (0.9, 1.2), tf.constant([5, 6], tf.int64)).numpy()
+    again = frontend.vtlp(x, (0.9, 1.2), tf.constant([5, 6], tf.int64)).numpy()
+    np.testing.assert_array_equal(drawn, again)  # stateless: reproducible from the seed
+    assert not np.array_equal(drawn[0], drawn[1]), "each utterance draws its own warp"
+    traced = tf.function(  # as the training step is traced: every dimension unknown
+        lambda f, seed: frontend.vtlp(f, (0.9, 1.2), seed),
+        input_signature=[tf.TensorSpec([None, None, None], tf.float32), tf.TensorSpec([2], tf.int64)],
+    )
+    np.testing.assert_allclose(traced(x, tf.constant([5, 6], tf.int64)).numpy(), drawn, atol=1e-4)
+
+
 def test_the_acoustic_task_augments_in_training_steps_only(sharded):
     from models import asr
     from models.tasks import AsrTask
@@ -204,6 +232,12 @@ def test_the_acoustic_task_augments_in_training_steps_only(sharded):
     clean = AsrTask.features(batch).numpy()
     assert not np.array_equal(seen[0], clean) and np.array_equal(seen[1], clean)
     assert AsrTask(task.config, CFG).augment is None  # spec_augment off: nothing to apply
+    warped = AsrTask(task.config, dataclasses.replace(CFG, vtlp_range=(1.1, 1.2)))
+    with pytest.raises(StopIteration):
+        warped.loss(Recorder(), batch, training=True, seed=np.asarray([1, 2], np.int64))
+    assert not np.array_equal(seen[2], clean), "VTLP alone augments too"
+    with pytest.raises(ValueError, match="vtlp_range"):
+        dataset.InputConfig(vtlp_range=(1.2, 1.1))
 
 
 def test_epochs_chain_with_the_next_one_produced_before_the_current_one_is_consumed():

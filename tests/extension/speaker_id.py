@@ -72,10 +72,14 @@ class SpeakerIdTask:
         return model
 
     def dataset(self, shards, split, cfg, rank, size, epoch, training):
+        batches, count = self.input_pipeline().batches(shards, split, cfg, rank, size, epoch, training)
+        return self.prepare(batches, shards, split), count
+
+    @staticmethod
+    def input_pipeline():
         from pipeline import dataset
 
-        batches, count = dataset.tts_dataset(shards, split, cfg, rank, size, epoch, training)
-        return self.prepare(batches, shards, split), count
+        return dataset.TTS  # the synthesis model's batches: mels and speakers
 
     def prepare(self, batches, shards, split):
         import tensorflow as tf
