@@ -25,6 +25,18 @@ def _counts(pairs: list[tuple[list[str], list[str]]]) -> dict[str, int]:
     return total
 
 
+# The counts behind the rates: what shares of a split, scored apart, add up (then `rates_of`).
+COUNTS = ("utterances", "chars", "char_sub", "char_del", "char_ins", "words", "word_sub", "word_del", "word_ins")
+
+
+def rates_of(counts: dict) -> dict:
+    """`cer` and `wer` of `COUNTS` (summed over the parts of a split, or of one part)."""
+    return {
+        "cer": (counts["char_sub"] + counts["char_del"] + counts["char_ins"]) / max(counts["chars"], 1),
+        "wer": (counts["word_sub"] + counts["word_del"] + counts["word_ins"]) / max(counts["words"], 1),
+    }
+
+
 def error_rates(references: list[str], hypotheses: list[str]) -> dict:
     """Corpus-level CER and WER, Kaldi-style: (substitutions + deletions + insertions) / reference length.
 
@@ -38,8 +50,6 @@ def error_rates(references: list[str], hypotheses: list[str]) -> dict:
     words = _counts([(r.split(), h.split()) for r, h in zip(references, hypotheses)])
     chars = _counts([(list(r), list(h)) for r, h in zip(references, hypotheses)])
     rates = {
-        "cer": (chars["sub"] + chars["del"] + chars["ins"]) / max(chars["ref"], 1),
-        "wer": (words["sub"] + words["del"] + words["ins"]) / max(words["ref"], 1),
         "utterances": len(references),
         "sentence_error_rate": words["sentence_errors"] / max(len(references), 1),
         "sentence_errors": words["sentence_errors"],
@@ -47,7 +57,7 @@ def error_rates(references: list[str], hypotheses: list[str]) -> dict:
     for unit, counts, total in (("word", words, "words"), ("char", chars, "chars")):
         rates[total] = counts["ref"]
         rates.update({f"{unit}_{kind}": counts[kind] for kind in ("sub", "del", "ins")})
-    return rates
+    return {**rates_of(rates), **rates}
 
 
 def compute_wer_lines(rates: dict) -> list[str]:

@@ -19,7 +19,6 @@ from models import checkpoint
 from pipeline.records import ShardSet
 
 DEV = "dev"
-COUNTS = ("chars", "char_sub", "char_del", "char_ins", "words", "word_sub", "word_del", "word_ins")
 
 
 class DevSelection:
@@ -48,7 +47,7 @@ class DevSelection:
 
     def evaluate(self, step: int) -> dict:
         """The dev metrics of the current weights; keeps them when they are the best so far."""
-        from models.evaluate_asr import error_rates
+        from models.evaluate_asr import COUNTS, error_rates, rates_of
 
         losses, refs, hyps = [], [], []
         for batch in self.dataset:
@@ -64,15 +63,14 @@ class DevSelection:
         totals = [sum(losses), len(losses)]
         if self.metric == "dev_cer":
             rates = error_rates(refs, hyps)
-            totals += [rates[k] for k in COUNTS]
+            totals += [rates[k] for k in COUNTS]  # this rank's share of the split
         if self.combine is not None:
             totals = self.combine(totals)
         metrics = {"dev_loss": totals[0] / max(1, totals[1]), "dev_wall_s": time.perf_counter() - self.started}
         if self.metric == "dev_cer":
-            n = dict(zip(COUNTS, totals[2:]))
-            cer = (n["char_sub"] + n["char_del"] + n["char_ins"]) / max(n["chars"], 1)
-            wer = (n["word_sub"] + n["word_del"] + n["word_ins"]) / max(n["words"], 1)
-            metrics.update(dev_cer=cer, dev_wer=wer)
+            counts = dict(zip(COUNTS, totals[2:]))
+            rates = rates_of(counts)
+            metrics.update(dev_cer=rates["cer"], dev_wer=rates["wer"], dev_utterances=int(counts["utterances"]))
         if self.rank == 0 and metrics[self.metric] < self.best:
             self.best, self.best_step = metrics[self.metric], step
             position = {"metric": self.metric, "value": self.best}

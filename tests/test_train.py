@@ -157,6 +157,7 @@ def test_horovodrun_acoustic_model_allreduce(tmp_path, mlflow_uri):
     # The two ranks shared the dev split (each its shards, the counts summed): the selected model's
     # dev CER is the one evaluation finds on the whole split.
     assert [h["step"] for h in summary["dev_history"]] == [3]
+    assert summary["dev_history"][0]["dev_utterances"] == 12, "each dev utterance scored once, by one rank"
     subprocess.run(
         [PYTHON, "-m", "models.evaluate", "--model", str(workdir), "--shards", str(shard_dir), "--split", "dev"]
         + ["--no-mlflow"],
