@@ -83,6 +83,15 @@ def collect(run_dir: Path) -> dict:
     return results
 
 
+def training_seed(params: dict) -> int:
+    """The training seed of a run whose DAG params are `params`: a `seed=N` of `train_overrides`, or 0."""
+    for item in params.get("train_overrides") or ():
+        key, _, value = str(item).partition("=")
+        if key.strip() == "seed":
+            return int(value)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(proc.stdout[proc.stdout.rfind("speech_pipeline succeeded") :])
     rows = [[task, minutes] for task, minutes in results["task_minutes"].items()]
     print_table(["task", "minutes"], [*rows, ["scripts/demo.sh, launch to exit", wall / 60]])
-    write_json(args.json, results, {"demo_corpus": 0, "training": 0})
+    write_json(args.json, results, {"demo_corpus": 0, "training": training_seed(results["params"])})
     print(f"run directory: {run_dir}")
     return 0
 
