@@ -24,7 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from models import registry, tracking
+from models import registry
+from models.tracking import runs as tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE_PYTHON = ROOT / ".venv-try" / "bin" / "python"
@@ -48,7 +49,7 @@ def champion(name: str, kind: str, alias: str = registry.ALIAS) -> dict:
         return {**found, "error": f"no version of {name} holds the alias '{alias}' in the MLflow store {store}: "
                 f"`make demo` trains and registers one; then run `make try` again."}  # fmt: skip
     uri = f"models:/{name}/{version.version}"  # this version, even if the alias moves meanwhile
-    # models/serving.py log_model: the model directory is the pyfunc artifact `model_dir`.
+    # models/serving/pyfunc.py log_model: the model directory is the pyfunc artifact `model_dir`.
     flavor = mlflow.models.Model.load(uri).flavors["python_function"]
     model_dir = flavor["artifacts"]["model_dir"]["path"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,7 @@ Why over HTTP, in an environment of its own: Gradio pins `pillow<13`, and the tr
 under the training stack. It runs in `.venv-try` (Gradio alone, requirements/try.in), where neither
 TensorFlow nor MLflow is installed, and asks the champions as any client would: through the HTTP API
 of `mlflow models serve`, each server holding `mlflow.pyfunc.load_model("models:/NAME@champion")`
-(models/serving.py `SpeechModel`). What the page shows is what serving answers, byte for byte.
+(models/serving/pyfunc.py `SpeechModel`). What the page shows is what serving answers, byte for byte.
 
 Imports nothing of the project: `--champions FILE` (JSON written by apps.try_models) tells it, for
 `asr` and `tts`, the registered name and version, the URL of its server and the synthesis voices,

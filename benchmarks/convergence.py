@@ -13,7 +13,7 @@ job with a slow worker takes to reach allreduce's result.
 2. With rank 1 at half speed (`--straggler-factor 2`), allreduce and the best gossip variant of
    part 1: the minutes from the start of training until its dev CER first reaches what allreduce
    reached at the end of its undisturbed run (dev CER every `eval_every` steps,
-   models/validation.py), and a plot of both dev CER curves beside the JSON (`out.png`).
+   models/training/dev_selection.py), and a plot of both dev CER curves beside the JSON (`out.png`).
 Without --shards it builds the demo corpus first (espeak-ng + sox, fbank, shards).
 `--reference earlier.json` (same shards and epochs): the seeds that run measured are read, not
 trained again, and its variants not named in `--variants` stay in the table, each row saying where

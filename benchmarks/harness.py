@@ -101,7 +101,7 @@ def run_training(
         else commands.horovodrun_local(PYTHON, np_, commands.TRAIN, args, hosts)
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), **(env_extra or {}))
-    # The store `make` targets use (models/tracking.py's default too), never the repository root.
+    # The store `make` targets use (models/tracking/runs.py's default too), never the repository root.
     (ROOT / ".runs").mkdir(exist_ok=True)
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / '.runs' / 'mlflow.db'}")
     started = time.perf_counter()

@@ -88,8 +88,8 @@ SECTIONS: dict[str, Section] = {
         "The acoustic model's LSTM path on a CPU",
         "`benchmarks/throughput.py --only asr --np 2 --precision float32`: the demo's acoustic model on "
         "synthetic demo-shaped shards at two ranks, the same batches on three paths: the default on a CPU "
-        "(`models/lstm.py`'s LSTMs, the C++ CTC kernel), Keras' LSTM loop with the CTC loss from dense labels "
-        "(`_keras`: the path before `models/lstm.py`), and Keras' loop with the C++ CTC kernel "
+        "(`models/layers/lstm.py`'s LSTMs, the C++ CTC kernel), Keras' LSTM loop with the CTC loss from dense labels "
+        "(`_keras`: the path before `models/layers/lstm.py`), and Keras' loop with the C++ CTC kernel "
         "(`_keras_sparse_ctc`). Threads per rank: the trainer's default, its share of the cores.",
         throughput,
         "Both paths compute the same loss and gradients (`tests/test_lstm.py`). The difference between the "

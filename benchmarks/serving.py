@@ -45,8 +45,9 @@ def model_dir(path: Path, config_file: Path) -> Path:
     import keras
 
     from common import config as configlib
-    from models import asr, checkpoint
-    from models.train_config import TrainConfig
+    from models.asr import network as asr
+    from models.training import checkpoint
+    from models.training.config import TrainConfig
     from pipeline import features, text
 
     keras.utils.set_random_seed(0)

@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from benchmarks import speedup_theory as speedup_model
     from common import config as configlib
-    from models import asr
-    from models.tasks import resolve_asr
-    from models.train_config import TrainConfig
+    from models.asr import network as asr
+    from models.asr.task import resolve_asr
+    from models.training.config import TrainConfig
     from pipeline.records import open_shard_set
 
     work, config, shards, common = asr_setup(args, "speedup_model-", tiny_steps=8)
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 def log_to_mlflow(results: dict, plot: Path) -> str:
     import mlflow
 
-    from models import tracking
+    from models.tracking import runs as tracking
 
     with tracking.start_run(
         "speechflow-benchmarks", "speedup-model", tags={"speechflow.benchmark": "speedup_model"}

@@ -45,7 +45,7 @@ def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
-# --set items of each path a run measures: the models' defaults (models/lstm.py's LSTMs and the C++
+# --set items of each path a run measures: the models' defaults (models/layers/lstm.py's LSTMs and the C++
 # CTC kernel on a CPU), Keras' LSTM loop with the dense-label CTC graph, Keras' loop with the C++ kernel.
 PATHS = {
     "default": lambda model: [],
@@ -76,8 +76,8 @@ def tts_curve(batches: tuple[int, ...], tiny: bool, repeats: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from models import tts
-    from models.tasks import TtsTask
+    from models.tts import model as tts
+    from models.tts.task import TtsTask
 
     chars, frames = (12, 30) if tiny else (60, 600)
     base = tts.TtsConfig(vocab_size=40)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     results["matmul_peak_flops_bfloat16"] = matmul_peak("bfloat16", 256 if args.tiny else 2048)
     rows = []
     # (model, np, precision, path): the acoustic model's default path on this machine, and Keras' LSTM
-    # loop with the dense-label CTC graph (what a CPU ran before models/lstm.py), and Keras' loop with
+    # loop with the dense-label CTC graph (what a CPU ran before models/layers/lstm.py), and Keras' loop with
     # the C++ CTC kernel (which part of the difference is which).
     runs = [
         ("asr", 1, "float32", "default"),
@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         and (not args.precision or run[2] == args.precision)
     ]
     from common import config as configlib
-    from models import asr
-    from models.tasks import resolve_asr
+    from models.asr import network as asr
+    from models.asr.task import resolve_asr
     from pipeline.records import open_shard_set
 
     for model, np_, precision, path in runs:
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             summary.get("share_communication", 0.0),
         ]
         if model == "asr":
-            from models.train_config import TrainConfig
+            from models.training.config import TrainConfig
 
             cfg = resolve_asr(configlib.load(TrainConfig, configs[model]).asr, open_shard_set(shards))
             flops = asr.flops_per_frame(cfg) * summary["frames_per_s_total"]

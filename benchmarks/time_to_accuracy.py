@@ -1,6 +1,6 @@
 """Time to accuracy: the demo's acoustic model, dev CER against wall-clock minutes from launching
 `horovodrun -np 2`, for two configs in one run: by default the demo's on Keras' LSTM path ("before")
-and the demo's as it runs ("after": models/lstm.py's CPU path).
+and the demo's as it runs ("after": models/layers/lstm.py's CPU path).
 
     python benchmarks/time_to_accuracy.py [--json out.json] [--tiny] [--shards DIR] [--utterances 2500]
                                           [--before benchmarks/configs/demo_asr_keras_path.yaml]
@@ -51,7 +51,7 @@ RUN_TIMEOUT_S = 2 * 3600  # an arm of the demo's config takes about 20 minutes o
 def steps_of(config: Path, shards: Path, sets: list[str], workers: int) -> int:
     """Steps a run of `config` takes on `shards` with `workers` ranks (the Trainer's own plan)."""
     from common import config as configlib
-    from models.train_config import TrainConfig
+    from models.training.config import TrainConfig
     from pipeline.dataset import batch_plan
     from pipeline.records import open_shard_set
 

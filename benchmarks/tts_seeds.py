@@ -51,7 +51,7 @@ def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) 
     already holds in the model's saved config. None otherwise (a lever the run did not have): then
     every seed is trained here."""
     from common import config as configlib
-    from models.train_config import TrainConfig
+    from models.training.config import TrainConfig
 
     saved_path = run_dir / "tts" / "config.yaml"
     if config.resolve() != run_config.resolve() or not saved_path.is_file():

@@ -33,7 +33,7 @@ class ModelEntry:
     # batches(split, frames_per_batch), splits, EvalConfig, out_dir, listener) -> metrics with
     # `primary_metric` (the champion's)
     evaluation: str
-    server: str  # "module:attribute" of its server class (models/servers.py says what one has)
+    server: str  # "module:attribute" of its server class (models/interfaces.py `Server` says what one has)
     title: str  # the DAG form's label
     config_file: str  # the DAG form's default training config (a YAML file of TrainConfig fields)
     # the TrainConfig field that holds its settings; a model added by an extension keeps its own in
@@ -80,9 +80,9 @@ def register_strategy(entry: StrategyEntry) -> StrategyEntry:
 register_model(
     ModelEntry(
         "asr",
-        "models.tasks:AsrTask",
-        "models.evaluate_asr:evaluate",
-        "models.servers:AsrServer",
+        "models.asr.task:AsrTask",
+        "models.asr.evaluation:evaluate",
+        "models.asr.server:AsrServer",
         "asr: acoustic model (speech recognition)",
         "configs/demo_asr.yaml",
         section="asr",
@@ -93,9 +93,9 @@ register_model(
 register_model(
     ModelEntry(
         "tts",
-        "models.tasks:TtsTask",
-        "models.evaluate_tts:evaluate",
-        "models.servers:TtsServer",
+        "models.tts.task:TtsTask",
+        "models.tts.evaluation:evaluate",
+        "models.tts.server:TtsServer",
         "tts: synthesis model (text to speech)",
         "configs/demo_tts.yaml",
         section="tts",
@@ -105,7 +105,7 @@ register_model(
 register_strategy(
     StrategyEntry(
         "allreduce",
-        "models.strategies:Allreduce",
+        "models.distributed.strategies:Allreduce",
         "allreduce (synchronous ring-allreduce)",
         supports_elastic=True,
         replicas_equal=True,
@@ -115,7 +115,7 @@ register_strategy(
 register_strategy(
     StrategyEntry(
         "adpsgd",
-        "models.gossip:GossipStrategy",
+        "models.distributed.gossip:GossipStrategy",
         "adpsgd (asynchronous decentralized gossip)",
         budget_in_data=True,
         dynamic_process_sets=True,

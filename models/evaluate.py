@@ -1,8 +1,8 @@
 """Evaluation: `python -m models.evaluate --model W --shards OUT [--split test]`.
 
 The entry point: it opens the trained model (`--model`: a training workdir, its `model/` or a
-registry URI, as every command names a model: models/inference.py), builds each split's input, and
-runs the model's evaluation (models/evaluate_asr.py, models/evaluate_tts.py), then logs to MLflow.
+registry URI, as every command names a model: models/serving/opening.py), builds each split's input, and
+runs the model's evaluation (models/asr/evaluation.py, models/tts/evaluation.py), then logs to MLflow.
 
 Acoustic model: CER and WER with greedy and beam-search decoding, and a file of hypotheses next
 to the references, for the test split and, when the shards have them, the noisy test and the test in
@@ -43,18 +43,18 @@ class EvalConfig:
     # row per decoder step for every sentence of the batch
     tts_frames_per_batch: int = 12000
     # tts: a training voice to speak every sentence in; empty: each recording's own voice (dev), or
-    # for voices training never heard (test), the nearest training voice (models/tasks.py TtsTask.voices)
+    # for voices training never heard (test), the nearest training voice (models/tts/task.py TtsTask.voices)
     voice: str = ""
 
 
 def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
     """Where the evaluation of `model` writes eval.json and eval/: `out_dir`, or else the training
     workdir the model was named by (a workdir or its model/); a registry URI needs `out_dir`."""
-    from models import inference
+    from models.serving import opening
 
     if out_dir is not None:
         return Path(out_dir)
-    source = inference.locate(model)
+    source = opening.locate(model)
     if source.workdir is None:
         raise ValueError(f"{model} is not in a training workdir: say where the evaluation goes with --out-dir DIR")
     return source.workdir
@@ -63,17 +63,17 @@ def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
 def evaluate(
     model: str | Path, shards: Path, cfg: EvalConfig, asr_model: str | Path | None = None, out_dir: Path | None = None
 ) -> dict:
-    """Evaluates the trained `model` (any form models/inference.py opens) on `cfg.splits` of
+    """Evaluates the trained `model` (any form models/serving/opening.py opens) on `cfg.splits` of
     `shards` with its model's evaluation (common/catalog.py `ModelEntry.evaluation`). Writes
     `eval.json` and `eval/` (hypotheses, plots, audio) into `output_dir(model, out_dir)`; returns
     the metrics."""
     from common import catalog
-    from models import inference
+    from models.serving import opening
     from pipeline.records import open_shard_set
 
     root = output_dir(model, out_dir)
     model_spec = model
-    model, config, data = inference.open_model(model_spec)
+    model, config, data = opening.open_model(model_spec)
     shards = open_shard_set(shards)
     check_vocabulary(data, shards, model_spec)
     entry = catalog.model(config.model)
@@ -123,7 +123,7 @@ def log_to_mlflow(model_dir: Path, metrics: dict, parent_run_id: str | None) -> 
     """Logs metrics to the training run (when `model_dir`, where eval.json is, is the training
     workdir); with a parent (the DAG), also to an evaluation child run that holds the artifacts.
     Returns the run id that holds the artifacts."""
-    from models import tracking
+    from models.tracking import runs as tracking
 
     trained = tracking.load_run_file(model_dir)
     numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}

@@ -30,7 +30,7 @@ from typing import Any
 
 from common import cli
 from common.fsutil import atomic_write_json, read_json
-from models import tracking
+from models.tracking import runs as tracking
 
 ALIAS = "champion"
 DAG_ID_TAG, DAG_RUN_TAG = "airflow.dag_id", "airflow.run_id"
@@ -218,7 +218,7 @@ def _champion(name: str, alias: str, metric: str):
 
 
 def _training_workdir(spec: str | Path) -> Path:
-    """The training workdir of a model named as every command names one (models/inference.py)."""
+    """The training workdir of a model named as every command names one (models/serving/opening.py)."""
     if str(spec).startswith(("models:/", "runs:/")):
         raise ValueError(f"{spec} is in the registry already: register takes a training workdir or its model/")
     path = Path(spec)
@@ -230,7 +230,7 @@ def _training_workdir(spec: str | Path) -> Path:
 def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: str = ALIAS) -> dict:
     """Registers the model trained in `workdir` as a version of `name`; moves `alias` to it only when
     its primary metric (eval.json) beats the current holder's (lower is better). `workdir` may
-    also name its model/ (models/inference.py); a registry URI is refused: it is registered already."""
+    also name its model/ (models/serving/opening.py); a registry URI is refused: it is registered already."""
     workdir = _training_workdir(workdir)
     trained = tracking.load_run_file(workdir)
     if trained is None:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from common.progress import progress as progress_bar
-from models import inference
+from models.serving import opening
 
 BATCH_SENTENCES = 16  # sentences synthesized together
 
@@ -40,9 +40,10 @@ def read_sentences(path: Path) -> list[tuple[int, str]]:
 
 def synthesize(model_spec: str, text_file: Path, out_dir: Path, cfg: SynthesizeConfig) -> list[dict]:
     """Writes one WAV per sentence of `text_file` and `index.tsv` into `out_dir`; returns the rows."""
-    from models import audio, tasks
+    from models.tts import audio
+    from models.tts.task import speak
 
-    model, config, data = inference.open_model(model_spec)
+    model, config, data = opening.open_model(model_spec)
     if config.model != "tts":
         raise ValueError(f"{model_spec} is an {config.model} model; synthesis needs a synthesis model")
     sentences = read_sentences(text_file)
@@ -55,7 +56,7 @@ def synthesize(model_spec: str, text_file: Path, out_dir: Path, cfg: SynthesizeC
         chunk = sentences[start : start + BATCH_SENTENCES]
         texts = [s for _, s in chunk]
         # ValueError naming the model's voices for one it lacks
-        out = tasks.speak(model, data, texts, [cfg.voice] * len(texts), max_steps=cfg.max_steps)
+        out = speak(model, data, texts, [cfg.voice] * len(texts), max_steps=cfg.max_steps)
         for (line, sentence), mel, length, voice in zip(chunk, out["mels"], out["lengths"], out["voices"]):
             wave = audio.griffin_lim(mel[:length], n_iter=cfg.griffin_lim_iters)
             path = out_dir / f"line-{line:04d}.wav"

@@ -6,7 +6,7 @@
 Rank 0 writes checkpoints, logs to MLflow and shows the progress bar; every rank trains. A re-run
 with the same workdir resumes from the latest checkpoint (weights, optimizer state, step and data
 position) and refuses a workdir whose saved configuration has another architecture. The config
-lives in models/train_config.py, the loop in models/loop.py; this file only parses.
+lives in models/training/config.py, the loop in models/training/loop.py; this file only parses.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from common import catalog, cli
 from common import config as configlib
-from models.hooks import TrainHooks
-from models.loop import Trainer
-from models.train_config import TrainConfig
+from models.training.config import TrainConfig
+from models.training.hooks import TrainHooks
+from models.training.loop import Trainer
 
 
 def train_and_evaluate(
@@ -98,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", help="MLflow experiment name (default speechflow)")
     p.add_argument("--mlflow-parent-run-id", help="nest the training run under this MLflow run (the DAG's)")
     p.add_argument("--run-name", help="MLflow run name")
-    testing = p.add_argument_group("benchmarks and tests (models.hooks.TrainHooks)")
+    testing = p.add_argument_group("benchmarks and tests (models.training.hooks.TrainHooks)")
     testing.add_argument("--straggler-rank", type=int, default=-1, help="slow down this rank")
     testing.add_argument(
         "--straggler-delay-ms", type=float, default=0.0, help="milliseconds added to each of the straggler's steps"

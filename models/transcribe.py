@@ -27,7 +27,8 @@ import numpy as np
 
 from common import fsutil
 from common.progress import progress as progress_bar
-from models import inference
+from models.asr import alignment
+from models.serving import opening
 from pipeline import features, kaldi, text
 
 BATCH_FRAMES = 40000  # padded input frames per batch
@@ -94,8 +95,8 @@ def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shif
     """[(utt, hypothesis, [(word, start s, duration s)])] of one batch."""
     import tensorflow as tf
 
-    from models import asr
-    from models.tasks import AsrTask
+    from models.asr import network as asr
+    from models.asr.task import AsrTask
 
     lengths = np.asarray([len(feats[u]) for u in utts], np.int32)
     padded = np.zeros([len(utts), lengths.max(), feats[utts[0]].shape[1]], np.float32)  # [B, T, D]
@@ -118,21 +119,21 @@ def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shif
     out = []
     for i, (u, labels) in enumerate(zip(utts, ids)):
         hypothesis = text.decode(labels, data["vocabulary"])
-        path = inference.ctc_forced_alignment(log_probs[i, : out_lengths[i]], labels)  # label index per frame
+        path = alignment.ctc_forced_alignment(log_probs[i, : out_lengths[i]], labels)  # label index per frame
         # characters are the labels decode keeps (not the unknown-character id): their index per frame
         kept = np.cumsum([label > 1 for label in labels]) - 1
         char_path = np.where(path >= 0, np.where(np.asarray(labels)[path] > 1, kept[path], -1), -1)
-        out.append((u, hypothesis, inference.word_times(hypothesis, char_path, frame_seconds)))
+        out.append((u, hypothesis, alignment.word_times(hypothesis, char_path, frame_seconds)))
     return out
 
 
 def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: Path | None = None, files=()) -> dict:
     """Transcribes a data directory or audio files into `out_dir` (see the module docstring).
     Returns a summary: utterances transcribed and rejected, the files written."""
-    model, config, data = inference.open_model(model_spec)
+    model, config, data = opening.open_model(model_spec)
     if config.model != "asr":
         raise ValueError(f"{model_spec} is a {config.model} model; transcription needs an acoustic model")
-    from models.serving import feature_config
+    from models.serving.pyfunc import feature_config
 
     feature_cfg = dataclasses.replace(feature_config(data), allow_pipes=cfg.allow_pipes)
     entries, rejections = audio_entries(data_dir, [Path(f) for f in files], cfg.allow_pipes)

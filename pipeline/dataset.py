@@ -36,7 +36,7 @@ class InputConfig:
     max_batch_size: int = 64  # cap for classes of short utterances (a batch holds at least one chunk)
     shuffle_buffer: int = 64  # chunks (of about 8 utterances); also bounds the time to the first batch
     # "speaker" (Kaldi per-speaker CMVN), "global" (split-wide), "utterance" (each utterance's own
-    # statistics, in the training step: what a served model can compute, see models/serving.py), "none"
+    # statistics, in the training step: what a served model can compute, see models/serving/pyfunc.py), "none"
     cmvn: str = "speaker"
     # SpecAugment (Park et al. 2019), applied in the training step (pipeline/frontend.py):
     spec_augment: bool = False  # mask random bands of mel bins and runs of frames of each utterance

@@ -6,7 +6,7 @@ each utterance's affine map to normalized features beside them (dequantization m
 or split-wide CMVN), and with `cmvn="utterance"` a flag that asks for each utterance's own
 statistics instead; the step casts, normalizes, augments and stacks. That keeps the CPU's work per
 frame to reading and decoding, shrinks what crosses to a GPU, and puts training, evaluation and
-serving (models/serving.py, which hands it float log-mel with the identity map) on one
+serving (models/serving/pyfunc.py, which hands it float log-mel with the identity map) on one
 normalization function.
 """
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.gossip_schedule import SCHEMES, matching
+from models.distributed.gossip_schedule import SCHEMES, matching
 
 
 def consensus_distance(x: np.ndarray) -> float:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import asr
+from models.asr import network as asr
 from pipeline import text
 
 CFG = asr.AsrConfig(feature_dim=13, vocab_size=7, num_layers=2, units=8, projection=6, stack_frames=3, subsample=3)

@@ -136,7 +136,7 @@ def test_tts_seeds_reuses_the_demo_runs_model_only_for_what_it_was_trained_with(
     unchanged model measured as if it had the lever."""
     from benchmarks import tts_seeds
     from common import config as configlib
-    from models.train_config import TrainConfig
+    from models.training.config import TrainConfig
 
     config = ROOT / "configs/demo_tts.yaml"
     (tmp_path / "tts").mkdir()

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from models import checkpoint
+from models.training import checkpoint
 
 
 def variables(*names: str, fill: float = 0.0) -> list:
@@ -40,7 +40,8 @@ def test_a_second_model_in_one_process_restores_the_first_ones_checkpoint(tmp_pa
     checkpoints use leave the owners' names out, so a rebuilt model finds its variables."""
     import keras
 
-    from models import asr, tts
+    from models.asr import network as asr
+    from models.tts import model as tts
 
     for build, config in (
         (asr.build_asr, asr.AsrConfig(feature_dim=5, vocab_size=7, num_layers=1, units=4, projection=0)),

@@ -11,8 +11,9 @@ import pytest
 from keras.src.backend.tensorflow.rnn import _do_lstm_arguments_support_cudnn
 
 from common import config as configlib
-from models import asr, tts
-from models.train_config import TrainConfig
+from models.asr import network as asr
+from models.training.config import TrainConfig
+from models.tts import model as tts
 from tests.conftest import ROOT
 
 

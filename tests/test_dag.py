@@ -876,7 +876,8 @@ def dag_run(tmp_path_factory):
 def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     import mlflow
 
-    from models import registry, tracking
+    from models import registry
+    from models.tracking import runs as tracking
 
     run, summary = dag_run.run, dag_run.summary
     assert run["state"] == "success"

@@ -212,8 +212,8 @@ def test_vtlp_moves_a_formant_by_its_warp_and_keeps_padding():
 
 
 def test_the_acoustic_task_augments_in_training_steps_only(sharded):
-    from models import asr
-    from models.tasks import AsrTask
+    from models.asr import network as asr
+    from models.asr.task import AsrTask
 
     out, _, _ = sharded
     batch = next(iter(dataset.asr_dataset(out, "train", CFG)[0]))

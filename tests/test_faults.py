@@ -50,7 +50,7 @@ def test_elastic_reset_keeps_the_replanned_epoch_through_horovods_sync():
 
     from horovod.common.elastic import ObjectState
 
-    from models.loop import Trainer
+    from models.training.loop import Trainer
 
     state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=20, origin=[0, 0])
     trainer = SimpleNamespace(

@@ -9,7 +9,7 @@ from benchmarks.speedup_theory import (
     speedup_allreduce,
     speedup_gossip,
 )
-from models.gossip_schedule import (
+from models.distributed.gossip_schedule import (
     SCHEMES,
     expected_contraction,
     hierarchical_matching,
@@ -294,7 +294,7 @@ def test_plot_speedup_writes_a_png(tmp_path):
 
 def _delayed_ranks(starts):
     """Two ranks' models (plain vectors) and their DelayedMerge buffers."""
-    from models.gossip import DelayedMerge
+    from models.distributed.gossip import DelayedMerge
 
     models = [np.array(start, np.float64) for start in starts]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import hvd_compat
+from models.distributed import hvd_compat
 
 
 @pytest.fixture(scope="module", autouse=True)

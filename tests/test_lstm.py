@@ -1,4 +1,4 @@
-"""models/lstm.py's CPU path computes what Keras' LSTM path computes, from the same variables: the
+"""models/layers/lstm.py's CPU path computes what Keras' LSTM path computes, from the same variables: the
 outputs, the CTC loss and every gradient agree within float tolerance, and a checkpoint trained on
 one path loads into a model that runs the other (the cuDNN-eligible layers, unchanged)."""
 
@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import asr, checkpoint, lstm, tts
-from models.tasks import TtsTask
+from models.asr import network as asr
+from models.layers import lstm
+from models.training import checkpoint
+from models.tts import model as tts
+from models.tts.task import TtsTask
 from tests.test_tts import TINY, synthetic_batch
 
 CONFIG = asr.AsrConfig(feature_dim=13, vocab_size=12, num_layers=2, units=16, projection=8, dropout=0.0)

@@ -8,7 +8,8 @@ import subprocess
 import mlflow
 import pytest
 
-from models import registry, tracking
+from models import registry
+from models.tracking import runs as tracking
 from tests.conftest import PYTHON, ROOT, quiet_env
 
 

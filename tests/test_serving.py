@@ -26,10 +26,14 @@ import pytest
 import soundfile
 
 from common import config as configlib
-from models import asr, checkpoint, serving, serving_policy, tts
-from models.serving_policy import RequestError, ServingConfig
-from models.tasks import AsrTask
-from models.train_config import TrainConfig
+from models.asr import network as asr
+from models.asr.task import AsrTask
+from models.serving import policy as serving_policy
+from models.serving import pyfunc as serving
+from models.serving.policy import RequestError, ServingConfig
+from models.training import checkpoint
+from models.training.config import TrainConfig
+from models.tts import model as tts
 from pipeline import dataset, features, frontend, kaldi, records, shards, text
 from tests.conftest import CONFIGS, PYTHON, ROOT, quiet_env
 from tests.kaldi_fixtures import make_wav_dir, tone
@@ -340,7 +344,7 @@ def test_a_speaker_cmvn_model_is_served_with_a_warning(tmp_path):
 
 
 def test_the_synthesis_model_returns_wav_audio_of_its_mels(tmp_path):
-    from models import audio
+    from models.tts import audio
 
     model = served(model_dir(tmp_path / "model", "tts", mel_stats=(12.0, 2.0)))
     out = model.predict(None, pd.DataFrame({"text": ["the dog", "a quick brown fox"]}), {"max_steps": 6})

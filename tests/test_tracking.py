@@ -1,5 +1,5 @@
-"""MLflow tracking: the default store, the experiment's kind (models/tracking.py), metrics that survive an
-outage of a real `mlflow server` (models/spool.py), and per-rank system metrics (models/system_metrics.py)."""
+"""MLflow tracking: the default store, the experiment's kind (models/tracking/runs.py), metrics that survive an
+outage of a real `mlflow server` (models/tracking/spool.py), and per-rank system metrics (models/training/system_metrics.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import mlflow.tracking._tracking_service.utils as mlflow_uri_state
 import pytest
 from mlflow.exceptions import MlflowException
 
-import models.spool
-from models import system_metrics, tracking
-from models.spool import RunLog, spool_path
+import models.tracking.spool
+from models.tracking import runs as tracking
+from models.tracking.spool import RunLog, spool_path
+from models.training import system_metrics
 from tests.mlflow_server import MlflowServer, free_port
 
 
@@ -98,7 +99,7 @@ def test_records_left_by_a_dead_training_are_sent_by_replay(server, tmp_path, ca
     dead.close(wait_s=0)
     assert "records stay in" in capsys.readouterr().err and dead.waiting() == 2
     with pytest.raises(SystemExit) as exit_code:
-        models.spool.main(["replay", str(spool), "--uri", server.uri])
+        models.tracking.spool.main(["replay", str(spool), "--uri", server.uri])
     assert exit_code.value.code == 0 and not spool.exists()
     assert history(server.uri, run_id, "loss") == {1: 3.0, 2: 2.0}
 

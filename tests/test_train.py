@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from common import config as configlib
-from models import train, train_config
+from models import train
+from models.training import config as train_config
 from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
 
 
@@ -65,7 +66,7 @@ def test_tiny_acoustic_model_learns_and_records_everything(tiny_shards, tmp_path
 
 
 def test_the_saved_model_is_the_best_on_dev(tmp_path, mlflow_uri):
-    from models import checkpoint
+    from models.training import checkpoint
     from pipeline import shards
     from tests.kaldi_fixtures import make_feats_dir
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from models import evaluate, inference, synthesize, transcribe
+from models import evaluate, synthesize, transcribe
+from models.asr import alignment
+from models.serving import opening
 from pipeline import features, kaldi, shards
 from tests.kaldi_fixtures import make_wav_dir
 from tests.test_serving import model_dir
@@ -95,11 +97,11 @@ def test_every_command_names_a_model_in_the_same_three_forms(decoded, tmp_path):
 
     root, data, evaluated = decoded
     work, model = root / "work", root / "work" / "model"
-    assert inference.locate(work) == inference.ModelSource(str(work), model_dir=model, workdir=work)
-    assert inference.locate(model) == inference.ModelSource(str(model), model_dir=model, workdir=work)
-    assert inference.locate("models:/m@champion").uri == "models:/m@champion"
+    assert opening.locate(work) == opening.ModelSource(str(work), model_dir=model, workdir=work)
+    assert opening.locate(model) == opening.ModelSource(str(model), model_dir=model, workdir=work)
+    assert opening.locate("models:/m@champion").uri == "models:/m@champion"
     with pytest.raises(FileNotFoundError, match="training workdir .* its model directory .* registry URI"):
-        inference.locate(root / "shards")
+        opening.locate(root / "shards")
     # transcribe: the workdir as the model/ it holds
     assert transcribe.main(["--model", str(work), "--data-dir", str(data), "--out", str(tmp_path / "t")]) == 0
     text = dict(line.split(" ", 1) for line in (tmp_path / "t" / "text").read_text().splitlines())
@@ -125,7 +127,7 @@ def test_ctc_forced_alignment_is_the_best_path_of_the_labels():
     rng = np.random.default_rng(0)
     log_probs = np.log(rng.dirichlet(np.ones(5), size=7))  # [T=7, V=5]
     labels = [2, 2, 3]  # a repeat: a blank must stand between its two
-    path = inference.ctc_forced_alignment(log_probs, labels)
+    path = alignment.ctc_forced_alignment(log_probs, labels)
     tokens = [0 if i < 0 else labels[i] for i in path]
 
     def collapse(seq):
@@ -137,7 +139,7 @@ def test_ctc_forced_alignment_is_the_best_path_of_the_labels():
     assert collapse(tokens) == labels
     best = max(score(seq) for seq in itertools.product([0, 2, 3], repeat=7) if collapse(list(seq)) == labels)
     assert score(tokens) == pytest.approx(best)
-    words = inference.word_times("ab c", np.asarray([-1, 0, 0, 1, -1, -1, 2, 3, -1, -1, -1, -1]), 0.04)
+    words = alignment.word_times("ab c", np.asarray([-1, 0, 0, 1, -1, -1, 2, 3, -1, -1, -1, -1]), 0.04)
     assert [w for w, _, _ in words] == ["ab", "c"]
     assert words[0][1] == pytest.approx(0.04) and words[0][2] == pytest.approx(0.12)
 
@@ -163,7 +165,7 @@ def test_synthesize_writes_one_wav_per_sentence(tmp_path):
 def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, monkeypatch):
     import mlflow
 
-    from models import serving
+    from models.serving import pyfunc as serving
 
     root, data, evaluated = decoded
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -189,4 +191,4 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, monkeypat
     assert text == evaluated
     assert uri_eval["test_cer"] == json.loads((root / "work" / "eval.json").read_text())["test_cer"]
     with pytest.raises(ValueError, match="models:/missing@champion"):
-        inference.open_model("models:/missing@champion")
+        opening.open_model("models:/missing@champion")

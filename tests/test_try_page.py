@@ -51,7 +51,9 @@ def register_champion(path: Path, name: str) -> None:
     """Logs a model directory as the pyfunc model and makes the new version `name`'s champion."""
     import mlflow
 
-    from models import registry, serving, tracking
+    from models import registry
+    from models.serving import pyfunc as serving
+    from models.tracking import runs as tracking
 
     _, config, data = serving.load_model_dir(path)
     experiment_id = tracking.ensure_experiment("try")

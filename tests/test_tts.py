@@ -13,10 +13,10 @@ import scipy.io.wavfile
 import scipy.signal
 import tensorflow as tf
 
-from models import audio
-from models.tasks import TtsTask, resolve_tts, speak
-from models.tts import TtsConfig, build_tts, speaker_ids
-from models.tts_alignment import attention_diagonality, attention_monotonicity, monotonic_alignment
+from models.tts import audio
+from models.tts.alignment import attention_diagonality, attention_monotonicity, monotonic_alignment
+from models.tts.model import TtsConfig, build_tts, speaker_ids
+from models.tts.task import TtsTask, resolve_tts, speak
 from tests.conftest import shard_set
 
 TINY = TtsConfig(

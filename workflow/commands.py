@@ -101,7 +101,7 @@ def train_args(
 def uses_data_service(plan: Plan, model: str) -> bool:
     """Whether `model` reads its batches from a tf.data service in this run: with data_service_workers,
     a model whose batches the service makes (the acoustic model) always; another only under a strategy
-    that shares the epochs' batches (adpsgd; models/schedule.py serves it only those)."""
+    that shares the epochs' batches (adpsgd; models/training/schedule.py serves it only those)."""
     declared = catalog.model(model).data_service or catalog.strategy(plan.strategy).budget_in_data
     return plan.data_service_workers > 0 and declared
 

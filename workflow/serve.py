@@ -25,7 +25,7 @@ def serve_command(model_uri: str, port: int, workers: int = 1, host: str = "127.
 
 def serve_env(base: Mapping[str, str], **settings: str) -> dict[str, str]:
     """`base` with uvicorn (which `mlflow models serve` runs by name) on PATH and the model's
-    SPEECHFLOW_SERVE_* `settings` (models/serving_policy.py)."""
+    SPEECHFLOW_SERVE_* `settings` (models/serving/policy.py)."""
     env = dict(base)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no GenAI job runner beside the model
@@ -93,7 +93,7 @@ def stop_session(proc: subprocess.Popen, grace: float) -> None:
 
 
 def log_to_new_store(model_dir: Path, work: Path) -> tuple[str, str]:
-    """Logs a model directory (models/serving.py `log_model`) to a new MLflow store in `work` (SQLite,
+    """Logs a model directory (models/serving/pyfunc.py `log_model`) to a new MLflow store in `work` (SQLite,
     its artifacts beside it rather than in ./mlruns) and returns (model URI, tracking URI): what
     `serve_command` and the server's MLFLOW_TRACKING_URI need."""
     import json
@@ -101,8 +101,8 @@ def log_to_new_store(model_dir: Path, work: Path) -> tuple[str, str]:
     import mlflow
 
     from common import config as configlib
-    from models import serving
-    from models.train_config import TrainConfig
+    from models.serving import pyfunc as serving
+    from models.training.config import TrainConfig
 
     config = configlib.load(TrainConfig, Path(model_dir) / "config.yaml")
     data = json.loads((Path(model_dir) / "data.json").read_text())

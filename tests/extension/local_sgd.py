@@ -24,7 +24,7 @@ class LocalSgd:
         import horovod.tensorflow as hvd
         import tensorflow as tf
 
-        from models import hvd_compat
+        from models.distributed import hvd_compat
 
         self.every = int(config.extension.get("every", 4))
         self.model_vars, self.optimizer, self.averages = model_vars, optimizer, 0
@@ -40,7 +40,7 @@ class LocalSgd:
         self._average = average
 
     def start(self) -> None:
-        from models import hvd_compat
+        from models.distributed import hvd_compat
 
         hvd_compat.broadcast(self.model_vars + list(self.optimizer.variables), root_rank=0)
 

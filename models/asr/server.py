@@ -1,0 +1,70 @@
+"""The served acoustic model: rows with audio in, one transcript each out (common/catalog.py
+`ModelEntry.server`; models/serving/pyfunc.py `SpeechModel` hands it each request)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from models.serving.policy import ENV_PREFIX, RequestError, audio_features, bounded_param, check_rows, utterances
+from models.serving.pyfunc import feature_config, transcribe_features
+
+
+class AsrServer:
+    """Rows with `audio` (and `sample_rate`) -> one transcript each (see models/serving/pyfunc.py)."""
+
+    def __init__(self, model, config, data: dict):
+        from models.asr import network as asr
+
+        self.config, self.data = config, data
+        if config.input.cmvn == "speaker":
+            warnings.warn(
+                "this acoustic model was trained with per-speaker CMVN, which a new speaker has no "
+                "statistics for: it is served with per-utterance statistics, unlike its training "
+                "(train with input.cmvn=utterance for a served model)",
+                stacklevel=3,
+            )
+        self.infer = asr.compiled(model, data["feature_dim"])
+        # Trace now, so the first request does not wait for the graph (about a second).
+        dim = data["feature_dim"]
+        transcribe_features(self.infer, config, data, [np.zeros([100, dim], np.float32)])
+
+    def predict(self, model_input, params: dict, settings) -> list[str]:
+        cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
+        beam = bounded_param(params, "beam_width", 0, 0, 256)
+        rows = utterances(model_input)
+        check_rows(len(rows), settings)
+        feats, seconds = [], 0.0
+        for label, audio, rate in rows:
+            try:
+                feats.append(audio_features(audio, rate, cfg, settings))
+            except RequestError as err:
+                raise RequestError(f"{label}: {err.message}") from err
+            seconds += len(feats[-1]) * cfg.frame_shift_ms / 1000
+            if seconds > settings.max_request_seconds:
+                raise RequestError(
+                    f"{label}: the request holds over {settings.max_request_seconds:g} s of audio, this "
+                    f"server's limit ({ENV_PREFIX}MAX_REQUEST_SECONDS); send it in several requests"
+                )
+        if not feats:
+            return []
+        return transcribe_features(self.infer, self.config, self.data, feats, beam)
+
+    @classmethod
+    def signature(cls, config, data: dict):
+        from mlflow.models import ModelSignature
+        from mlflow.types import DataType
+        from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+
+        # Any: a cell holds a string (path or base64) or a waveform; MLflow's typed columns take
+        # neither both kinds nor a missing sample rate beside a file.
+        inputs = Schema([ColSpec(AnyType(), "audio"), ColSpec(AnyType(), "sample_rate", required=False)])
+        params = ParamSchema([ParamSpec("beam_width", DataType.long, 0)])
+        return ModelSignature(inputs=inputs, outputs=Schema([ColSpec(DataType.string)]), params=params)
+
+    @classmethod
+    def example(cls, config, data: dict) -> dict:
+        """Half a second of a tone."""
+        tone = 0.1 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)
+        return {"audio": [tone.round(4).tolist()], "sample_rate": [16000]}

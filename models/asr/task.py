@@ -1,0 +1,122 @@
+"""The acoustic model as the trainer sees it (models/interfaces.py `Task`): build the network, make
+the batches, compute the CTC (or frame) loss, count the frames, decode a dev batch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from models.asr import network as asr
+from pipeline import dataset, frontend, records, text
+
+
+def resolve_asr(config: asr.AsrConfig, shards: records.ShardSet) -> asr.AsrConfig:
+    """Fills the sizes that come from the data (feature dim, vocabulary, pdf count)."""
+    loss = config.loss
+    if loss == "frame_ce" and not (config.num_targets or shards.num_targets):
+        raise ValueError("loss=frame_ce needs shards with frame targets: re-shard with --alignments train=ali.scp")
+    return dataclasses.replace(
+        config,
+        feature_dim=shards.feature_dim,
+        vocab_size=config.vocab_size or len(shards.vocabulary),
+        num_targets=config.num_targets or shards.num_targets,
+    )
+
+
+class AsrTask:
+    name = "asr"
+    selection_metric = "dev_cer"
+    profile_every = False
+
+    @classmethod
+    def create(cls, config, shards: records.ShardSet, eval_config=None) -> AsrTask:
+        """The task of TrainConfig `config`, sized from `shards`, with its SpecAugment settings."""
+        return cls(resolve_asr(config.asr, shards), config.input)
+
+    def resolved(self, config):
+        return dataclasses.replace(config, asr=self.config)
+
+    def model_data(self) -> dict:
+        return {"voices": []}
+
+    def __init__(self, config: asr.AsrConfig, augment: dataset.InputConfig | None = None):
+        self.config = config
+        # the training step's augmentation settings (SpecAugment, VTLP); None: none
+        wanted = augment is not None and (augment.spec_augment or tuple(augment.vtlp_range) != (1.0, 1.0))
+        self.augment = augment if wanted else None
+
+    def build(self):
+        return asr.build_asr(self.config)
+
+    def dataset(
+        self,
+        shards: records.ShardSet,
+        split: str,
+        cfg: dataset.InputConfig,
+        rank: int,
+        size: int,
+        epoch: int,
+        training: bool,
+    ):
+        return dataset.ASR.batches(shards, split, cfg, rank, size, epoch, training)
+
+    @staticmethod
+    def input_pipeline() -> dataset.Pipeline:
+        return dataset.ASR
+
+    def prepare(self, batches, shards: records.ShardSet, split: str):
+        """What the trainer adds to batches that came from elsewhere (the tf.data service): nothing."""
+        return batches
+
+    @staticmethod
+    def frames(batch) -> tf.Tensor:
+        """Input frames (before subsampling) in a batch: what frames/s counts."""
+        return tf.reduce_sum(batch["feat_lengths"])
+
+    @staticmethod
+    def features(batch) -> tf.Tensor:
+        """What the model reads: the batch's stored features normalized as its input config says
+        (speaker, split-wide or per-utterance CMVN), float32 [B, T, D]. Serving calls it too."""
+        return frontend.normalize(
+            batch["feats"],
+            batch["feat_scale"],
+            batch["feat_offset"],
+            batch["feat_lengths"],
+            batch.get("utterance_cmvn"),
+        )
+
+    def loss(self, model, batch, training: bool, seed=None) -> tuple[tf.Tensor, dict]:
+        """`seed`: int64 [2], the stateless seed of this step's augmentation (training only)."""
+        feats = self.features(batch)
+        if training and self.augment is not None and seed is not None:
+            if tuple(self.augment.vtlp_range) != (1.0, 1.0):
+                warp_seed = tf.random.experimental.stateless_fold_in(seed, 1)  # SpecAugment's masks keep theirs
+                feats = frontend.vtlp(feats, self.augment.vtlp_range, warp_seed)
+            if self.augment.spec_augment:
+                feats = frontend.spec_augment(feats, batch["feat_lengths"], self.augment, seed)
+        logits, lengths = model(feats, batch["feat_lengths"], training=training)
+        return self._loss_of(logits, lengths, batch)
+
+    def _loss_of(self, logits, lengths, batch) -> tuple[tf.Tensor, dict]:
+        if self.config.loss == "frame_ce":
+            loss = asr.frame_ce_loss(logits, lengths, batch["targets"], self.config.subsample)
+            return loss, {}
+        loss, infeasible = asr.ctc_loss(
+            logits, lengths, batch["tokens"], batch["token_lengths"], self.config.ctc_labels
+        )
+        return loss, {"infeasible_utterances": infeasible}
+
+    def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
+        """Dev evaluation of a batch: (loss, greedy transcripts), from one compiled forward pass
+        (`asr.compiled`: an eager pass steps every LSTM through time in Python)."""
+        logits, lengths = asr.compiled(model, self.config.feature_dim)(self.features(batch), batch["feat_lengths"])
+        loss, _ = self._loss_of(logits, lengths, batch)
+        hyps = asr.greedy_decode(logits.numpy(), lengths.numpy())
+        return float(loss), [text.decode(h, vocabulary) for h in hyps]
+
+    def flops_per_frame(self) -> float:
+        return asr.flops_per_frame(self.config)
+
+    def profile(self, model, batch) -> dict:
+        return {}

@@ -1,0 +1,318 @@
+"""The training loop behind `models.train`: one Trainer per process (one per Horovod rank).
+
+Here: the set-up, the run (rank 0's inside its MLflow run) and the step loop. The Trainer's other
+parts are mixins in modules of their own: which batches a rank reads, the learning rate of each step
+and the re-planning after an elastic job's reset (models/training/schedule.py), one training step
+(models/training/step.py), checkpoints, resumption and the final model (models/training/persistence.py), what the run
+reports to MLflow (models/training/reporting.py); the step-time breakdown is models/training/timing.py.
+
+Every place Horovod touches a training run, listed from here so a reader finds them all:
+- common/runtime.py `configure_tensorflow`: each rank's share of the cores and its local GPU.
+- models/distributed/strategies.py `init_horovod`: `hvd.init` (dynamic process sets when gossip needs them).
+- models/distributed/strategies.py `Allreduce`: gradients averaged by `grouped_allreduce` every step (or by
+  `DistributedGradientTape` in the fused step); rank 0's weights and optimizer state broadcast to
+  every rank after the first step.
+- models/distributed/gossip.py `GossipStrategy`: one process set per pair of a matching, pairwise averages by
+  a communication thread, one global average at the end (the consensus model).
+- models/distributed/hvd_compat.py: Keras 3 variables handed to Horovod as their `tf.Variable`s.
+- models/distributed/elastic.py, with models/training/schedule.py `_on_reset`: Horovod elastic's commits and resets.
+- pipeline/dataset.py: each rank reads its own shards; every rank gets the same number of batches.
+- models/training/reporting.py `_shared_run_id`: rank 0's MLflow run id broadcast to every rank.
+- models/training/reporting.py `_gather`: `allgather_object` of each rank's throughput, memory and weight digest.
+- Only rank 0 writes checkpoints and the model, logs to MLflow and draws the progress bar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from common import catalog, runtime
+from common import config as configlib
+from common.fsutil import atomic_write_json
+from common.progress import progress as progress_bar
+from models.tracking import runs as tracking
+from models.tracking.spool import RunLog, spool_path
+from models.training.config import TrainConfig, check_workdir
+from models.training.hooks import TrainHooks
+from models.training.persistence import Persistence
+from models.training.reporting import Reporting
+from models.training.schedule import Schedule
+from models.training.step import Stepping
+from models.training.system_metrics import SystemMetrics
+from models.training.timing import StepTimes
+
+
+@dataclasses.dataclass
+class _Progress:
+    """What a run accumulates across its steps (and across an elastic job's resets)."""
+
+    start_step: int
+    times: StepTimes = dataclasses.field(default_factory=StepTimes)
+    history: list = dataclasses.field(default_factory=list)
+    dev_history: list = dataclasses.field(default_factory=list)  # dev metrics every eval_every steps
+    profile_sums: dict = dataclasses.field(default_factory=dict)
+    profiles: int = 0
+    loss: float = float("nan")
+    counts: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(("batches", "utterances", "frames"), 0))
+    world_sizes: list = dataclasses.field(default_factory=list)  # (step, size) at every elastic reset
+
+    def profile_ms(self) -> dict[str, float]:
+        """The synthesis model's per-module profile: mean milliseconds of each module so far."""
+        return {f"profile_{k[:-2]}_ms": 1000 * v / self.profiles for k, v in self.profile_sums.items()}
+
+
+class Trainer(Schedule, Stepping, Persistence, Reporting):
+    def __init__(
+        self,
+        config: TrainConfig,
+        shards: Path,
+        workdir: Path,
+        parent_run_id: str | None,
+        run_name: str | None,
+        hooks: TrainHooks | None = None,
+    ):
+        self.config, self.shard_dir, self.workdir = config, shards, workdir
+        self.hooks = hooks or TrainHooks()
+        self.run_id = None  # rank 0's MLflow run
+        self._profile_sample = None
+        self.parent_run_id, self.run_name = parent_run_id, run_name
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _setup(self):
+        import keras
+        import tensorflow as tf
+
+        from models.distributed.strategies import init_horovod, make_strategy
+        from pipeline import records
+
+        c = self.config
+        self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
+        self._gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+        # Horovod: one process per worker; rank 0 is the one that writes and logs.
+        hvd = init_horovod(c.strategy)
+        self.hvd, self.tf = hvd, tf
+        self.rank, self.size = hvd.rank(), hvd.size()
+        keras.utils.set_random_seed(c.seed)
+        if c.precision == "mixed_bfloat16":
+            keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        self.shards = records.open_shard_set(self.shard_dir)  # the manifest read and checked once
+        records.check_shards(self.shards, "train")  # sizes: a truncated shard stops us here
+        self.task = catalog.task_class(c.model).create(c, self.shards)
+        self.config = c = self.task.resolved(c)
+        if self.rank == 0:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            check_workdir(self.workdir, c)
+        self.model = self.task.build()
+        self.optimizer = keras.optimizers.Adam(c.optim.learning_rate, global_clipnorm=c.optim.clip_norm)
+        self.optimizer.build(self.model.trainable_variables)
+        # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
+        # faster rank takes more of them, and the run ends when they are used up. Allreduce steps
+        # in lockstep through exact epochs, every rank its own shards.
+        declared = catalog.strategy(c.strategy.name)
+        self.budget_in_data = declared.budget_in_data
+        self.position = self._restore()
+        self.steps_per_epoch = self._steps_per_epoch()
+        self.total_steps = self._total_steps()
+        self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
+        # Lockstep epochs are counted from an origin: epoch origin[0] began after step origin[1]
+        # (an elastic job that changed its world size restarts its epoch at the step it resized).
+        self._origin = tuple(self.position.get("origin", (0, 0)))
+        if c.elastic and not declared.supports_elastic:
+            elastic = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
+            raise ValueError(
+                f"--elastic works with --strategy {elastic}: {c.strategy.name} does not survive lost workers "
+                "(gossip keeps a process set per pair, and a survivor of a killed worker then aborts inside "
+                "Horovod 0.28.1: horovod/horovod#4021)"
+            )
+        self.dev = None
+        # Equal replicas share the dev split (each rank its shards, the counts summed); otherwise
+        # rank 0 evaluates its own weights while the others go on. Elastic keeps rank 0 alone: the
+        # shares would change with the world size.
+        shared = declared.replicas_equal and not c.elastic and self.size > 1
+        if self.rank == 0 or shared:
+            from models.training.dev_selection import DevSelection
+
+            share = (self.rank, self.size, self._sum_over_ranks) if shared else None
+            self.dev = DevSelection(self.task, self.model, self.shards, c, self.workdir, self._owners(), share)
+        self._set_learning_rate(self.position["step"] + 1)
+        self._compile_steps()
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        # Horovod: a collective; every rank calls it at the same dev evaluation.
+        summed = self.hvd.allreduce(self.tf.constant(values, self.tf.float64), op=self.hvd.Sum, name="dev_counts")
+        return summed.numpy().tolist()
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self._setup()
+        finished = self._finished_summary()
+        if finished:
+            # A re-run of a finished training (a retried task) changes nothing and logs nothing again.
+            if self.rank == 0:
+                print(
+                    f"{self.workdir} already holds this training ({finished['steps']} steps); nothing to do",
+                    file=sys.stderr,
+                )
+            return {**finished, "rank": self.rank, "skipped": True}
+        try:
+            if self.rank == 0:
+                return self._run_rank0()
+            # Every rank logs its system metrics (and, should it become rank 0 in an elastic job,
+            # the training metrics) into rank 0's MLflow run, through a log that outlasts an outage.
+            log = RunLog(self._shared_run_id(None), spool_path(self.workdir, self.rank))
+            with SystemMetrics(log, self.rank, self.hvd.local_rank()):
+                summary = self._loop(log=log, bar=None)
+            log.close()
+            return summary
+        finally:
+            self.strategy.close()
+
+    def _run_rank0(self) -> dict:
+        import mlflow
+
+        c = self.config
+        configlib.save(c, self.workdir / "config.yaml")
+        atomic_write_json(self.workdir / "manifest_fingerprint.json", self.shards.fingerprint)
+        previous = tracking.load_run_file(self.workdir)
+        resume_id = previous["run_id"] if previous and self.position["step"] else None
+        tags = {"speechflow.stage": f"train_{c.model}", "speechflow.strategy": c.strategy.name}
+        with tracking.start_run(
+            c.experiment, self.run_name or f"train-{c.model}-{c.strategy.name}", self.parent_run_id, resume_id, tags
+        ) as run:
+            tracking.save_run_file(self.workdir, run.info.run_id, c.experiment)
+            self.run_id = run.info.run_id
+            self._shared_run_id(self.run_id)
+            if resume_id is None:
+                self._log_params()
+            bar = progress_bar(
+                total=self.total_steps,
+                initial=self.position["step"],
+                desc=f"train {c.model}",
+                unit="step",
+                dynamic_ncols=True,
+            )
+            # Metrics go through a log that keeps them beside the checkpoints while MLflow is down.
+            log = RunLog(self.run_id, spool_path(self.workdir, 0))
+            with SystemMetrics(log, 0, self.hvd.local_rank()):
+                summary = self._loop(log=log, bar=bar)
+            bar.close()
+            self._log_final(mlflow, summary)
+            log.close()
+        return summary
+
+    def _loop(self, log, bar) -> dict:
+        c = self.config
+        run = self._progress = _Progress(start_step=self.position["step"])
+        if c.elastic:
+            from models.distributed import elastic
+
+            # Horovod: the state every survivor goes back to when a worker is lost, and that a new
+            # worker receives; committed every commit_every steps (and checked for new hosts then).
+            state = elastic.KerasState(self.model, self.optimizer, step=self.position["step"], origin=self._origin)
+            state.register_reset_callbacks([lambda: self._on_reset(state, log)])
+            elastic.run(lambda st: self._train(run, log, bar, st))(state)
+        else:
+            self.strategy.start()
+            self._train(run, log, bar)
+        step = self.position["step"]
+        self.strategy.training_finished()
+        # "done": asynchronous training has spent its budget (its ranks' step counts say nothing).
+        self.position = {**self.position, "step": step, "done": self.budget_in_data}
+        timing = run.times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
+        final = self.strategy.finish()
+        summary = {
+            "rank": self.rank,
+            "world_size": self.size,
+            "threads_per_rank": {k: self.threads[k] for k in ("intra_op_threads", "inter_op_threads")},
+            "run_id": self.run_id,
+            "steps": step,
+            "resumed_from_step": run.start_step,
+            "final_loss": run.loss,
+            **{f"trained_{k}": v for k, v in run.counts.items()},
+            **final,
+            **timing,
+            "world_size_changes": run.world_sizes,
+            "history": run.history,
+            "dev_history": run.dev_history,
+        }
+        if run.profiles:
+            summary.update(run.profile_ms())
+        summary.update(self._gather(summary))
+        self._save_checkpoint(step)
+        if self.dev is not None and self.dev.enabled:
+            # The last weights (the consensus, under gossip) are evaluated too; the best on dev is saved.
+            dev = self.dev.evaluate(step)
+            if log is not None:
+                log.log_metrics(dev, step=step)
+            summary.update({f"last_{k}": v for k, v in dev.items()}, **self.dev.restore_best())
+            summary["dev_clock_started_unix_s"] = self.dev.started_unix_s
+        if self.rank == 0:
+            self._save_model(summary)
+        return summary
+
+    def _train(self, run: _Progress, log, bar, state=None) -> None:
+        """Steps from `self.position` to the end of the budget. Elastic: `state` is committed every
+        commit_every steps; after a reset this is called again from the restored position."""
+        c = self.config
+        if state is not None:
+            self.position = {"step": state.step, "epoch": self._epoch_of(state.step, state.origin)}
+            self._origin = tuple(state.origin)
+        step = self.position["step"]
+        more = not self.position.get("done") and (self.budget_in_data or step < self.total_steps)
+        iterator = self._batches() if more else iter(())
+        while self.budget_in_data or step < self.total_steps:
+            started = time.perf_counter()
+            batch = self._next_batch(iterator, step)
+            if batch is None:
+                break  # the epochs' batches are used up: the budget is spent
+            input_seconds = time.perf_counter() - started
+            step += 1
+            self.hooks.before_step(step, self.rank)
+            loss, aux, frames, utterances, step_times = self._step(batch, step)
+            run.loss = loss
+            step_times["input"] = input_seconds
+            extra = self.hooks.extra_work(self.rank)
+            if extra:
+                step_times["compute"] += self._slow_down(batch, step, extra, step_times["compute"])
+            step_times["compute"] += self.hooks.after_step(step, self.rank)
+            step_times["communication"] += self.strategy.after_step(step)
+            run.counts["batches"] += 1
+            run.counts["utterances"] += utterances
+            run.counts["frames"] += frames
+            self._set_learning_rate(step + 1)
+            run.times.add(step_times, frames, counted=step > run.start_step + c.warmup_exclude)
+            epoch = self._epoch(step)
+            if self.task.profile_every and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
+                started = time.perf_counter()
+                sample = self._profile_sample or self._sample_batch(epoch)
+                if not run.profiles:
+                    self.task.profile(self.model, sample)  # compiles the per-module functions
+                for key, value in self.task.profile(self.model, sample).items():
+                    run.profile_sums[key] = run.profile_sums.get(key, 0.0) + value
+                run.profiles += 1
+                run.times.exclude(time.perf_counter() - started)  # not training time
+            self.position = {"epoch": epoch, "step": step, "origin": list(self._origin)}
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{loss:.3f}", frames_s=f"{run.times.summary().get('frames_per_s', 0):.0f}", refresh=False
+                )
+            if self.rank == 0 and (step % c.log_every == 0 or step == self.total_steps):
+                self._log_step(run, log, step, {"loss": loss, "learning_rate": self.current_lr, "epoch": epoch, **aux})
+            if self.dev is not None and self.dev.due(step, last=False) and step < self.total_steps:
+                started = time.perf_counter()
+                dev = self.dev.evaluate(step)
+                run.times.exclude(time.perf_counter() - started)  # not training time
+                if log is not None:
+                    log.log_metrics(dev, step=step)
+                run.dev_history.append({"step": step, **dev})
+            if step % c.checkpoint_every == 0:
+                self._save_checkpoint(step)
+            if state is not None and step % c.commit_every == 0:
+                state.step, state.origin = step, list(self._origin)
+                state.commit()  # Horovod: a collective; raises to reset when hosts changed

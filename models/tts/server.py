@@ -1,0 +1,65 @@
+"""The served synthesis model: rows with text (and a voice) in, WAV audio and log-mels out
+(common/catalog.py `ModelEntry.server`; models/serving/pyfunc.py `SpeechModel` hands it each request)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from models.serving.policy import ENV_PREFIX, RequestError, bounded_param, check_rows, texts_and_voices
+from models.serving.pyfunc import wav_base64
+
+
+class TtsServer:
+    """Rows with `text` (and `voice`) -> WAV audio, voices and log-mels (see models/serving/pyfunc.py)."""
+
+    def __init__(self, model, config, data: dict):
+        self.model, self.config, self.data = model, config, data
+
+    def predict(self, model_input, params: dict, settings) -> dict:
+        from models.tts import audio
+        from models.tts.task import speak
+
+        max_steps = bounded_param(params, "max_steps", 400, 1, 2000)
+        iterations = bounded_param(params, "griffin_lim_iters", 48, 0, 200)
+        texts, voices = texts_and_voices(model_input)
+        check_rows(len(texts), settings)
+        for i, sentence in enumerate(texts):
+            if not sentence.strip() or len(sentence) > settings.max_text_chars:
+                raise RequestError(
+                    f"sentence {i}: {len(sentence)} characters; a sentence has 1 to {settings.max_text_chars} "
+                    f"({ENV_PREFIX}MAX_TEXT_CHARS)"
+                )
+        try:
+            out = speak(self.model, self.data, texts, voices, max_steps=max_steps)
+        except ValueError as err:  # a voice the model lacks (models/tts/base.py speaker_ids names its voices)
+            raise RequestError(str(err)) from err
+        mels, lengths = out["mels"], out["lengths"]
+        return {
+            "audio": [wav_base64(m[:n], iterations) if iterations > 0 else "" for m, n in zip(mels, lengths)],
+            "voices": out["voices"],
+            "sample_rate": audio.SAMPLE_RATE,
+            "mels": mels,
+            "lengths": lengths,
+        }
+
+    @classmethod
+    def signature(cls, config, data: dict):
+        from mlflow.models import ModelSignature
+        from mlflow.types import DataType
+        from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
+
+        outputs = Schema(
+            [
+                TensorSpec(np.dtype(np.float32), (-1, -1, data["feature_dim"]), "mels"),
+                TensorSpec(np.dtype(np.int32), (-1,), "lengths"),
+            ]
+        )
+        inputs = Schema([ColSpec(DataType.string, "text"), ColSpec(DataType.string, "voice", required=False)])
+        params = ParamSchema(
+            [ParamSpec("max_steps", DataType.long, 400), ParamSpec("griffin_lim_iters", DataType.long, 48)]
+        )
+        return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+    @classmethod
+    def example(cls, config, data: dict) -> dict:
+        return {"text": ["hello world"]}

@@ -1,0 +1,229 @@
+"""The synthesis model as the trainer sees it (models/interfaces.py `Task`), what serving asks of it
+(`speak`: sentences to log-mels), and the per-module profile the trainer records."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from models.tts import model as tts
+from pipeline import dataset, records, text
+
+
+def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfig:
+    """Fills the sizes that come from the data (vocabulary, mel bins) and the voices: the training
+    split's speakers, one speaker-embedding row each (a config that names them keeps its own: a
+    trained model's, read back for evaluation or serving)."""
+    speakers = config.speakers
+    train = shards.splits.get("train")
+    if not speakers and config.speaker_dim > 0 and train is not None:
+        speakers = train.speakers
+    return dataclasses.replace(config, vocab_size=len(shards.vocabulary), n_mels=shards.feature_dim, speakers=speakers)
+
+
+class TtsTask:
+    name = "tts"
+    selection_metric = "dev_loss"
+    profile_every = True  # the research timed Tacotron's modules apart
+
+    @classmethod
+    def create(cls, config, shards: records.ShardSet, eval_config=None) -> TtsTask:
+        """The task of TrainConfig `config`, sized from `shards`; evaluation speaks in `eval_config.voice`."""
+        return cls(resolve_tts(config.tts, shards), eval_config.voice if eval_config is not None else "")
+
+    def resolved(self, config):
+        return dataclasses.replace(config, tts=self.config)
+
+    def model_data(self) -> dict:
+        return {"voices": list(self.config.speakers)}  # serving asks for voices by name
+
+    def __init__(self, config: tts.TtsConfig, voice: str = ""):
+        """`voice`: a training voice that every utterance is spoken in (evaluation); empty: each
+        utterance's own voice, or for a voice the model never heard, the nearest training voice."""
+        self.config = config
+        self.voice = voice
+        if voice:
+            tts.speaker_ids(config, [voice])  # ValueError now, naming the voices, for one it lacks
+        self._eval_loss = None
+
+    def build(self):
+        return tts.build_tts(self.config)
+
+    def dataset(
+        self,
+        shards: records.ShardSet,
+        split: str,
+        cfg: dataset.InputConfig,
+        rank: int,
+        size: int,
+        epoch: int,
+        training: bool,
+    ):
+        """The synthesis batches (pipeline/dataset.py `tts_dataset`) with `speaker_ids` [B] int32
+        added: each utterance's row of the speaker table (see `voices`)."""
+        batches, count = dataset.TTS.batches(shards, split, cfg, rank, size, epoch, training)
+        return self.prepare(batches, shards, split), count
+
+    @staticmethod
+    def input_pipeline() -> dataset.Pipeline:
+        return dataset.TTS
+
+    def prepare(self, batches, shards: records.ShardSet, split: str):
+        """`batches` of `tts_dataset` (here or from the tf.data service) with `speaker_ids` [B] int32
+        added for a model with voices: each utterance's row of the speaker table (see `voices`)."""
+        if not self.config.multi_speaker:
+            return batches
+        names, rows = zip(*self.voices(shards, split).items())
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(tf.constant(names), tf.constant(rows, tf.int32)), default_value=0
+        )
+        return batches.map(lambda b: {**b, "speaker_ids": table.lookup(b["speaker"])})
+
+    def voices(self, shards: records.ShardSet, split: str) -> dict[str, int]:
+        """Each speaker of `split` -> the speaker-table row it is spoken with: `self.voice` for all
+        when set; a training voice its own row; a voice training never heard the training voice whose
+        mean log-mel spectrum (from the shards' CMVN statistics) is nearest, or the default voice
+        (row 0) when the shards hold no training split to compare with."""
+        part = shards.split(split)
+        speakers = part.speakers
+        if self.voice:
+            return dict.fromkeys(speakers, int(tts.speaker_ids(self.config, [self.voice])[0]))
+        own = {name: i for i, name in enumerate(self.config.speakers)}
+        unseen = [s for s in speakers if s not in own]
+        nearest = dict.fromkeys(unseen, 0)
+        train = shards.splits.get("train")
+        known = [s for s in self.config.speakers if train is not None and s in train.cmvn_speakers]
+        if unseen and known:
+            means, voices = _speaker_means(part), _speaker_means(train)
+            table = np.stack([voices[s] for s in known])  # [V, D]
+            for s in unseen:
+                nearest[s] = own[known[int(np.argmin(np.sum((table - means[s]) ** 2, axis=1)))]]
+        return {s: own.get(s, nearest.get(s, 0)) for s in speakers}
+
+    @staticmethod
+    def frames(batch) -> tf.Tensor:
+        return tf.reduce_sum(batch["mel_lengths"])
+
+    def loss(self, model, batch, training: bool, seed=None) -> tuple[tf.Tensor, dict]:
+        if not training and tf.executing_eagerly():
+            # Dev evaluation calls this eagerly: one compiled pass instead of a Python step per frame.
+            if self._eval_loss is None:
+                self._eval_loss = tf.function(lambda b: self._loss(model, b, False), reduce_retracing=True)
+            return self._eval_loss(batch)
+        return self._loss(model, batch, training)
+
+    @staticmethod
+    def _loss(model, batch, training: bool):
+        outputs = model.teacher_forced(batch, training=training)
+        losses = model.compute_losses(batch, outputs)
+        return losses["total"], {k: v for k, v in losses.items() if k != "total"}
+
+    def flops_per_frame(self) -> float:
+        return 0.0  # not reported for the synthesis model
+
+    def profile(self, model, batch) -> dict:
+        """Seconds per module on this batch, forward and backward apart: `{encoder,decoder,postnet}_
+        {forward,backward}_s` (backward = forward + gradients minus forward), and their sums.
+
+        Inside one compiled step the modules cannot be told apart, so each module runs here on its
+        own, each pass a function compiled once (the trainer's first call compiles them and is not
+        counted).
+        """
+        return _profile_tts(model, batch)
+
+
+def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 400) -> dict:
+    """What a served synthesis model does before its vocoder: sentences -> log-mel, each in the
+    voice asked for.
+
+    `texts` [B]; `voices` [B]: names of training voices (`data.json`'s `voices`, the model config's
+    `speakers`), None or "" for the default voice (the first); ValueError naming the model's voices
+    for a name it lacks. Synthesis is `model.compiled_infer()` (the decoder loop one graph). Returns
+    `mels` float32 [B, T, D] (log-mel as the feature stage computes it, 0 after each sentence),
+    `lengths` int32 [B] and `voices` [B] (the voice each sentence was spoken in)."""
+    config = model.config
+    ids = tts.speaker_ids(config, voices)
+    tokens, lengths = text.encode_batch(texts, data["vocabulary"], data.get("lowercase", True))
+    out = model.compiled_infer()(
+        tf.constant(tokens), tf.constant(lengths), tf.constant(max_steps, tf.int32), tf.constant(0.5), tf.constant(ids)
+    )
+    mel_lengths = out["lengths"].numpy().astype(np.int32)
+    mels = out["mels"].numpy() * np.asarray(data["mel_std"], np.float32) + np.asarray(data["mel_mean"], np.float32)
+    mels *= np.arange(mels.shape[1])[None, :, None] < mel_lengths[:, None, None]  # [B, T, D], 0 after each
+    names = list(config.speakers) if config.multi_speaker else [""]
+    return {"mels": mels.astype(np.float32), "lengths": mel_lengths, "voices": [names[i] for i in ids]}
+
+
+def _speaker_means(part: records.SplitShards) -> dict[str, np.ndarray]:
+    """Each speaker of a split -> the mean [D] of its log-mel frames (the shards' CMVN statistics)."""
+    names, means, _ = dataset.cmvn_tables(part, "speaker")
+    return dict(zip(names, means))
+
+
+_PROFILE_FNS: dict = {}  # model -> its compiled per-module functions
+
+
+def _done(outputs) -> tf.Tensor:
+    """One float32 scalar that depends on every tensor of `outputs` (waiting for it waits for them)."""
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in outputs if g is not None]
+    return tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in values])
+
+
+def _profile_tts(model, batch) -> dict:
+    """Forward, then forward + backward, of each module on its own inputs (computed once here).
+    Each function returns (the module's output, a scalar that waits for all its work)."""
+    if model not in _PROFILE_FNS:
+
+        def encoder(b, backward):
+            with tf.GradientTape() as tape:
+                memory = model.encode(b["tokens"], b["token_lengths"], True, model.batch_speakers(b))
+                loss = tf.reduce_sum(tf.cast(memory, tf.float32))
+            grads = tape.gradient(loss, model.trainable_variables) if backward else []
+            return memory, _done([memory, *grads])
+
+        def decoder(memory, b, backward):
+            with tf.GradientTape() as tape:
+                tape.watch(memory)
+                out = model.decode(memory, b["token_lengths"], b["mels"], True, model.batch_speakers(b))
+                loss = tf.reduce_sum(tf.cast(out["mel_before"], tf.float32))
+            grads = tape.gradient(loss, [memory, *model.trainable_variables]) if backward else []
+            return out["mel_before"], _done([out["mel_before"], *grads])
+
+        def postnet(before, b, backward):
+            with tf.GradientTape() as tape:
+                tape.watch(before)
+                after = model.postnet(before, b["mel_lengths"], training=True)
+                loss = tf.reduce_sum(tf.cast(after, tf.float32))
+            grads = tape.gradient(loss, [before, *model.trainable_variables]) if backward else []
+            return after, _done([after, *grads])
+
+        compiled = {}
+        for name, fn in (("encoder", encoder), ("decoder", decoder), ("postnet", postnet)):
+            for backward in (False, True):
+                compiled[name, backward] = tf.function(
+                    lambda *args, fn=fn, backward=backward: fn(*args, backward), reduce_retracing=True
+                )
+        _PROFILE_FNS[model] = compiled
+    fns = _PROFILE_FNS[model]
+    memory = fns["encoder", False](batch)[0]
+    before = fns["decoder", False](memory, batch)[0]
+    inputs = {"encoder": (batch,), "decoder": (memory, batch), "postnet": (before, batch)}
+    timings = {}
+    for name, args in inputs.items():
+        forward, both = _timed(fns[name, False], args), _timed(fns[name, True], args)
+        timings[f"{name}_forward_s"] = forward
+        timings[f"{name}_backward_s"] = max(0.0, both - forward)
+        timings[f"{name}_s"] = both
+    timings["forward_s"] = sum(timings[f"{m}_forward_s"] for m in inputs)
+    timings["backward_s"] = sum(timings[f"{m}_backward_s"] for m in inputs)
+    return timings
+
+
+def _timed(fn, args) -> float:
+    """Seconds of one call of `fn`, its work waited for."""
+    start = time.perf_counter()
+    fn(*args)[1].numpy()
+    return time.perf_counter() - start
