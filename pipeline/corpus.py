@@ -16,8 +16,8 @@ a fixed SNR, and `test_engine/` the test sentences again in held-out voices of a
 its voices is of an engine in use. Sentences come from a small grammar of commands, numbers, names, places and times,
 spelled out exactly as spoken.
 
-`plan_corpus` is the pure core (config -> list of utterances); `build_corpus` runs the engines and
-sox in a thread pool (the work happens in the subprocesses, so threads suffice).
+`plan_corpus` (pipeline/corpus_plan.py) is the pure core (config -> list of utterances); `build_corpus`
+runs the engines and sox (pipeline/synthesizers.py) in a thread pool (the work happens in the subprocesses, so threads suffice).
 """
 
 from __future__ import annotations
@@ -31,13 +31,11 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import soundfile as sf
@@ -45,19 +43,20 @@ import soundfile as sf
 from common import cli, fsutil, voices
 from common import config as configlib
 from common.progress import progress as progress_bar
-from pipeline.grammar import grammar_vocabulary, make_sentence
+from pipeline import corpus_plan, grammar, synthesizers
+from pipeline.corpus_plan import (
+    ALL_SPLITS,
+    PlannedUtterance,
+    corpus_splits,
+    kaldi_files,
+    plan_corpus,
+    select_voices,
+    split_sizes,
+)
+from pipeline.grammar import grammar_vocabulary
+from pipeline.synthesizers import installed_voices
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "dev", "test", "test_engine")  # what the plan holds; test_noisy mirrors test
-ALL_SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
-INSTALL_HINT = "install them with `apt-get install espeak-ng flite sox`"
-# Fewer voices than this and a model trained on the corpus cannot learn speaker-independent
-# features, or the test set cannot show whether it did.
-MIN_TRAIN_VOICES, MIN_TEST_VOICES = 2, 1
-# flite voices whose F0 model (rms: SPAM) ignores int_f0_target_mean: they keep their own pitch,
-# and their speakers differ in rate only (tests/test_corpus.py checks it still holds).
-FLITE_OWN_PITCH = frozenset({"rms"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,203 +150,6 @@ class CorpusConfig:
             )
 
 
-def split_sizes(config: CorpusConfig) -> dict[str, int]:
-    """Utterances per split: {"train", "dev", "test"} -> count, summing to num_utterances."""
-    dev = round(config.num_utterances * config.dev_fraction)
-    test = round(config.num_utterances * config.test_fraction)
-    return {"train": config.num_utterances - dev - test, "dev": dev, "test": test}
-
-
-# --- plan ---------------------------------------------------------------------------------------
-class VoiceInventory(NamedTuple):
-    """What this machine's engines have: espeak-ng base voices and variants, flite voices."""
-
-    espeak_bases: frozenset[str] = frozenset()
-    espeak_variants: frozenset[str] = frozenset()
-    flite_voices: frozenset[str] = frozenset()
-
-    def has(self, spec: str) -> bool:
-        engine, voice = voices.parse(spec)
-        if engine == "flite":
-            return voice in self.flite_voices
-        base, _, variant = voice.partition("+")
-        return base in self.espeak_bases and (not variant or variant in self.espeak_variants)
-
-
-class Speaker(NamedTuple):
-    # Kaldi speaker id: espeak-ng voice, rate and pitch ("en-gb-x-rp-f2-r150-p45"), or for flite
-    # "flite-", voice, duration stretch, F0 and warp ("flite-awb-r110-p140-w115"; no -p: the voice's
-    # own pitch, no -w: no warp, nothing after the voice: as it ships)
-    id: str
-    engine: str  # "espeak-ng" or "flite"
-    voice: str  # the engine's name of it: "en-gb-x-rp+f2", "awb"
-    rate: int  # espeak-ng: words per minute; flite: duration_stretch in percent (100: its own)
-    pitch: int  # espeak-ng: pitch 0-99; flite: int_f0_target_mean in Hz (0: its own)
-    warp: int = 100  # flite: vocal-tract warp in percent (CorpusConfig.warp_range); 100: none
-
-
-class PlannedUtterance(NamedTuple):
-    split: str  # "train", "dev", "test" or "test_engine" (test_noisy mirrors test)
-    utt_id: str  # starts with the speaker id, as Kaldi sorting requires
-    speaker: str
-    engine: str
-    voice: str
-    rate: int
-    pitch: int
-    text: str
-    warp: int = 100
-
-    @property
-    def spec(self) -> str:
-        """`ENGINE:VOICE`, as the config and utt2voice name it."""
-        return f"{self.engine}:{self.voice}"
-
-
-class VoiceSelection(NamedTuple):
-    """The config's voices of the engines in use that this machine has, in config order."""
-
-    train: list[str]
-    test: list[str]
-    test_engine: list[str]  # empty: no test_engine split
-    skipped: list[str]  # of the engines in use, but not installed here
-
-
-def select_voices(config: CorpusConfig, inventory: VoiceInventory | None = None) -> VoiceSelection:
-    """The voices of `config.engines` that `inventory` has (None: assume every voice exists).
-
-    Raises ValueError when fewer than MIN_TRAIN_VOICES / MIN_TEST_VOICES remain, or when the
-    test_engine voices of the engines in use are all missing.
-    """
-
-    def exists(spec: str) -> bool:
-        return inventory is None or inventory.has(spec)
-
-    wanted = {
-        name: voices.of_engines(specs, config.engines)
-        for name, specs in (
-            ("train", config.train_voices),
-            ("test", config.test_voices),
-            ("test_engine", config.test_engine_voices),
-        )
-    }
-    found = {name: [v for v in specs if exists(v)] for name, specs in wanted.items()}
-    skipped = [v for specs in wanted.values() for v in specs if not exists(v)]
-    engines = ", ".join(config.engines)
-    if len(found["train"]) < MIN_TRAIN_VOICES or len(found["test"]) < MIN_TEST_VOICES:
-        raise ValueError(
-            f"only {len(found['train'])} train and {len(found['test'])} test voices of the engines in use "
-            f"({engines}) exist here (need {MIN_TRAIN_VOICES} and {MIN_TEST_VOICES}); missing: {skipped}. Check "
-            "`espeak-ng --voices=en`, `espeak-ng --voices=variant` and `flite -lv`, and edit train_voices / "
-            "test_voices (ENGINE:VOICE) or engines"
-        )
-    if wanted["test_engine"] and not found["test_engine"]:
-        raise ValueError(
-            f"none of the test_engine voices {list(wanted['test_engine'])} exists here; check `flite -lv` "
-            "and edit test_engine_voices"
-        )
-    return VoiceSelection(found["train"], found["test"], found["test_engine"], skipped)
-
-
-def _speaker_id(engine: str, voice: str, rate: int | None, pitch: int | None, warp: int = 100) -> str:
-    if engine == "espeak-ng":
-        return f"{voice.replace('+', '-')}-r{rate:03d}-p{pitch:02d}"
-    parts = [f"flite-{voice}"]
-    parts += [f"r{rate:03d}"] if rate is not None else []
-    parts += [f"p{pitch:03d}"] if pitch else []
-    parts += [f"w{warp:03d}"] if warp != 100 else []
-    return "-".join(parts)
-
-
-def _speakers(spec: str, count: int, config: CorpusConfig) -> list[Speaker]:
-    """`count` speakers of one voice, each its own rate and pitch."""
-    engine, voice = voices.parse(spec)
-    # Seeded per voice, not from one shared stream, so a skipped voice leaves the others unchanged.
-    rng = random.Random(f"{config.seed}/{spec}")
-    speakers: dict[str, Speaker] = {}
-    for _ in range(1000 * count):
-        warp = 100
-        if engine == "espeak-ng":
-            rate, pitch = rng.randint(*config.rate_range), rng.randint(*config.pitch_range)
-        else:
-            rate, pitch = rng.randint(*config.stretch_range), rng.randint(*config.f0_range)
-            pitch = 0 if voice in FLITE_OWN_PITCH else pitch
-            warp = rng.randint(*config.warp_range)
-        speaker = Speaker(_speaker_id(engine, voice, rate, pitch, warp), engine, voice, rate, pitch, warp)
-        speakers.setdefault(speaker.id, speaker)
-        if len(speakers) == count:
-            return list(speakers.values())
-    raise ValueError(f"{spec}: the rate, pitch and warp ranges hold fewer than {count} speakers; widen them")
-
-
-def _as_shipped(spec: str) -> Speaker:
-    engine, voice = voices.parse(spec)
-    if engine == "espeak-ng":  # its defaults: 175 words per minute, pitch 50
-        return Speaker(_speaker_id(engine, voice, 175, 50), engine, voice, 175, 50)
-    return Speaker(_speaker_id(engine, voice, None, 0), engine, voice, 100, 0)
-
-
-def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -> list[PlannedUtterance]:
-    """Every utterance of the corpus, without synthesizing: train, dev, test, then test_engine.
-
-    Sentences are unique across train, dev and test, so dev and test never repeat a training
-    sentence; test_engine speaks the test sentences again. Utterances go round-robin over a
-    shuffled speaker list; dev uses the speakers of train.
-    """
-    selection = select_voices(config, inventory)
-    per_voice = dict(config.speakers_per_voice)
-    rng = random.Random(config.seed)
-    seen: set[str] = set()
-    plan: list[PlannedUtterance] = []
-    used_in_train: list[Speaker] = []
-    for split, size in split_sizes(config).items():
-        if split == "dev":
-            speakers = used_in_train
-        elif split == "train":
-            speakers = [s for v in selection.train for s in _speakers(v, per_voice.get(voices.parse(v)[0], 1), config)]
-            rng.shuffle(speakers)
-        else:
-            speakers = [s for v in selection.test for s in _speakers(v, 1, config)]
-            rng.shuffle(speakers)
-        for i in range(size):
-            for _ in range(1000):
-                text = make_sentence(rng, config.min_words, config.max_words)
-                if text not in seen:
-                    break
-            else:
-                raise ValueError(f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances")
-            seen.add(text)
-            spk = speakers[i % len(speakers)]
-            plan.append(PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, *spk[1:5], text, spk.warp))
-        if split == "train":
-            used_in_train = speakers[:size]
-    # The held-out engine's voices say the test sentences, with the test utterances' numbers.
-    engine_speakers = [_as_shipped(v) for v in selection.test_engine]
-    for i, utt in enumerate([u for u in plan if u.split == "test"] if engine_speakers else []):
-        spk = engine_speakers[i % len(engine_speakers)]
-        number = utt.utt_id.rsplit("-", 1)[1]
-        plan.append(PlannedUtterance("test_engine", f"{spk.id}-{number}", spk.id, *spk[1:5], utt.text, spk.warp))
-    return plan
-
-
-def corpus_splits(plan: Sequence[PlannedUtterance]) -> tuple[str, ...]:
-    """The splits a plan makes, of ALL_SPLITS: test_engine only when it has voices."""
-    return tuple(s for s in ALL_SPLITS if s != "test_engine" or any(u.split == s for u in plan))
-
-
-def kaldi_files(rows: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:
-    """(utt_id, speaker, text, wav path) rows -> contents of wav.scp, text, utt2spk, spk2utt, sorted."""
-    rows = sorted(rows)
-    spk2utt: dict[str, list[str]] = {}
-    for utt, spk, _, _ in rows:
-        spk2utt.setdefault(spk, []).append(utt)
-    return {
-        "wav.scp": "".join(f"{u} {p}\n" for u, _, _, p in rows),
-        "text": "".join(f"{u} {t}\n" for u, _, t, _ in rows),
-        "utt2spk": "".join(f"{u} {s}\n" for u, s, _, _ in rows),
-        "spk2utt": "".join(f"{s} {' '.join(us)}\n" for s, us in sorted(spk2utt.items())),
-    }
-
-
 def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr_db: float) -> tuple[np.ndarray, float]:
     """Adds `noise` scaled so that 10 log10(power(clean) / power(noise)) is `snr_db`.
 
@@ -365,74 +167,10 @@ def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr_db: float) -> tuple[np.
 
 
 # --- I/O driver ---------------------------------------------------------------------------------
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        leave_out = f", or leave {name}'s voices out with `--engines`" if name in voices.ENGINES else ""
-        raise FileNotFoundError(
-            f"{name} is not on PATH; the corpus runs espeak-ng, flite and sox: {INSTALL_HINT}{leave_out}"
-        )
-    return path
-
-
-def _run(cmd: list[str], what: str, **kwargs) -> bytes:
-    proc = subprocess.run(cmd, capture_output=True, **kwargs)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what}: `{' '.join(cmd)}` exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")
-    return proc.stdout
-
-
-def installed_voices(engines: Sequence[str] = voices.ENGINES) -> VoiceInventory:
-    """Asks the engines in `engines` which English voices (and espeak-ng variants) exist here.
-
-    Needed because neither engine fails on a missing voice: espeak-ng's `-v en-xx` or `-v en+nosuch`
-    and flite's `-voice nosuch` silently speak with the default voice, which would give two
-    "speakers" the same voice.
-    """
-    bases, variants, flite_voices = set(), set(), set()
-    if "espeak-ng" in engines:
-        for line in _run([_tool("espeak-ng"), "--voices=en"], "listing voices").decode().splitlines()[1:]:
-            fields = line.split()
-            # mbrola voices (mb/) need separately installed data; !v/ entries are variants.
-            if len(fields) >= 5 and not fields[4].startswith(("mb/", "!v/")):
-                bases |= {fields[1], *re.findall(r"\((\S+) \d+\)", line)}
-        for line in _run([_tool("espeak-ng"), "--voices=variant"], "listing variants").decode().splitlines()[1:]:
-            variants |= set(re.findall(r"!v/(\S+)", line))
-    if "flite" in engines:  # "Voices available: kal awb_time kal16 awb rms slt"
-        listing = _run([_tool("flite"), "-lv"], "listing flite voices").decode()
-        flite_voices |= set(listing.partition(":")[2].split())
-    return VoiceInventory(frozenset(bases), frozenset(variants), frozenset(flite_voices))
-
-
 def code_version() -> str:
     """Hash of this module's source and the voice lists: a changed grammar, pipeline or default voice
     list invalidates old corpora."""
-    return fsutil.code_version(sys.modules[__name__], voices)
-
-
-def synthesis_command(utt: PlannedUtterance, config: CorpusConfig, tools: dict[str, str]) -> list[str]:
-    """The engine's command line that writes `utt` as a wav to stdout (`tools`: name -> path)."""
-    if utt.engine == "espeak-ng":  # 22050 Hz
-        return [tools["espeak-ng"], "-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch),
-                "-a", str(config.amplitude), "--stdout", utt.text]  # fmt: skip
-    # flite: 16000 Hz (kal: 8000). It writes the wav header's sizes before the samples, so a pipe works.
-    # A warp: slower and lower by it here, sox speeds it up by it (`_synthesize`).
-    cmd = [tools["flite"], "-voice", utt.voice, "--setf", f"duration_stretch={utt.rate * utt.warp / 10000:g}"]
-    if utt.pitch:
-        cmd += ["--setf", f"int_f0_target_mean={utt.pitch * 100 / utt.warp:g}"]
-    return [*cmd, "-t", utt.text, "-o", "/dev/stdout"]
-
-
-def _synthesize(utt: PlannedUtterance, wav: Path, config: CorpusConfig, tools: dict[str, str]) -> None:
-    """The engine's wav piped through sox into a 16-bit mono wav at config.sample_rate (flite's warp:
-    sox's `speed`, which moves tempo, pitch and formants together)."""
-    speech = _run(synthesis_command(utt, config, tools), f"{utt.engine} for {utt.utt_id}")
-    tmp = wav.with_name(wav.name + ".tmp")
-    # -R: sox dithers with a fixed seed, so the same input gives byte-identical output.
-    _run([tools["sox"], "-R", "-t", "wav", "-", "-t", "wav", "-r", str(config.sample_rate), "-c", "1", "-b", "16",
-          "-e", "signed-integer", str(tmp), *(["speed", f"{utt.warp / 100:g}"] if utt.warp != 100 else [])],
-         f"sox for {utt.utt_id}", input=speech)  # fmt: skip
-    tmp.replace(wav)
+    return fsutil.code_version(sys.modules[__name__], corpus_plan, synthesizers, grammar, voices)
 
 
 def _add_noise(utt_id: str, clean_wav: Path, noisy_wav: Path, noise: np.ndarray, config: CorpusConfig) -> float:
@@ -465,11 +203,11 @@ def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, tools: dict[st
     """Synthesizes every planned wav (and the noisy copy of each test wav); returns utt_id -> SNR dB."""
     noise_cmd = [tools["sox"], "-R", "-n", "-t", "raw", "-e", "floating-point", "-b", "32", "-L",
                  "-r", str(config.sample_rate), "-c", "1", "-", "synth", "30", "pinknoise"]  # fmt: skip
-    noise = np.frombuffer(_run(noise_cmd, "making pink noise"), dtype="<f4")  # [30 s * sample_rate]
+    noise = np.frombuffer(synthesizers.run(noise_cmd, "making pink noise"), dtype="<f4")  # [30 s * sample_rate]
 
     def render(utt: PlannedUtterance) -> float | None:
         wav = out / "wav" / utt.split / f"{utt.utt_id}.wav"
-        _synthesize(utt, wav, config, tools)
+        synthesizers.synthesize(utt, wav, config.sample_rate, config.amplitude, tools)
         if utt.split == "test":
             return _add_noise(utt.utt_id, wav, out / "wav" / "test_noisy" / wav.name, noise, config)
         return None
@@ -513,14 +251,6 @@ def _write_data_dirs(plan: list[PlannedUtterance], out: Path, snrs: dict[str, fl
     return rows
 
 
-def _version(tool: str) -> str:
-    """`tool --version`'s words; flite says its version and then exits 1, so the status is not checked."""
-    proc = subprocess.run([tool, "--version"], capture_output=True, text=True)
-    if not proc.stdout.strip():
-        raise RuntimeError(f"`{tool} --version` printed no version: {proc.stderr[-2000:]}")
-    return " ".join(proc.stdout.split())
-
-
 def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = None) -> dict:
     """Synthesizes the corpus into out_dir (see the module docstring); returns corpus.json's content.
 
@@ -537,7 +267,7 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
         log.info("%s was built with another config or code version, or is incomplete; rebuilding", out)
         (out / "corpus.json").unlink()  # first, so that an interrupted rebuild never looks done
     engines = [e for e in voices.ENGINES if e in config.engines]
-    tools = {name: _tool(name) for name in (*engines, "sox")}
+    tools = {name: synthesizers.tool(name) for name in (*engines, "sox")}
     inventory = installed_voices(engines)
     selection = select_voices(config, inventory)
     for voice in selection.skipped:
@@ -567,7 +297,7 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
             "mean": math.fsum(snrs.values()) / len(snrs),  # fsum: exact, so the order of completion cannot show
             "max": max(snrs.values()),
         },
-        "tools": {name: _version(path) for name, path in tools.items()},
+        "tools": {name: synthesizers.version(path) for name, path in tools.items()},
     }
     fsutil.atomic_write_text(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
     log.info("wrote %s: %s utterances, %d words; voices: %s", out, summary["counts"], summary["vocabulary_size"],

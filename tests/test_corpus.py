@@ -13,10 +13,12 @@ import pytest
 import soundfile as sf
 
 from common import voices
-from pipeline import corpus, grammar
-from pipeline.corpus import CorpusConfig, VoiceInventory, plan_corpus, select_voices
+from pipeline import corpus, corpus_plan, grammar, synthesizers
+from pipeline.corpus import CorpusConfig
+from pipeline.corpus_plan import plan_corpus, select_voices
+from pipeline.synthesizers import VoiceInventory
 
-ALL_SPLITS = corpus.ALL_SPLITS
+ALL_SPLITS = corpus_plan.ALL_SPLITS
 DEFAULTS = CorpusConfig()
 ESPEAK = [voices.parse(v)[1] for v in (*DEFAULTS.train_voices, *DEFAULTS.test_voices) if v.startswith("espeak-ng:")]
 ALL_BASES = frozenset(v.partition("+")[0] for v in ESPEAK)
@@ -29,13 +31,13 @@ def inventory(variants=ALL_VARIANTS, flite=FLITE, bases=ALL_BASES) -> VoiceInven
 
 
 def by_split(plan, field):
-    return {s: {getattr(u, field) for u in plan if u.split == s} for s in corpus.SPLITS}
+    return {s: {getattr(u, field) for u in plan if u.split == s} for s in corpus_plan.SPLITS}
 
 
 # --- the plan -----------------------------------------------------------------------------------
 def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
     plan = plan_corpus(CorpusConfig())
-    assert {s: sum(u.split == s for u in plan) for s in corpus.SPLITS} == {
+    assert {s: sum(u.split == s for u in plan) for s in corpus_plan.SPLITS} == {
         "train": 2000,
         "dev": 250,
         "test": 250,
@@ -76,12 +78,12 @@ def test_training_hears_both_engines_and_test_engine_is_the_test_sentences_in_un
     assert {u.spec for u in engine} == {"flite:slt", "flite:kal16"} and {(u.rate, u.pitch) for u in engine} == {
         (100, 0)
     }
-    assert corpus.corpus_splits(plan) == ALL_SPLITS
+    assert corpus_plan.corpus_splits(plan) == ALL_SPLITS
 
 
 def test_engines_choose_the_voices_and_without_flite_there_is_no_test_engine():
     plan = plan_corpus(CorpusConfig(engines=("espeak-ng",)))
-    assert {u.engine for u in plan} == {"espeak-ng"} and "test_engine" not in corpus.corpus_splits(plan)
+    assert {u.engine for u in plan} == {"espeak-ng"} and "test_engine" not in corpus_plan.corpus_splits(plan)
     assert sum(u.split == "train" for u in plan) == 2000  # the corpus keeps its size
     flite_only = CorpusConfig(engines=("flite",), test_voices=("flite:kal",), test_engine_voices=("flite:slt",))
     assert {u.spec for u in plan_corpus(flite_only)} == {"flite:awb", "flite:rms", "flite:kal", "flite:slt"}
@@ -160,11 +162,11 @@ def test_missing_tool_names_it_and_the_install_command(tmp_path, monkeypatch):
 
 def synthesize(tmp_path, engine: str, voice: str, rate: int, pitch: int, warp: int = 100) -> np.ndarray:
     """One sentence through the corpus' own engine and sox commands: [samples] int16 at 16 kHz."""
-    utt = corpus.PlannedUtterance(
+    utt = corpus_plan.PlannedUtterance(
         "train", f"u-{voice}-{rate}-{pitch}-{warp}", "s", engine, voice, rate, pitch, "the taxi is late", warp
     )
     tools = {name: shutil.which(name) for name in (engine, "sox")}
-    corpus._synthesize(utt, tmp_path / f"{utt.utt_id}.wav", CorpusConfig(), tools)
+    synthesizers.synthesize(utt, tmp_path / f"{utt.utt_id}.wav", 16000, CorpusConfig().amplitude, tools)
     audio, rate_hz = sf.read(tmp_path / f"{utt.utt_id}.wav", dtype="int16")
     assert rate_hz == 16000
     return audio

@@ -14,7 +14,12 @@ what serving runs: the Keras model with its trained weights, the TrainConfig and
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from types import SimpleNamespace
+
+from common import config as configlib
+from models.training import checkpoint
 
 FORMS = "a training workdir (runs/asr), its model directory (runs/asr/model) or a registry URI such as models:/speechflow-asr@champion"
 
@@ -47,11 +52,9 @@ def locate(spec: str | Path) -> ModelSource:
 
 def open_model(spec: str | Path):
     """(model, TrainConfig, data dict) of a model named in any of the three forms."""
-    from models.serving import pyfunc as serving
-
     source = locate(spec)
     if source.uri is None:
-        return serving.load_model_dir(source.model_dir)
+        return load_model_dir(source.model_dir)
     import mlflow
 
     try:
@@ -63,3 +66,22 @@ def open_model(spec: str | Path):
         ) from err
     python_model = loaded.unwrap_python_model()
     return python_model.model, python_model.config, python_model.data
+
+
+def load_model_dir(model_dir: Path):
+    """Returns (model, TrainConfig, data dict) with the trained weights in place."""
+    from common import catalog
+    from models.training.config import TrainConfig
+
+    model_dir = Path(model_dir)
+    weights = checkpoint.latest(model_dir)
+    if weights is None or not (model_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{model_dir} holds no trained model (config.yaml and ckpt-*.npz); train first")
+    config = configlib.load(TrainConfig, model_dir / "config.yaml")
+    data = json.loads((model_dir / "data.json").read_text())
+    # What a task reads of a shard set, as the model recorded it (no splits: its voices are its own).
+    sizes = SimpleNamespace(feature_dim=data["feature_dim"], vocabulary=data["vocabulary"], num_targets=0, splits={})
+    task = catalog.task_class(config.model).create(config, sizes)
+    model = task.build()
+    checkpoint.restore(weights, model.weights, owners=(model.name,))
+    return model, config, data

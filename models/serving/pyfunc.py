@@ -38,41 +38,20 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import tempfile
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import mlflow
 import numpy as np
 
 from common import config as configlib
 from common.fsutil import read_json
+from models.serving.opening import load_model_dir  # noqa: F401 (serving.load_model_dir)
 from models.serving.policy import ServingConfig
-from models.training import checkpoint
 from pipeline.records import ShardSet
 
 FRAMES_PER_BATCH = 40000  # padded input frames per batch of a request (the evaluation's batch size)
-
-
-def load_model_dir(model_dir: Path):
-    """Returns (model, TrainConfig, data dict) with the trained weights in place."""
-    from common import catalog
-    from models.training.config import TrainConfig
-
-    model_dir = Path(model_dir)
-    weights = checkpoint.latest(model_dir)
-    if weights is None or not (model_dir / "config.yaml").is_file():
-        raise FileNotFoundError(f"{model_dir} holds no trained model (config.yaml and ckpt-*.npz); train first")
-    config = configlib.load(TrainConfig, model_dir / "config.yaml")
-    data = json.loads((model_dir / "data.json").read_text())
-    # What a task reads of a shard set, as the model recorded it (no splits: its voices are its own).
-    sizes = SimpleNamespace(feature_dim=data["feature_dim"], vocabulary=data["vocabulary"], num_targets=0, splits={})
-    task = catalog.task_class(config.model).create(config, sizes)
-    model = task.build()
-    checkpoint.restore(weights, model.weights, owners=(model.name,))
-    return model, config, data
 
 
 def recorded_feature_config(shards: ShardSet, split: str = "train") -> dict | None:
@@ -182,9 +161,7 @@ class SpeechModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         self.settings = ServingConfig.from_env()
-        from models.serving import opening
-
-        self.model, self.config, self.data = opening.open_model(context.artifacts["model_dir"])
+        self.model, self.config, self.data = load_model_dir(context.artifacts["model_dir"])
         self.server = server_class(self.config)(self.model, self.config, self.data)
 
     def predict(self, context, model_input, params=None):
