@@ -125,3 +125,12 @@ def init_horovod(config: StrategyConfig):
 def make_strategy(config: StrategyConfig, model_vars: list, optimizer):
     """The registered strategy `config.name` (common/catalog.py) over these variables."""
     return catalog.strategy_class(config.name)(config, model_vars, optimizer)
+
+
+def sum_over_ranks(hvd, values: list[float]) -> list[float]:
+    """`values` summed element-wise over every rank, in float64 (counts stay exact).
+
+    Horovod: a collective; every rank calls it at the same point of its run (a dev evaluation)."""
+    import tensorflow as tf
+
+    return hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name="sum_over_ranks").numpy().tolist()

@@ -12,6 +12,8 @@ Every place Horovod touches a training run, listed from here so a reader finds t
 - models/distributed/strategies.py `Allreduce`: gradients averaged by `grouped_allreduce` every step (or by
   `DistributedGradientTape` in the fused step); rank 0's weights and optimizer state broadcast to
   every rank after the first step.
+- models/distributed/strategies.py `sum_over_ranks`: under allreduce, the counts of each rank's share
+  of the dev split summed (models/training/dev_selection.py).
 - models/distributed/gossip.py `GossipStrategy`: one process set per pair of a matching, pairwise averages by
   a communication thread, one global average at the end (the consensus model).
 - models/distributed/hvd_compat.py: Keras 3 variables handed to Horovod as their `tf.Variable`s.
@@ -25,6 +27,7 @@ Every place Horovod touches a training run, listed from here so a reader finds t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from pathlib import Path
@@ -86,7 +89,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         import keras
         import tensorflow as tf
 
-        from models.distributed.strategies import init_horovod, make_strategy
+        from models.distributed.strategies import init_horovod, make_strategy, sum_over_ranks
         from pipeline import records
 
         c = self.config
@@ -136,15 +139,10 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         if self.rank == 0 or shared:
             from models.training.dev_selection import DevSelection
 
-            share = (self.rank, self.size, self._sum_over_ranks) if shared else None
+            share = (self.rank, self.size, functools.partial(sum_over_ranks, hvd)) if shared else None
             self.dev = DevSelection(self.task, self.model, self.shards, c, self.workdir, self._owners(), share)
         self._set_learning_rate(self.position["step"] + 1)
         self._compile_steps()
-
-    def _sum_over_ranks(self, values: list[float]) -> list[float]:
-        # Horovod: a collective; every rank calls it at the same dev evaluation.
-        summed = self.hvd.allreduce(self.tf.constant(values, self.tf.float64), op=self.hvd.Sum, name="dev_counts")
-        return summed.numpy().tolist()
 
     # -- the loop ---------------------------------------------------------------------------------
 
