@@ -544,3 +544,13 @@ def test_random_requests_get_no_server_error_and_the_server_keeps_serving(http_m
     property()
     assert 400 in seen, f"no example was refused: {seen}"
     assert server.alive() and _post(url, good)["predictions"] == before  # and it still transcribes
+
+
+def test_registered_models_name_the_pyfunc_class_by_its_first_import_path():
+    """MLflow pickled `models.serving.SpeechModel` into every model registered before the pyfunc
+    moved to models/serving/pyfunc.py; that reference must still find the class."""
+    import pickle
+
+    from models.serving import pyfunc
+
+    assert pickle.loads(b"cmodels.serving\nSpeechModel\n.") is pyfunc.SpeechModel
