@@ -44,26 +44,30 @@ def test_injected_faults_end_as_they_should(tmp_path):
 
 def test_elastic_reset_keeps_the_replanned_epoch_through_horovods_sync():
     """Horovod calls the reset callbacks, then `sync()`, which sets the state's attributes back to
-    the last save: the epoch origin `_on_reset` re-plans must survive it (lost, a survivor skipped
+    the last save: the epoch origin `on_reset` re-plans must survive it (lost, a survivor skipped
     into its epoch by the old world size's steps and ran out of input before its new step count)."""
     from types import SimpleNamespace
 
     from horovod.common.elastic import ObjectState
 
-    from models.training.loop import Trainer
+    from models.training.schedule import Schedule
 
-    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=20, origin=[0, 0])
-    trainer = SimpleNamespace(
+    committed = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=20, origin=[0, 0])
+    training = SimpleNamespace(
         hvd=SimpleNamespace(rank=lambda: 1, size=lambda: 1),  # rank 1: no MLflow logging
+        rank=0,
+        size=2,
         steps_per_epoch=5,  # two workers' steps per epoch before the reset
-        _steps_per_epoch=lambda: 6,  # one worker's after it
         last_epoch=20,
+        origin=(0, 0),
+        total_steps=100,
         config=SimpleNamespace(max_steps=0),
-        _progress=SimpleNamespace(world_sizes=[]),
-        _set_learning_rate=lambda step: None,
     )
-    trainer._epoch_of = lambda step, origin: Trainer._epoch_of(trainer, step, origin)
-    Trainer._on_reset(trainer, state, log=None)
-    state.sync()  # what Horovod's elastic run does next
-    assert state.origin == [3, 20] and trainer._origin == (3, 20)
-    assert trainer.total_steps == 20 + 17 * 6
+    schedule = Schedule(training)
+    schedule.steps_per_epoch = lambda: 6  # one worker's after it
+    schedule.set_learning_rate = lambda step: None
+    world_sizes = []
+    schedule.on_reset(committed, log=None, world_sizes=world_sizes)
+    committed.sync()  # what Horovod's elastic run does next
+    assert committed.origin == [3, 20] and training.origin == (3, 20) and world_sizes == [[20, 1]]
+    assert training.total_steps == 20 + 17 * 6

@@ -1,10 +1,12 @@
 """The training loop behind `models.train`: one Trainer per process (one per Horovod rank).
 
-Here: the set-up, the run (rank 0's inside its MLflow run) and the step loop. The Trainer's other
-parts are mixins in modules of their own: which batches a rank reads, the learning rate of each step
-and the re-planning after an elastic job's reset (models/training/schedule.py), one training step
-(models/training/step.py), checkpoints, resumption and the final model (models/training/persistence.py), what the run
-reports to MLflow (models/training/reporting.py); the step-time breakdown is models/training/timing.py.
+Here: the set-up, the run (rank 0's inside its MLflow run) and the step loop. What the run shares
+is one declared object, `TrainingState` (models/training/state.py); the Trainer's collaborators
+read it, each in a module of its own: the schedule (which batches a rank reads, the learning rate
+of each step, the re-planning after an elastic job's reset: schedule.py), the stepper (one
+training step: step.py), persistence (checkpoints, resumption and the final model:
+persistence.py), the report (what the run sends to MLflow: reporting.py) and the dev selection
+(dev_selection.py); the step-time breakdown is timing.py.
 
 Every place Horovod touches a training run, listed from here so a reader finds them all:
 - common/runtime.py `configure_tensorflow`: each rank's share of the cores and its local GPU.
@@ -17,10 +19,10 @@ Every place Horovod touches a training run, listed from here so a reader finds t
 - models/distributed/gossip.py `GossipStrategy`: one process set per pair of a matching, pairwise averages by
   a communication thread, one global average at the end (the consensus model).
 - models/distributed/hvd_compat.py: Keras 3 variables handed to Horovod as their `tf.Variable`s.
-- models/distributed/elastic.py, with models/training/schedule.py `_on_reset`: Horovod elastic's commits and resets.
+- models/distributed/elastic.py, with models/training/schedule.py `on_reset`: Horovod elastic's commits and resets.
 - pipeline/dataset.py: each rank reads its own shards; every rank gets the same number of batches.
-- models/training/reporting.py `_shared_run_id`: rank 0's MLflow run id broadcast to every rank.
-- models/training/reporting.py `_gather`: `allgather_object` of each rank's throughput, memory and weight digest.
+- models/training/reporting.py `shared_run_id`: rank 0's MLflow run id broadcast to every rank.
+- models/training/reporting.py `gather`: `allgather_object` of each rank's throughput, memory and weight digest.
 - Only rank 0 writes checkpoints and the model, logs to MLflow and draws the progress bar.
 """
 
@@ -43,7 +45,8 @@ from models.training.hooks import TrainHooks
 from models.training.persistence import Persistence
 from models.training.reporting import Reporting
 from models.training.schedule import Schedule
-from models.training.step import Stepping
+from models.training.state import TrainingState
+from models.training.step import Stepper
 from models.training.system_metrics import SystemMetrics
 from models.training.timing import StepTimes
 
@@ -67,7 +70,12 @@ class _Progress:
         return {f"profile_{k[:-2]}_ms": 1000 * v / self.profiles for k, v in self.profile_sums.items()}
 
 
-class Trainer(Schedule, Stepping, Persistence, Reporting):
+class Trainer:
+    """One rank's training: the set-up of its `TrainingState` (models/training/state.py), then the
+    step loop, with its collaborators around that state: the schedule (input and learning rate),
+    the stepper (one training step), persistence (checkpoints, the final model), the report
+    (MLflow), and the dev selection (the best weights on dev)."""
+
     def __init__(
         self,
         config: TrainConfig,
@@ -79,13 +87,12 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
     ):
         self.config, self.shard_dir, self.workdir = config, shards, workdir
         self.hooks = hooks or TrainHooks()
-        self.run_id = None  # rank 0's MLflow run
-        self._profile_sample = None
         self.parent_run_id, self.run_name = parent_run_id, run_name
+        self.state: TrainingState | None = None  # set up by run()
 
     # -- set-up -----------------------------------------------------------------------------------
 
-    def _setup(self):
+    def _setup(self) -> TrainingState:
         import keras
         import tensorflow as tf
 
@@ -93,37 +100,48 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         from pipeline import records
 
         c = self.config
-        self.threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
-        self._gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+        threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
+        gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
         # Horovod: one process per worker; rank 0 is the one that writes and logs.
         hvd = init_horovod(c.strategy)
-        self.hvd, self.tf = hvd, tf
-        self.rank, self.size = hvd.rank(), hvd.size()
         keras.utils.set_random_seed(c.seed)
         if c.precision == "mixed_bfloat16":
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        self.shards = records.open_shard_set(self.shard_dir)  # the manifest read and checked once
-        records.check_shards(self.shards, "train")  # sizes: a truncated shard stops us here
-        self.task = catalog.task_class(c.model).create(c, self.shards)
-        self.config = c = self.task.resolved(c)
-        if self.rank == 0:
+        shards = records.open_shard_set(self.shard_dir)  # the manifest read and checked once
+        records.check_shards(shards, "train")  # sizes: a truncated shard stops us here
+        task = catalog.task_class(c.model).create(c, shards)
+        c = task.resolved(c)
+        if hvd.rank() == 0:
             self.workdir.mkdir(parents=True, exist_ok=True)
             check_workdir(self.workdir, c)
-        self.model = self.task.build()
-        self.optimizer = keras.optimizers.Adam(c.optim.learning_rate, global_clipnorm=c.optim.clip_norm)
-        self.optimizer.build(self.model.trainable_variables)
+        model = task.build()
+        optimizer = keras.optimizers.Adam(c.optim.learning_rate, global_clipnorm=c.optim.clip_norm)
+        optimizer.build(model.trainable_variables)
         # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
         # faster rank takes more of them, and the run ends when they are used up. Allreduce steps
         # in lockstep through exact epochs, every rank its own shards.
         declared = catalog.strategy(c.strategy.name)
-        self.budget_in_data = declared.budget_in_data
-        self.position = self._restore()
-        self.steps_per_epoch = self._steps_per_epoch()
-        self.total_steps = self._total_steps()
-        self.strategy = make_strategy(c.strategy, self.model.trainable_variables, self.optimizer)
-        # Lockstep epochs are counted from an origin: epoch origin[0] began after step origin[1]
-        # (an elastic job that changed its world size restarts its epoch at the step it resized).
-        self._origin = tuple(self.position.get("origin", (0, 0)))
+        s = self.state = TrainingState(
+            config=c,
+            workdir=self.workdir,
+            hvd=hvd,
+            tf=tf,
+            rank=hvd.rank(),
+            size=hvd.size(),
+            threads=threads,
+            gpus=gpus,
+            shards=shards,
+            task=task,
+            model=model,
+            optimizer=optimizer,
+            budget_in_data=declared.budget_in_data,
+        )
+        self.schedule, self.persistence, self.report = Schedule(s), Persistence(s), Reporting(s)
+        s.position = self.persistence.restore()
+        s.steps_per_epoch = self.schedule.steps_per_epoch()
+        s.total_steps = self.schedule.total_steps()
+        s.strategy = make_strategy(c.strategy, model.trainable_variables, optimizer)
+        s.origin = tuple(s.position.get("origin", (0, 0)))
         if c.elastic and not declared.supports_elastic:
             elastic = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
             raise ValueError(
@@ -135,99 +153,102 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         # Equal replicas share the dev split (each rank its shards, the counts summed); otherwise
         # rank 0 evaluates its own weights while the others go on. Elastic keeps rank 0 alone: the
         # shares would change with the world size.
-        shared = declared.replicas_equal and not c.elastic and self.size > 1
-        if self.rank == 0 or shared:
+        shared = declared.replicas_equal and not c.elastic and s.size > 1
+        if s.rank == 0 or shared:
             from models.training.dev_selection import DevSelection
 
-            share = (self.rank, self.size, functools.partial(sum_over_ranks, hvd)) if shared else None
-            self.dev = DevSelection(self.task, self.model, self.shards, c, self.workdir, self._owners(), share)
-        self._set_learning_rate(self.position["step"] + 1)
-        self._compile_steps()
+            share = (s.rank, s.size, functools.partial(sum_over_ranks, hvd)) if shared else None
+            self.dev = DevSelection(task, model, shards, c, self.workdir, s.owners(), share)
+        self.schedule.set_learning_rate(s.position["step"] + 1)
+        self.stepper = Stepper(s)
+        return s
 
     # -- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> dict:
-        self._setup()
-        finished = self._finished_summary()
+        s = self._setup()
+        finished = self.persistence.finished_summary()
         if finished:
             # A re-run of a finished training (a retried task) changes nothing and logs nothing again.
-            if self.rank == 0:
+            if s.rank == 0:
                 print(
                     f"{self.workdir} already holds this training ({finished['steps']} steps); nothing to do",
                     file=sys.stderr,
                 )
-            return {**finished, "rank": self.rank, "skipped": True}
+            return {**finished, "rank": s.rank, "skipped": True}
         try:
-            if self.rank == 0:
+            if s.rank == 0:
                 return self._run_rank0()
             # Every rank logs its system metrics (and, should it become rank 0 in an elastic job,
             # the training metrics) into rank 0's MLflow run, through a log that outlasts an outage.
-            log = RunLog(self._shared_run_id(None), spool_path(self.workdir, self.rank))
-            with SystemMetrics(log, self.rank, self.hvd.local_rank()):
+            log = RunLog(self.report.shared_run_id(None), spool_path(self.workdir, s.rank))
+            with SystemMetrics(log, s.rank, s.hvd.local_rank()):
                 summary = self._loop(log=log, bar=None)
             log.close()
             return summary
         finally:
-            self.strategy.close()
+            s.strategy.close()
 
     def _run_rank0(self) -> dict:
         import mlflow
 
-        c = self.config
+        s = self.state
+        c = s.config
         configlib.save(c, self.workdir / "config.yaml")
-        atomic_write_json(self.workdir / "manifest_fingerprint.json", self.shards.fingerprint)
+        atomic_write_json(self.workdir / "manifest_fingerprint.json", s.shards.fingerprint)
         previous = tracking.load_run_file(self.workdir)
-        resume_id = previous["run_id"] if previous and self.position["step"] else None
+        resume_id = previous["run_id"] if previous and s.position["step"] else None
         tags = {"speechflow.stage": f"train_{c.model}", "speechflow.strategy": c.strategy.name}
         with tracking.start_run(
             c.experiment, self.run_name or f"train-{c.model}-{c.strategy.name}", self.parent_run_id, resume_id, tags
         ) as run:
             tracking.save_run_file(self.workdir, run.info.run_id, c.experiment)
-            self.run_id = run.info.run_id
-            self._shared_run_id(self.run_id)
+            s.run_id = run.info.run_id
+            self.report.shared_run_id(s.run_id)
             if resume_id is None:
-                self._log_params()
+                self.report.log_params()
             bar = progress_bar(
-                total=self.total_steps,
-                initial=self.position["step"],
+                total=s.total_steps,
+                initial=s.position["step"],
                 desc=f"train {c.model}",
                 unit="step",
                 dynamic_ncols=True,
             )
             # Metrics go through a log that keeps them beside the checkpoints while MLflow is down.
-            log = RunLog(self.run_id, spool_path(self.workdir, 0))
-            with SystemMetrics(log, 0, self.hvd.local_rank()):
+            log = RunLog(s.run_id, spool_path(self.workdir, 0))
+            with SystemMetrics(log, 0, s.hvd.local_rank()):
                 summary = self._loop(log=log, bar=bar)
             bar.close()
-            self._log_final(mlflow, summary)
+            self.report.log_final(mlflow, summary)
             log.close()
         return summary
 
     def _loop(self, log, bar) -> dict:
-        c = self.config
-        run = self._progress = _Progress(start_step=self.position["step"])
+        s = self.state
+        c = s.config
+        run = _Progress(start_step=s.position["step"])
         if c.elastic:
             from models.distributed import elastic
 
             # Horovod: the state every survivor goes back to when a worker is lost, and that a new
             # worker receives; committed every commit_every steps (and checked for new hosts then).
-            state = elastic.KerasState(self.model, self.optimizer, step=self.position["step"], origin=self._origin)
-            state.register_reset_callbacks([lambda: self._on_reset(state, log)])
-            elastic.run(lambda st: self._train(run, log, bar, st))(state)
+            committed = elastic.KerasState(s.model, s.optimizer, step=s.position["step"], origin=s.origin)
+            committed.register_reset_callbacks([lambda: self.schedule.on_reset(committed, log, run.world_sizes)])
+            elastic.run(lambda st: self._train(run, log, bar, st))(committed)
         else:
-            self.strategy.start()
+            s.strategy.start()
             self._train(run, log, bar)
-        step = self.position["step"]
-        self.strategy.training_finished()
+        step = s.position["step"]
+        s.strategy.training_finished()
         # "done": asynchronous training has spent its budget (its ranks' step counts say nothing).
-        self.position = {**self.position, "step": step, "done": self.budget_in_data}
+        s.position = {**s.position, "step": step, "done": s.budget_in_data}
         timing = run.times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
-        final = self.strategy.finish()
+        final = s.strategy.finish()
         summary = {
-            "rank": self.rank,
-            "world_size": self.size,
-            "threads_per_rank": {k: self.threads[k] for k in ("intra_op_threads", "inter_op_threads")},
-            "run_id": self.run_id,
+            "rank": s.rank,
+            "world_size": s.size,
+            "threads_per_rank": {k: s.threads[k] for k in ("intra_op_threads", "inter_op_threads")},
+            "run_id": s.run_id,
             "steps": step,
             "resumed_from_step": run.start_step,
             "final_loss": run.loss,
@@ -240,8 +261,8 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
         }
         if run.profiles:
             summary.update(run.profile_ms())
-        summary.update(self._gather(summary))
-        self._save_checkpoint(step)
+        summary.update(self.report.gather(summary))
+        self.persistence.save_checkpoint(step)
         if self.dev is not None and self.dev.enabled:
             # The last weights (the consensus, under gossip) are evaluated too; the best on dev is saved.
             dev = self.dev.evaluate(step)
@@ -249,60 +270,63 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
                 log.log_metrics(dev, step=step)
             summary.update({f"last_{k}": v for k, v in dev.items()}, **self.dev.restore_best())
             summary["dev_clock_started_unix_s"] = self.dev.started_unix_s
-        if self.rank == 0:
-            self._save_model(summary)
+        if s.rank == 0:
+            self.persistence.save_model(summary)
         return summary
 
-    def _train(self, run: _Progress, log, bar, state=None) -> None:
-        """Steps from `self.position` to the end of the budget. Elastic: `state` is committed every
-        commit_every steps; after a reset this is called again from the restored position."""
-        c = self.config
-        if state is not None:
-            self.position = {"step": state.step, "epoch": self._epoch_of(state.step, state.origin)}
-            self._origin = tuple(state.origin)
-        step = self.position["step"]
-        more = not self.position.get("done") and (self.budget_in_data or step < self.total_steps)
-        iterator = self._batches() if more else iter(())
-        while self.budget_in_data or step < self.total_steps:
+    def _train(self, run: _Progress, log, bar, committed=None) -> None:
+        """Steps from the state's position to the end of the budget. Elastic: `committed` (Horovod's
+        elastic state) is committed every commit_every steps; after a reset this is called again
+        from the restored position."""
+        s, schedule = self.state, self.schedule
+        c = s.config
+        if committed is not None:
+            s.position = {"step": committed.step, "epoch": schedule.epoch_of(committed.step, committed.origin)}
+            s.origin = tuple(committed.origin)
+        step = s.position["step"]
+        more = not s.position.get("done") and (s.budget_in_data or step < s.total_steps)
+        iterator = schedule.batches() if more else iter(())
+        while s.budget_in_data or step < s.total_steps:
             started = time.perf_counter()
-            batch = self._next_batch(iterator, step)
+            batch = schedule.next_batch(iterator, step)
             if batch is None:
                 break  # the epochs' batches are used up: the budget is spent
             input_seconds = time.perf_counter() - started
             step += 1
-            self.hooks.before_step(step, self.rank)
-            loss, aux, frames, utterances, step_times = self._step(batch, step)
+            self.hooks.before_step(step, s.rank)
+            loss, aux, frames, utterances, step_times = self.stepper.step(batch, step)
             run.loss = loss
             step_times["input"] = input_seconds
-            extra = self.hooks.extra_work(self.rank)
+            extra = self.hooks.extra_work(s.rank)
             if extra:
-                step_times["compute"] += self._slow_down(batch, step, extra, step_times["compute"])
-            step_times["compute"] += self.hooks.after_step(step, self.rank)
-            step_times["communication"] += self.strategy.after_step(step)
+                step_times["compute"] += self.stepper.slow_down(batch, step, extra, step_times["compute"])
+            step_times["compute"] += self.hooks.after_step(step, s.rank)
+            step_times["communication"] += s.strategy.after_step(step)
             run.counts["batches"] += 1
             run.counts["utterances"] += utterances
             run.counts["frames"] += frames
-            self._set_learning_rate(step + 1)
+            schedule.set_learning_rate(step + 1)
             run.times.add(step_times, frames, counted=step > run.start_step + c.warmup_exclude)
-            epoch = self._epoch(step)
-            if self.task.profile_every and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
+            epoch = schedule.epoch(step)
+            if s.task.profile_every and c.profile_every and step % c.profile_every == 0 and step > c.warmup_exclude:
                 started = time.perf_counter()
-                sample = self._profile_sample or self._sample_batch(epoch)
+                sample = schedule.profile_sample or schedule.sample_batch(epoch)
                 if not run.profiles:
-                    self.task.profile(self.model, sample)  # compiles the per-module functions
-                for key, value in self.task.profile(self.model, sample).items():
+                    s.task.profile(s.model, sample)  # compiles the per-module functions
+                for key, value in s.task.profile(s.model, sample).items():
                     run.profile_sums[key] = run.profile_sums.get(key, 0.0) + value
                 run.profiles += 1
                 run.times.exclude(time.perf_counter() - started)  # not training time
-            self.position = {"epoch": epoch, "step": step, "origin": list(self._origin)}
+            s.position = {"epoch": epoch, "step": step, "origin": list(s.origin)}
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(
                     loss=f"{loss:.3f}", frames_s=f"{run.times.summary().get('frames_per_s', 0):.0f}", refresh=False
                 )
-            if self.rank == 0 and (step % c.log_every == 0 or step == self.total_steps):
-                self._log_step(run, log, step, {"loss": loss, "learning_rate": self.current_lr, "epoch": epoch, **aux})
-            if self.dev is not None and self.dev.due(step, last=False) and step < self.total_steps:
+            if s.rank == 0 and (step % c.log_every == 0 or step == s.total_steps):
+                record = {"loss": loss, "learning_rate": s.current_lr, "epoch": epoch, **aux}
+                self.report.log_step(run, log, step, record)
+            if self.dev is not None and self.dev.due(step, last=False) and step < s.total_steps:
                 started = time.perf_counter()
                 dev = self.dev.evaluate(step)
                 run.times.exclude(time.perf_counter() - started)  # not training time
@@ -310,7 +334,7 @@ class Trainer(Schedule, Stepping, Persistence, Reporting):
                     log.log_metrics(dev, step=step)
                 run.dev_history.append({"step": step, **dev})
             if step % c.checkpoint_every == 0:
-                self._save_checkpoint(step)
-            if state is not None and step % c.commit_every == 0:
-                state.step, state.origin = step, list(self._origin)
-                state.commit()  # Horovod: a collective; raises to reset when hosts changed
+                self.persistence.save_checkpoint(step)
+            if committed is not None and step % c.commit_every == 0:
+                committed.step, committed.origin = step, list(s.origin)
+                committed.commit()  # Horovod: a collective; raises to reset when hosts changed

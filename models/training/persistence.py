@@ -15,80 +15,80 @@ from models.training import checkpoint
 
 
 class Persistence:
-    """Mixed into models.training.loop.Trainer: its checkpoints, resumption and final model."""
+    """The Trainer's checkpoints, resumption and final model, of the training state `s`."""
 
-    def _restore(self) -> dict:
+    def __init__(self, state):
+        self.s = state
+
+    def restore(self) -> dict:
         """Puts the latest checkpoint's weights and optimizer state (if any) into the model; returns
         the position to go on from: rank 0's epoch and step (asynchronous training: this rank's own
         step, and whether it was done)."""
         position = {"epoch": 0, "batch": 0, "step": 0}
-        latest = checkpoint.latest(self.workdir / "checkpoints")
+        latest = checkpoint.latest(self.s.workdir / "checkpoints")
         if latest is None:
             return position
         # Every rank reads the file (a shared volume on a cluster); the broadcast before the first
         # step makes rank 0's copy authoritative all the same.
-        meta = checkpoint.restore(latest, self.model.weights, self.optimizer.variables, self._owners())
+        meta = checkpoint.restore(latest, self.s.model.weights, self.s.optimizer.variables, self.s.owners())
         position = meta["position"]
-        if self.budget_in_data:
+        if self.s.budget_in_data:
             # Each rank goes on counting its own steps (its position file), from rank 0's epoch.
-            own = read_json(self.workdir / "positions" / f"rank-{self.rank}.json") or {}
+            own = read_json(self.s.workdir / "positions" / f"rank-{self.s.rank}.json") or {}
             position = {**position, "step": own.get("step", 0), "done": own.get("done", False)}
         return position
 
-    def _finished_summary(self) -> dict | None:
+    def finished_summary(self) -> dict | None:
         """The summary of a training that already finished in this workdir (its budget spent, its
         model saved), else None."""
-        finished = read_json(self.workdir / "train_summary.json")
+        finished = read_json(self.s.workdir / "train_summary.json")
         if (
-            (self.position.get("done") or self.position["step"] >= self.total_steps)
+            (self.s.position.get("done") or self.s.position["step"] >= self.s.total_steps)
             and finished
-            and (self.workdir / "model" / "config.yaml").is_file()
+            and (self.s.workdir / "model" / "config.yaml").is_file()
         ):
             return finished
         return None
 
-    def _save_checkpoint(self, step: int) -> None:
+    def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes the weights and optimizer state; asynchronous training's ranks, whose step
         counts differ, each write their own position beside them."""
-        if self.budget_in_data:
-            (self.workdir / "positions").mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.workdir / "positions" / f"rank-{self.rank}.json", self.position)
-        if self.rank != 0:
+        if self.s.budget_in_data:
+            (self.s.workdir / "positions").mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.s.workdir / "positions" / f"rank-{self.s.rank}.json", self.s.position)
+        if self.s.rank != 0:
             return
         checkpoint.save(
-            self.workdir / "checkpoints",
+            self.s.workdir / "checkpoints",
             step,
-            self.model.weights,
-            self.optimizer.variables,
-            self.position,
-            owners=self._owners(),
+            self.s.model.weights,
+            self.s.optimizer.variables,
+            self.s.position,
+            owners=self.s.owners(),
         )
 
-    def _owners(self) -> tuple[str, str]:
-        return (self.model.name, self.optimizer.name)
-
-    def _save_model(self, summary: dict) -> None:
+    def save_model(self, summary: dict) -> None:
         """The final model for evaluation and serving: weights, config, vocabulary, normalization."""
-        model_dir = self.workdir / "model"
+        model_dir = self.s.workdir / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(model_dir, summary["steps"], self.model.weights, [], {"final": True}, 1, (self.model.name,))
-        configlib.save(self.config, model_dir / "config.yaml")
+        checkpoint.save(model_dir, summary["steps"], self.s.model.weights, [], {"final": True}, 1, (self.s.model.name,))
+        configlib.save(self.s.config, model_dir / "config.yaml")
         from models.serving.pyfunc import recorded_feature_config
         from pipeline.dataset import mel_stats
 
-        mean, std = mel_stats(self.shards)
+        mean, std = mel_stats(self.s.shards)
         atomic_write_json(
             model_dir / "data.json",
             {
-                "model": self.config.model,
-                "vocabulary": list(self.shards.vocabulary),
-                "lowercase": self.shards.lowercase,
-                "feature_dim": self.shards.feature_dim,
+                "model": self.s.config.model,
+                "vocabulary": list(self.s.shards.vocabulary),
+                "lowercase": self.s.shards.lowercase,
+                "feature_dim": self.s.shards.feature_dim,
                 "mel_mean": mean.tolist(),
                 "mel_std": std.tolist(),
                 # the fbank settings serving computes features from audio with (null: Kaldi made them)
-                "features": recorded_feature_config(self.shards),
-                **self.task.model_data(),  # e.g. the synthesis model's voices, asked for by name
+                "features": recorded_feature_config(self.s.shards),
+                **self.s.task.model_data(),  # e.g. the synthesis model's voices, asked for by name
             },
         )
-        atomic_write_json(self.workdir / "train_summary.json", {k: v for k, v in summary.items() if k != "history"})
+        atomic_write_json(self.s.workdir / "train_summary.json", {k: v for k, v in summary.items() if k != "history"})

@@ -13,53 +13,56 @@ from models.tracking import runs as tracking
 
 
 class Reporting:
-    """Mixed into models.training.loop.Trainer: its MLflow run's id on every rank, its params, the end-of-run
-    summary and its MLflow record."""
+    """The Trainer's report, of the training state `s`: its MLflow run's id on every rank, its
+    params, the end-of-run summary and its MLflow record."""
 
-    def _shared_run_id(self, run_id: str | None) -> str:
+    def __init__(self, state):
+        self.s = state
+
+    def shared_run_id(self, run_id: str | None) -> str:
         """Rank 0's MLflow run id on every rank. Horovod: a broadcast; in an elastic job (which a
         worker may join at any time, when no other rank would join a broadcast) from the run file."""
-        if not self.config.elastic:
-            return self.hvd.broadcast_object(run_id, root_rank=0)
+        if not self.s.config.elastic:
+            return self.s.hvd.broadcast_object(run_id, root_rank=0)
         deadline = time.monotonic() + 300
         while run_id is None:
-            run_id = (tracking.load_run_file(self.workdir) or {}).get("run_id")
+            run_id = (tracking.load_run_file(self.s.workdir) or {}).get("run_id")
             if run_id is None:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"rank {self.rank}: rank 0 wrote no {tracking.RUN_FILE} in {self.workdir}")
+                    raise RuntimeError(f"rank {self.s.rank}: rank 0 wrote no {tracking.RUN_FILE} in {self.s.workdir}")
                 time.sleep(0.5)
         return run_id
 
-    def _log_params(self) -> None:
+    def log_params(self) -> None:
         """Logs the new run's params (the resolved config of this model, the world size, the steps,
         the shards, the threads and the library versions) and the shards as its input dataset."""
-        c = self.config
+        c = self.s.config
         params = configlib.flatten(configlib.to_dict(c))
         own = catalog.model(c.model).section
         others = {e.section for e in catalog.models().values()} - {own}
         params = {k: v for k, v in params.items() if k.split(".", 1)[0] not in others}
         params.update(
-            world_size=self.size,
-            steps_per_epoch=self.steps_per_epoch,
-            total_steps=self.total_steps,
-            shards=str(self.shards.root.resolve()),
-            **{f"threads.{k}": v for k, v in self.threads.items()},
+            world_size=self.s.size,
+            steps_per_epoch=self.s.steps_per_epoch,
+            total_steps=self.s.total_steps,
+            shards=str(self.s.shards.root.resolve()),
+            **{f"threads.{k}": v for k, v in self.s.threads.items()},
             **tracking.versions(),
         )
         tracking.log_params(params)
-        tracking.log_shards_input(self.shards)
+        tracking.log_shards_input(self.s.shards)
 
-    def _log_step(self, run, log, step: int, record: dict) -> None:
+    def log_step(self, run, log, step: int, record: dict) -> None:
         """Rank 0's metrics record of step `step` (`record`: loss, learning rate, epoch, the task's
         metrics), completed by the step times since the last record, the strategy's figures and the
         profile, to MLflow through `log` and to the run's history."""
-        record = {**record, **run.times.flush_window(), **self.strategy.metrics()}
+        record = {**record, **run.times.flush_window(), **self.s.strategy.metrics()}
         if run.profiles:
             record.update(run.profile_ms())
         log.log_metrics({k: float(v) for k, v in record.items()}, step=step)
         run.history.append({"step": step, **record})
 
-    def _gather(self, summary: dict) -> dict:
+    def gather(self, summary: dict) -> dict:
         """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
         mine = {
             "frames_per_s": summary.get("frames_per_s", 0.0),
@@ -70,7 +73,7 @@ class Reporting:
             "rounds_before_merge": summary.get("gossip_rounds_before_merge"),  # delay-by-one only
         }
         # Horovod: collect one small record per rank on every rank.
-        everyone = self.hvd.allgather_object(mine)
+        everyone = self.s.hvd.allgather_object(mine)
         return {
             "frames_per_s_total": sum(r["frames_per_s"] for r in everyone),
             "per_rank_frames_per_s": [r["frames_per_s"] for r in everyone],
@@ -88,8 +91,8 @@ class Reporting:
 
     def _peak_memory_mb(self) -> float:
         """This process's peak memory: the GPU allocator's peak when on a GPU, else the resident set."""
-        if self.tf.config.list_logical_devices("GPU"):
-            return self.tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        if self.s.tf.config.list_logical_devices("GPU"):
+            return self.s.tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     def _weights_digest(self) -> str:
@@ -97,11 +100,11 @@ class Reporting:
         import hashlib
 
         digest = hashlib.sha256()
-        for variable in self.model.trainable_variables:
+        for variable in self.s.model.trainable_variables:
             digest.update(variable.numpy().tobytes())
         return digest.hexdigest()[:16]
 
-    def _log_final(self, mlflow, summary: dict) -> None:
+    def log_final(self, mlflow, summary: dict) -> None:
         from models.training import plots
 
         scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k not in ("rank",)}
@@ -117,17 +120,17 @@ class Reporting:
             )
         for rank, (fps, mem) in enumerate(zip(summary["per_rank_frames_per_s"], summary["per_rank_peak_memory_mb"])):
             mlflow.log_metrics({f"rank{rank}_frames_per_s": fps, f"rank{rank}_peak_memory_mb": mem})
-        plot_dir = self.workdir / "plots"
+        plot_dir = self.s.workdir / "plots"
         plot_dir.mkdir(exist_ok=True)
         for path in plots.training_plots(summary["history"], summary, plot_dir):
             mlflow.log_artifact(str(path), artifact_path="plots")
-        mlflow.log_artifact(str(self.workdir / "config.yaml"))
-        if not self.config.log_model:
+        mlflow.log_artifact(str(self.s.workdir / "config.yaml"))
+        if not self.s.config.log_model:
             return
         from models.serving import pyfunc as serving
 
         serving.log_model(
-            self.workdir / "model",
-            self.config,
-            json.loads((self.workdir / "model" / "data.json").read_text()),
+            self.s.workdir / "model",
+            self.s.config,
+            json.loads((self.s.workdir / "model" / "data.json").read_text()),
         )

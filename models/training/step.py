@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 
 
-class Stepping:
-    """Mixed into models.training.loop.Trainer: compiling and taking one training step."""
+class Stepper:
+    """The Trainer's training step over the training state `s`, compiled once per run."""
 
-    def _compile_steps(self):
-        tf, task, model, optimizer = self.tf, self.task, self.model, self.optimizer
+    def __init__(self, state):
+        self.s = state
+        tf, task, model, optimizer = state.tf, state.task, state.model, state.optimizer
         variables = model.trainable_variables
 
         def compute(batch, seed):
@@ -34,7 +35,7 @@ class Stepping:
             with tf.GradientTape() as tape:
                 loss, aux = task.loss(model, batch, training=True, seed=seed)
             # Horovod: DistributedGradientTape averages each gradient as the backward pass makes it.
-            grads = self.strategy.distributed_tape(tape).gradient(loss, hvd_compat.tf_variables(variables))
+            grads = state.strategy.distributed_tape(tape).gradient(loss, hvd_compat.tf_variables(variables))
             optimizer.apply(grads, variables)
             return loss, aux, task.frames(batch)
 
@@ -47,22 +48,22 @@ class Stepping:
         shape (or by `reduce_retracing`, which relaxes only the dimensions seen to change), a batch of
         a new size or length class retraced the step mid-run, about half a minute each time with the
         LSTM gradient's loops."""
-        tf = self.tf
+        tf = self.s.tf
         spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
         return tf.function(fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)])
 
     def _seed(self, step: int):
         """The stateless seed of this step's random input augmentation: another on every rank and step."""
-        return self.tf.constant([self.config.seed * 7919 + self.rank, step], self.tf.int64)
+        return self.s.tf.constant([self.s.config.seed * 7919 + self.s.rank, step], self.s.tf.int64)
 
-    def _step(self, batch, step: int) -> tuple[float, dict, int, int, dict]:
+    def step(self, batch, step: int) -> tuple[float, dict, int, int, dict]:
         """One training step on `batch`: (loss, aux metrics, frames, utterances, seconds by kind)."""
-        tf = self.tf
+        tf = self.s.tf
         times = {}
         seed = self._seed(step)
-        with self.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
+        with self.s.strategy.step_lock():  # gossip: its thread reads and writes the weights between steps only
             start = time.perf_counter()
-            if self.strategy.fused_step:
+            if self.s.strategy.fused_step:
                 if self._fused is None:
                     # Horovod: one trace, the same graph on every rank. Traces that follow each
                     # rank's own batch shapes (reduce_retracing) name their allreduce ops differently
@@ -79,7 +80,7 @@ class Stepping:
                 self._sync_accelerators()
                 times["compute"] = time.perf_counter() - start
                 start = time.perf_counter()
-                grads = self.strategy.reduce(grads)
+                grads = self.s.strategy.reduce(grads)
                 self._sync_accelerators()
                 times["communication"] = time.perf_counter() - start
                 start = time.perf_counter()
@@ -89,7 +90,7 @@ class Stepping:
         utterances = int(tf.shape(batch["utt_id"])[0])
         return loss, {k: float(v) for k, v in aux.items()}, int(frames), utterances, times
 
-    def _slow_down(self, batch, step: int, extra: float, compute_seconds: float) -> float:
+    def slow_down(self, batch, step: int, extra: float, compute_seconds: float) -> float:
         """A straggler's step taking 1 + `extra` times as long (`--straggler-factor`): the step's
         forward and backward pass computed again, `extra` whole times, and the fraction slept.
         Computing, not sleeping, keeps its cores as busy as a slower or shared device keeps its
@@ -111,6 +112,6 @@ class Stepping:
         worker's training wait for its slow partner. CPU ops have finished when they return."""
         from tensorflow.python.ops import gen_sync_ops  # the op sync_devices runs, without its wait-for-all
 
-        for device in self._gpus:
-            with self.tf.device(device):
+        for device in self.s.gpus:
+            with self.s.tf.device(device):
                 gen_sync_ops.SyncDevice()
