@@ -1,178 +1,17 @@
-"""Batch transcription: a Kaldi data directory or audio files -> Kaldi-style `text` and a CTM.
-
-    python -m models.transcribe --model models:/speechflow-asr@champion --data-dir data/test --out decode/test
-    python -m models.transcribe --model runs/asr a.wav b.flac --out decode/mine [--beam-width 8]
-
-Audio is read as the feature stage reads it (pipeline/features.py): `wav.scp` files and the
-decoder commands of Kaldi recipes (other commands only with `--allow-pipes`), `segments`, the
-channel `reco2file_and_channel` names, resampling to the model's rate; then the model's own fbank
-settings and the normalization it trained with: per-speaker CMVN (`input.cmvn: speaker`) from the
-statistics of each speaker's utterances here (`utt2spk`; an audio file is its own speaker), as the
-feature stage computes them. Utterances are decoded in batches of similar length.
-
-Written to `--out`: `text` (`UTT hypothesis`, as Kaldi's decode step writes it), `ctm` (`UTT 1
-START DURATION WORD`, seconds from the utterance's start; times from the CTC alignment of the
-hypothesis, so a word starts where its first character is emitted), and `rejected.tsv` (utterances
-whose audio could not be used, with the reason; they are also counted on stderr).
-"""
+"""The command `python -m models.transcribe`; models/asr/transcribe.py holds what it runs and says what
+it reads and writes."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from common import fsutil
-from common.progress import progress as progress_bar
-from models.asr import alignment
-from models.serving import opening
-from pipeline import features, kaldi, text
-
-BATCH_FRAMES = 40000  # padded input frames per batch
-
-
-@dataclasses.dataclass(frozen=True)
-class TranscribeConfig:
-    beam_width: int = 0  # 0: greedy CTC decoding; > 0: CTC beam search of this width
-    allow_pipes: bool = False  # run `cmd |` entries of wav.scp that are not a recognized decoder call
-    progress: bool = True  # a progress bar on stderr
-
-
-def audio_entries(data_dir: Path | None, files: list[Path], allow_pipes: bool):
-    """(entries, rejections) of a data directory (pipeline/kaldi.py's checks, transcripts not
-    needed), or of audio files: each its own utterance and speaker, named by its file name's stem."""
-    if data_dir is not None:
-        return kaldi.scan_data_dir(data_dir, allow_pipes, need_text=False, source="audio")
-    entries, seen = [], {}
-    for path in files:
-        utt = path.stem
-        if utt in seen:
-            raise ValueError(f"{seen[utt]} and {path} would both be utterance {utt!r}: rename one")
-        seen[utt] = path
-        entries.append(kaldi.Entry(utt, utt, None, None, str(path), None))
-    return entries, []
-
-
-def compute_features(entries, cfg, progress: bool):
-    """{utt: fbank float32 [T, D]} and rejections, recording by recording as the feature stage does."""
-    feats, rejections = {}, []
-    groups = features.group_by_recording(entries)
-    for spec, group in progress_bar(groups, desc="features", unit="rec", disable=not progress):
-        for utt, matrix, rejection in features.featurize_recording((spec, group, cfg)):
-            if rejection is not None:
-                rejections.append(rejection)
-            else:
-                feats[utt] = matrix
-    return feats, rejections
-
-
-def normalization(feats: dict, speakers: dict, cmvn: str, data: dict) -> dict:
-    """{utt: (scale [D], offset [D], per-utterance flag)}: the affine map and CMVN the model trained with."""
-    dim = next(iter(feats.values())).shape[1]
-    if cmvn == "speaker":
-        stats = features.CmvnAccumulator()
-        for utt, matrix in feats.items():
-            stats.add(speakers[utt], matrix)
-        out = {}
-        for utt in feats:
-            s = stats.stats[speakers[utt]]
-            mean = s[0, :dim] / s[0, dim]
-            # in float32 from here, as the input pipeline has them (pipeline/dataset.py cmvn_tables)
-            inv_std = (1.0 / np.sqrt(np.maximum(s[1, :dim] / s[0, dim] - mean * mean, 1e-8))).astype(np.float32)
-            out[utt] = (inv_std, -mean.astype(np.float32) * inv_std, False)
-        return out
-    scale, offset = np.ones(dim, np.float32), np.zeros(dim, np.float32)
-    if cmvn == "global":  # the training split's statistics
-        inv_std = (1.0 / np.asarray(data["mel_std"], np.float64)).astype(np.float32)
-        scale, offset = inv_std, -np.asarray(data["mel_mean"], np.float32) * inv_std
-    return {utt: (scale, offset, cmvn == "utterance") for utt in feats}
-
-
-def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shift_ms):
-    """[(utt, hypothesis, [(word, start s, duration s)])] of one batch."""
-    import tensorflow as tf
-
-    from models.asr import network as asr
-    from models.asr.task import AsrTask
-
-    lengths = np.asarray([len(feats[u]) for u in utts], np.int32)
-    padded = np.zeros([len(utts), lengths.max(), feats[utts[0]].shape[1]], np.float32)  # [B, T, D]
-    for i, u in enumerate(utts):
-        padded[i, : lengths[i]] = feats[u]
-    batch = {
-        "feats": padded,
-        "feat_lengths": lengths,
-        "feat_scale": np.stack([norms[u][0] for u in utts]),
-        "feat_offset": np.stack([norms[u][1] for u in utts]),
-        "utterance_cmvn": np.asarray([norms[u][2] for u in utts]),
-    }
-    logits, out_lengths = model(AsrTask.features(batch), lengths)  # [B, T', V], [B]
-    if beam_width:
-        ids = asr.beam_decode(logits, out_lengths, beam_width)
-    else:
-        ids = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
-    log_probs = tf.nn.log_softmax(logits).numpy()  # [B, T', V]
-    frame_seconds = frame_shift_ms / 1000.0 * config.asr.subsample  # one output frame per `subsample` inputs
-    out = []
-    for i, (u, labels) in enumerate(zip(utts, ids)):
-        hypothesis = text.decode(labels, data["vocabulary"])
-        path = alignment.ctc_forced_alignment(log_probs[i, : out_lengths[i]], labels)  # label index per frame
-        # characters are the labels decode keeps (not the unknown-character id): their index per frame
-        kept = np.cumsum([label > 1 for label in labels]) - 1
-        char_path = np.where(path >= 0, np.where(np.asarray(labels)[path] > 1, kept[path], -1), -1)
-        out.append((u, hypothesis, alignment.word_times(hypothesis, char_path, frame_seconds)))
-    return out
-
-
-def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: Path | None = None, files=()) -> dict:
-    """Transcribes a data directory or audio files into `out_dir` (see the module docstring).
-    Returns a summary: utterances transcribed and rejected, the files written."""
-    model, config, data = opening.open_model(model_spec)
-    if config.model != "asr":
-        raise ValueError(f"{model_spec} is a {config.model} model; transcription needs an acoustic model")
-    from models.serving.pyfunc import feature_config
-
-    feature_cfg = dataclasses.replace(feature_config(data), allow_pipes=cfg.allow_pipes)
-    entries, rejections = audio_entries(data_dir, [Path(f) for f in files], cfg.allow_pipes)
-    feats, unusable = compute_features(entries, feature_cfg, cfg.progress)
-    rejections += unusable
-    results = []
-    if feats:
-        speakers = {e.utt_id: e.speaker for e in entries}
-        norms = normalization(feats, speakers, config.input.cmvn, data)
-        order = sorted(feats, key=lambda u: len(feats[u]))
-        batches, start = [], 0
-        while start < len(order):  # utterances of similar length, about BATCH_FRAMES padded frames each
-            end = start + 1
-            while end < len(order) and (end - start + 1) * len(feats[order[end]]) <= BATCH_FRAMES:
-                end += 1
-            batches.append(order[start:end])
-            start = end
-        bar = progress_bar(total=len(order), desc="transcribe", unit="utt", disable=not cfg.progress)
-        for utts in batches:
-            results += decode_batch(model, config, data, utts, feats, norms, cfg.beam_width, feature_cfg.frame_shift_ms)
-            bar.update(len(utts))
-        bar.close()
-    results.sort()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fsutil.atomic_write_text(out_dir / "text", "".join(f"{u} {h}\n" for u, h, _ in results))
-    ctm = [f"{u} 1 {start:.2f} {duration:.2f} {word}\n" for u, _, words in results for word, start, duration in words]
-    fsutil.atomic_write_text(out_dir / "ctm", "".join(ctm))
-    kaldi.write_rejections(out_dir / "rejected.tsv", [("input", r) for r in rejections])
-    if rejections:
-        print(
-            f"{len(rejections)} utterances not transcribed ({kaldi.summarize(rejections)}): see {out_dir / 'rejected.tsv'}",
-            file=sys.stderr,
-        )
-    return {"transcribed": len(results), "rejected": len(rejections), "text": str(out_dir / "text")}
+from models.asr import transcribe as batch
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.transcribe", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m models.transcribe", description=batch.__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
         required=True,
@@ -187,8 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.data_dir is None) == (not args.files):
         parser.error("give either --data-dir or audio files")
-    cfg = TranscribeConfig(beam_width=args.beam_width, allow_pipes=args.allow_pipes, progress=not args.no_progress)
-    summary = transcribe(args.model, args.out, cfg, args.data_dir, args.files)
+    cfg = batch.TranscribeConfig(
+        beam_width=args.beam_width, allow_pipes=args.allow_pipes, progress=not args.no_progress
+    )
+    summary = batch.transcribe(args.model, args.out, cfg, args.data_dir, args.files)
     print(f"{summary['transcribed']} utterances transcribed ({summary['rejected']} rejected): {summary['text']}")
     return 0
 

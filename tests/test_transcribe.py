@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import soundfile
 
-from models import evaluate, synthesize, transcribe
+from models import evaluate, transcribe
 from models.asr import alignment
+from models.asr import transcribe as asr_transcribe
 from models.serving import opening
+from models.tts import synthesize as tts_synthesize
 from pipeline import features, kaldi, shards
 from tests.kaldi_fixtures import make_wav_dir
 from tests.test_serving import model_dir
@@ -148,8 +150,8 @@ def test_synthesize_writes_one_wav_per_sentence(tmp_path):
     path = model_dir(tmp_path / "tts", "tts", voices=("a", "b"))
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("the cat sat\n\na dog\nhello there\n", encoding="utf-8")
-    cfg = synthesize.SynthesizeConfig(voice="b", max_steps=20, griffin_lim_iters=2, progress=False)
-    rows = synthesize.synthesize(str(path), sentences, tmp_path / "wavs", cfg)
+    cfg = tts_synthesize.SynthesizeConfig(voice="b", max_steps=20, griffin_lim_iters=2, progress=False)
+    rows = tts_synthesize.synthesize(str(path), sentences, tmp_path / "wavs", cfg)
     assert [r["line"] for r in rows] == [1, 3, 4] and all(r["voice"] == "b" for r in rows)
     for row in rows:
         info = soundfile.info(tmp_path / "wavs" / row["file"])
@@ -158,7 +160,7 @@ def test_synthesize_writes_one_wav_per_sentence(tmp_path):
         listed = list(csv.DictReader(f, delimiter="\t"))
     assert [r["text"] for r in listed] == ["the cat sat", "a dog", "hello there"]
     with pytest.raises(ValueError, match="voice 'c'"):
-        synthesize.synthesize(str(path), sentences, tmp_path / "x", dataclasses.replace(cfg, voice="c"))
+        tts_synthesize.synthesize(str(path), sentences, tmp_path / "x", dataclasses.replace(cfg, voice="c"))
 
 
 @pytest.mark.slow  # logging a pyfunc model into a registry: about 20 s
@@ -177,8 +179,8 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, monkeypat
             logged = serving.log_model(root / "work" / "model", config, info)
         version = mlflow.register_model(logged.model_uri, "tiny-asr")
         mlflow.MlflowClient().set_registered_model_alias("tiny-asr", "champion", version.version)
-        cfg = transcribe.TranscribeConfig(progress=False)
-        transcribe.transcribe("models:/tiny-asr@champion", tmp_path / "out", cfg, data_dir=data)
+        cfg = asr_transcribe.TranscribeConfig(progress=False)
+        asr_transcribe.transcribe("models:/tiny-asr@champion", tmp_path / "out", cfg, data_dir=data)
         uri_eval = evaluate.evaluate(
             "models:/tiny-asr@champion",
             root / "shards",
