@@ -34,18 +34,18 @@ import sys
 import time
 from pathlib import Path
 
-from common import catalog, runtime
+from common import catalog
 from common import config as configlib
 from common.fsutil import atomic_write_json
 from common.progress import progress as progress_bar
 from models.tracking import runs as tracking
 from models.tracking.spool import RunLog, spool_path
-from models.training.config import TrainConfig, check_workdir
+from models.training.config import TrainConfig
 from models.training.hooks import TrainHooks
 from models.training.persistence import Persistence
 from models.training.reporting import Reporting
 from models.training.schedule import Schedule
-from models.training.state import TrainingState
+from models.training.state import TrainingState, set_up
 from models.training.step import Stepper
 from models.training.system_metrics import SystemMetrics
 from models.training.timing import StepTimes
@@ -93,54 +93,15 @@ class Trainer:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _setup(self) -> TrainingState:
-        import keras
-        import tensorflow as tf
+        from models.distributed.strategies import make_strategy, sum_over_ranks
 
-        from models.distributed.strategies import init_horovod, make_strategy, sum_over_ranks
-        from pipeline import records
-
-        c = self.config
-        threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
-        gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-        # Horovod: one process per worker; rank 0 is the one that writes and logs.
-        hvd = init_horovod(c.strategy)
-        keras.utils.set_random_seed(c.seed)
-        if c.precision == "mixed_bfloat16":
-            keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        shards = records.open_shard_set(self.shard_dir)  # the manifest read and checked once
-        records.check_shards(shards, "train")  # sizes: a truncated shard stops us here
-        task = catalog.task_class(c.model).create(c, shards)
-        c = task.resolved(c)
-        if hvd.rank() == 0:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            check_workdir(self.workdir, c)
-        model = task.build()
-        optimizer = keras.optimizers.Adam(c.optim.learning_rate, global_clipnorm=c.optim.clip_norm)
-        optimizer.build(model.trainable_variables)
-        # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
-        # faster rank takes more of them, and the run ends when they are used up. Allreduce steps
-        # in lockstep through exact epochs, every rank its own shards.
-        declared = catalog.strategy(c.strategy.name)
-        s = self.state = TrainingState(
-            config=c,
-            workdir=self.workdir,
-            hvd=hvd,
-            tf=tf,
-            rank=hvd.rank(),
-            size=hvd.size(),
-            threads=threads,
-            gpus=gpus,
-            shards=shards,
-            task=task,
-            model=model,
-            optimizer=optimizer,
-            budget_in_data=declared.budget_in_data,
-        )
+        s = self.state = set_up(self.config, self.shard_dir, self.workdir)
+        c, declared = s.config, catalog.strategy(s.config.strategy.name)
         self.schedule, self.persistence, self.report = Schedule(s), Persistence(s), Reporting(s)
         s.position = self.persistence.restore()
         s.steps_per_epoch = self.schedule.steps_per_epoch()
         s.total_steps = self.schedule.total_steps()
-        s.strategy = make_strategy(c.strategy, model.trainable_variables, optimizer)
+        s.strategy = make_strategy(c.strategy, s.model.trainable_variables, s.optimizer)
         s.origin = tuple(s.position.get("origin", (0, 0)))
         if c.elastic and not declared.supports_elastic:
             elastic = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
@@ -157,8 +118,8 @@ class Trainer:
         if s.rank == 0 or shared:
             from models.training.dev_selection import DevSelection
 
-            share = (s.rank, s.size, functools.partial(sum_over_ranks, hvd)) if shared else None
-            self.dev = DevSelection(task, model, shards, c, self.workdir, s.owners(), share)
+            share = (s.rank, s.size, functools.partial(sum_over_ranks, s.hvd)) if shared else None
+            self.dev = DevSelection(s.task, s.model, s.shards, c, self.workdir, s.owners(), share)
         self.schedule.set_learning_rate(s.position["step"] + 1)
         self.stepper = Stepper(s)
         return s

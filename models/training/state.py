@@ -13,6 +13,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from common import catalog, runtime
+from models.training.config import check_workdir
+
 
 @dataclasses.dataclass
 class TrainingState:
@@ -45,3 +48,50 @@ class TrainingState:
     def owners(self) -> tuple[str, str]:
         """The names a checkpoint's weights and optimizer state are saved under."""
         return (self.model.name, self.optimizer.name)
+
+
+def set_up(config, shard_dir: Path, workdir: Path) -> TrainingState:
+    """This rank's state before its checkpoint is restored: its threads and GPU, Horovod, the
+    shards (read and checked once), the task with its data-sized config, the model and optimizer."""
+    import keras
+    import tensorflow as tf
+
+    from models.distributed.strategies import init_horovod
+    from pipeline import records
+
+    c = config
+    threads = runtime.configure_tensorflow(c.intra_op_threads, c.inter_op_threads, c.bind_cores)
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    # Horovod: one process per worker; rank 0 is the one that writes and logs.
+    hvd = init_horovod(c.strategy)
+    keras.utils.set_random_seed(c.seed)
+    if c.precision == "mixed_bfloat16":
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    shards = records.open_shard_set(shard_dir)  # the manifest read and checked once
+    records.check_shards(shards, "train")  # sizes: a truncated shard stops us here
+    task = catalog.task_class(c.model).create(c, shards)
+    c = task.resolved(c)
+    if hvd.rank() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        check_workdir(workdir, c)
+    model = task.build()
+    optimizer = keras.optimizers.Adam(c.optim.learning_rate, global_clipnorm=c.optim.clip_norm)
+    optimizer.build(model.trainable_variables)
+    # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
+    # faster rank takes more of them, and the run ends when they are used up. Allreduce steps in
+    # lockstep through exact epochs, every rank its own shards.
+    return TrainingState(
+        config=c,
+        workdir=workdir,
+        hvd=hvd,
+        tf=tf,
+        rank=hvd.rank(),
+        size=hvd.size(),
+        threads=threads,
+        gpus=gpus,
+        shards=shards,
+        task=task,
+        model=model,
+        optimizer=optimizer,
+        budget_in_data=catalog.strategy(c.strategy.name).budget_in_data,
+    )
