@@ -1,20 +1,17 @@
 """The demo corpus' plan, its pure core: which speakers (a voice at its own rate, pitch and warp)
-speak which sentences in which split, from a `CorpusConfig` (pipeline/corpus.py) and the voices this
-machine has; and the Kaldi tables of a split. No engine runs here (pipeline/synthesizers.py runs them).
+speak which sentences in which split, from a `CorpusConfig` (pipeline/corpus.py; `config` below) and
+the voices this machine has; and the Kaldi tables of a split. No engine runs here (pipeline/synthesizers.py runs them).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from common import voices
 from pipeline.grammar import make_sentence
 from pipeline.synthesizers import VoiceInventory
-
-if TYPE_CHECKING:
-    from pipeline.corpus import CorpusConfig
 
 SPLITS = ("train", "dev", "test", "test_engine")  # what the plan holds; test_noisy mirrors test
 ALL_SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
@@ -26,7 +23,7 @@ MIN_TRAIN_VOICES, MIN_TEST_VOICES = 2, 1
 FLITE_OWN_PITCH = frozenset({"rms"})
 
 
-def split_sizes(config: CorpusConfig) -> dict[str, int]:
+def split_sizes(config) -> dict[str, int]:
     """Utterances per split: {"train", "dev", "test"} -> count, summing to num_utterances."""
     dev = round(config.num_utterances * config.dev_fraction)
     test = round(config.num_utterances * config.test_fraction)
@@ -71,7 +68,7 @@ class VoiceSelection(NamedTuple):
     skipped: list[str]  # of the engines in use, but not installed here
 
 
-def select_voices(config: CorpusConfig, inventory: VoiceInventory | None = None) -> VoiceSelection:
+def select_voices(config, inventory: VoiceInventory | None = None) -> VoiceSelection:
     """The voices of `config.engines` that `inventory` has (None: assume every voice exists).
 
     Raises ValueError when fewer than MIN_TRAIN_VOICES / MIN_TEST_VOICES remain, or when the
@@ -117,7 +114,7 @@ def _speaker_id(engine: str, voice: str, rate: int | None, pitch: int | None, wa
     return "-".join(parts)
 
 
-def _speakers(spec: str, count: int, config: CorpusConfig) -> list[Speaker]:
+def _speakers(spec: str, count: int, config) -> list[Speaker]:
     """`count` speakers of one voice, each its own rate and pitch."""
     engine, voice = voices.parse(spec)
     # Seeded per voice, not from one shared stream, so a skipped voice leaves the others unchanged.
@@ -145,7 +142,7 @@ def _as_shipped(spec: str) -> Speaker:
     return Speaker(_speaker_id(engine, voice, None, 0), engine, voice, 100, 0)
 
 
-def plan_corpus(config: CorpusConfig, inventory: VoiceInventory | None = None) -> list[PlannedUtterance]:
+def plan_corpus(config, inventory: VoiceInventory | None = None) -> list[PlannedUtterance]:
     """Every utterance of the corpus, without synthesizing: train, dev, test, then test_engine.
 
     Sentences are unique across train, dev and test, so dev and test never repeat a training
