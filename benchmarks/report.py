@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report_format import provenance  # noqa: E402
-from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy, tts_levers, tts_seeds  # noqa: E402
+from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy  # noqa: E402
 from benchmarks.report_speed import input_pipeline, serving, speedup_model, straggler, throughput  # noqa: E402
+from benchmarks.report_tts import tts_durations, tts_levers, tts_seed_levers, tts_seeds  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
@@ -54,6 +55,26 @@ SECTIONS: dict[str, Section] = {
         "demo run's own synthesis model is one of the seeds.",
         tts_seeds,
         "The model's figure is the mean; one seed is not the model's figure.",
+    ),
+    "tts_seed_levers.json": (
+        "Synthesis: levers, three seeds each",
+        "`benchmarks/tts_seeds.py --lever NAME --levers-json benchmarks/results/tts_seed_levers.json`: the demo's "
+        "synthesis config with one lever (its overrides) trained alone at `horovodrun -np 2` with each seed on the "
+        "same demo run's shards and evaluated as the DAG evaluates it, heard by that run's acoustic model; every "
+        "lever tried is here, kept or rejected.",
+        tts_seed_levers,
+        "A lever counts by its mean over the seeds; the spread says how far one seed's figure can be from it.",
+    ),
+    "tts_durations.json": (
+        "Synthesis: what each part costs",
+        "`benchmarks/tts_durations.py` (inference only): the same dev sentences spoken by a trained synthesis "
+        "model with the alignment search's own durations (the frames teacher forcing gives), with those "
+        "durations disturbed by noise, with the durations it predicts, and that speech through Griffin-Lim "
+        "and the feature stage; each heard by the demo run's acoustic model.",
+        tts_durations,
+        "The step from `searched` to `predicted` is what the duration predictor costs; the noise rows say how "
+        "much a predictor of that error per character would cost; `teacher_forced` is what the decoder costs "
+        "with perfect durations.",
     ),
     "time_to_accuracy.json": (
         "Time to accuracy",

@@ -1,5 +1,6 @@
 """The sections of docs/benchmarks.md (benchmarks/report.py) on what runs reached: the demo, the
-strategies' convergence, the injected faults and the synthesis levers, each from its JSON."""
+strategies' convergence, the injected faults and the time to accuracy, each from its JSON (the
+synthesis model's: benchmarks/report_tts.py)."""
 
 from __future__ import annotations
 
@@ -232,75 +233,6 @@ def faults(r: dict) -> list[str]:
     return out
 
 
-def tts_levers(r: dict) -> list[str]:
-    out = [
-        f"Corpus: {r['corpus']}. Listener: {r['judge']}.",
-        "",
-        f"Training: `{r['train_command']}`; evaluation: `{r['eval_command']}`. {r['config_note']}.",
-        "",
-    ]
-
-    def rows_of(runs: dict) -> list[list]:
-        rows = []
-        for name, run in runs.items():
-            seconds = run.get("training_seconds")
-            rows.append(
-                [
-                    f"`{name}`: {run['what']}" + (f" ({run['note']})" if run.get("note") else ""),
-                    f"`{run['flags']}`" if run["flags"] else "",
-                    run["steps"],
-                    "" if seconds is None else num(seconds / 60, 1),
-                    pct(run["dev_intelligibility_cer"]),
-                    pct(run["dev_intelligibility_cer_teacher_forced"]),
-                    pct(run["dev_intelligibility_cer_recordings"]),
-                    num(run["dev_mel_l1"], 3),
-                    num(run["dev_fbank_cepstral_distance_db"], 2),
-                ]
-            )
-        return rows
-
-    headers = [
-        "run",
-        "flags",
-        "steps",
-        "training minutes",
-        "dev CER free-running",
-        "dev CER teacher-forced",
-        "dev CER of the recordings",
-        "mel L1",
-        "fbank cepstral distance (dB)",
-    ]
-    out += table(headers, rows_of(r["runs"]))
-    a = r["analysis"]
-    peak = a["attention_peak_distance_from_straight_line_chars"]
-    lengths = a["synthesized_over_recorded_length"]
-    rows = [
-        [
-            "mel L1 of copying the previous frame, r=3 / r=6",
-            f"{a['copy_previous_frame_mel_l1']['r3']} / {a['copy_previous_frame_mel_l1']['r6']}",
-        ],
-        ["mel L1 of the utterance's mean frame", a["utterance_mean_frame_mel_l1"]["value"]],
-        [
-            "attention peak's largest distance from the diagonal (characters), `base` teacher-forced / free-running",
-            f"{peak['base']['teacher_forced']} / {peak['base']['free_running']}",
-        ],
-        [
-            "the same, `r6long`",
-            f"{peak['r6long']['teacher_forced']} / {peak['r6long']['free_running']}",
-        ],
-        [
-            "synthesized over recorded length, " + ", ".join(f"`{k}`" for k in lengths if k != "what"),
-            " / ".join(str(v) for k, v in lengths.items() if k != "what"),
-        ],
-    ]
-    out += ["Reference points (dev split):", ""]
-    out += table(["what", "value"], rows)
-    demo_runs = r["demo_corpus_runs"]
-    out += [f"On the demo's corpus and listener: {demo_runs['what']}.", ""]
-    out += table(headers, rows_of(demo_runs["runs"]))
-    return out
-
-
 def time_to_accuracy(r: dict) -> list[str]:
     targets = r["targets"]
     rows = []
@@ -338,47 +270,3 @@ def time_to_accuracy(r: dict) -> list[str]:
         "test_engine CER",
     ]
     return table(headers, rows)
-
-
-def tts_seeds(r: dict) -> list[str]:
-    rows = [
-        [
-            seed,
-            pct(s["dev_intelligibility_cer"]),
-            pct(s["test_intelligibility_cer"]),
-            pct(s["dev_intelligibility_cer_teacher_forced"]),
-            pct(s["dev_intelligibility_cer_recordings"]),
-            s["steps"],
-            s["source"],
-        ]
-        for seed, s in r["seeds"].items()
-    ]
-    m = r["mean"]
-    rows.append(
-        [
-            "**mean**",
-            f"**{pct(m['dev_intelligibility_cer'])}**",
-            f"**{pct(m['test_intelligibility_cer'])}**",
-            pct(m["dev_intelligibility_cer_teacher_forced"]),
-            pct(m["dev_intelligibility_cer_recordings"]),
-            "",
-            "",
-        ]
-    )
-    out = [
-        f"`{r['config']}`{' with ' + ', '.join(r['overrides']) if r['overrides'] else ''}; {r['max_utterances']} "
-        f"sentences per split; the listener's own test CER: {pct(r['listener_test_cer'])}.",
-        "",
-    ]
-    return out + table(
-        [
-            "seed",
-            "dev CER free-running",
-            "test CER free-running",
-            "dev CER teacher-forced",
-            "dev CER of the recordings",
-            "steps",
-            "from",
-        ],
-        rows,
-    )

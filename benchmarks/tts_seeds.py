@@ -11,8 +11,11 @@ model (trained with `--run-config`, default the demo's) is the seed its saved co
 `--config` is that config and every `--set` item holds in the run's saved config (e.g. a `max_steps` it
 was run with), its evaluation is read from the summary, not trained again; a `--set` the run did not
 have (a lever) trains that seed here too.
-Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER and steps, and
-their means (quality only: the seeds' training time is the demo's, benchmarks/demo.py).
+Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER, the CER of
+the free-running speech through the vocoder (what a person hears) and steps, and their means (quality
+only: the seeds' training time is the demo's, benchmarks/demo.py). `--lever NAME --levers-json FILE`
+also keeps the run in FILE under NAME beside the levers run before (benchmarks/results/
+tts_seed_levers.json: every lever tried, kept or rejected).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ FIGURES = (
     "test_intelligibility_cer",
     "dev_intelligibility_cer_teacher_forced",
     "dev_intelligibility_cer_recordings",
+    "dev_intelligibility_cer_vocoded",
     "dev_mel_l1",
 )
 RUN_TIMEOUT_S = 3600
@@ -72,13 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-config", type=Path, default=DEMO_TTS, help="config the demo run trained with")
     parser.add_argument("--set", action="append", default=[], help="config override for the seeds trained here")
     parser.add_argument("--max-utterances", type=int, default=100, help="sentences per split (the DAG's default)")
+    parser.add_argument("--work", type=Path, help="where the seeds' training workdirs go (default: a new temporary one)")
+    parser.add_argument("--lever", help="a name for this run among the levers (with --levers-json)")
+    parser.add_argument("--levers-json", type=Path, help="the file that keeps every lever's run")
     args = parser.parse_args(argv)
     run_dir = args.demo_run.resolve()
     shards, listener = run_dir / "shards", run_dir / "asr"
     summary = json.loads((run_dir / "summary.json").read_text())
     seeds = [int(s) for s in args.seeds.split(",")]
     run_seed = seed_of_run(run_dir, args.config, args.run_config, args.set)
-    work = Path(tempfile.mkdtemp(prefix="tts-seeds-"))
+    work = args.work.resolve() if args.work else Path(tempfile.mkdtemp(prefix="tts-seeds-"))
+    work.mkdir(parents=True, exist_ok=True)
     per_seed: dict[str, dict] = {}
     for seed in seeds:
         if seed == run_seed:
@@ -103,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             "steps": trained["steps"],
             "source": source,
         }
-    means = {k: float(np.mean([s[k] for s in per_seed.values()])) for k in FIGURES}
-    spreads = {k: float(np.ptp([s[k] for s in per_seed.values()])) for k in FIGURES}
+    # A figure the evaluation of a seed lacks (a demo run evaluated before it was measured) is left out.
+    measured = {k: [s[k] for s in per_seed.values() if s[k] is not None] for k in FIGURES}
+    means = {k: float(np.mean(v)) if len(v) == len(seeds) else None for k, v in measured.items()}
+    spreads = {k: float(np.ptp(v)) if len(v) == len(seeds) else None for k, v in measured.items()}
     results = {
         "config": str(args.config.resolve().relative_to(ROOT))
         if args.config.resolve().is_relative_to(ROOT)
@@ -139,7 +149,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     print_table(["seed", "dev CER", "test CER", "dev CER teacher-forced", "steps", "from"], rows)
     write_json(args.json, results, {"training": seeds, "demo_corpus": 0})
+    if args.levers_json:
+        keep_lever(args.levers_json, args.lever or "+".join(args.set) or "demo config", results, seeds)
     return 0
+
+
+def keep_lever(path: Path, name: str, results: dict, seeds: list[int]) -> None:
+    """Adds (or replaces) `name`'s run in the levers file, keeping the other levers' runs."""
+    from benchmarks.harness import run_metadata
+
+    kept = json.loads(path.read_text()) if path.is_file() else {"levers": {}}
+    kept["levers"][name] = {**results, "meta": run_metadata({"training": seeds, "demo_corpus": 0})}
+    kept["meta"] = kept["levers"][name]["meta"]  # the page names the last run's commit and machine
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept, indent=2, sort_keys=True, default=float) + "\n")
 
 
 if __name__ == "__main__":

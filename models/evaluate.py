@@ -83,17 +83,22 @@ def evaluate(
     task = catalog.task_class(config.model).create(config, shards, cfg)
 
     def batches(split: str, frames_per_batch: int):
-        """`split` in order, unshuffled, in batches of about `frames_per_batch` padded frames."""
-        evaluation = dataclasses.replace(
-            config.input, frames_per_batch=frames_per_batch, max_batch_size=64, shuffle_buffer=1
-        )
-        return task.dataset(shards, split, evaluation, 0, 1, 0, False)[0]
+        return split_batches(task, config, shards, split, frames_per_batch)
 
     listener = asr_model if entry.listener else None  # a model whose output is heard
     metrics = {"model": config.model}
     metrics.update(catalog.resolve(entry.evaluation)(model, config, data, batches, splits, cfg, out_dir, listener))
     atomic_write_json(root / "eval.json", metrics)
     return metrics
+
+
+def split_batches(task, config, shards: ShardSet, split: str, frames_per_batch: int):
+    """`split` of `shards` as `task` (the model's Task) reads it for evaluation: in order, unshuffled,
+    in batches of about `frames_per_batch` padded frames."""
+    evaluation = dataclasses.replace(
+        config.input, frames_per_batch=frames_per_batch, max_batch_size=64, shuffle_buffer=1
+    )
+    return task.dataset(shards, split, evaluation, 0, 1, 0, False)[0]
 
 
 def check_vocabulary(data: dict, shards: ShardSet, model_dir: str | Path) -> None:

@@ -69,7 +69,7 @@ TINY = {
     "max_steps": 4,
     "eval_utterances": 4,
     "asr_config": "tests/configs/tiny_asr.yaml",
-    "tts_config": "tests/configs/tiny_tts.yaml",
+    "tts_config": "tests/configs/tiny_tts_durations.yaml",
     "experiment": "ci",
 }
 
@@ -906,37 +906,40 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     assert collected["tts_training"]["steps"] == dag_run.trained["tts"]["steps"]
 
     # benchmarks/tts_seeds.py on the run: its synthesis model as seed 0, seed 1 trained and evaluated.
-    out = dag_run.run_dir / "tts_seeds.json"
-    tiny = ["--config", "tests/configs/tiny_tts.yaml", "--run-config", "tests/configs/tiny_tts.yaml"]
-    proc = subprocess.run(
-        [
-            PYTHON,
-            "benchmarks/tts_seeds.py",
-            "--demo-run",
-            str(dag_run.run_dir),
-            "--seeds",
-            "0,1",
-            *tiny,
-            "--set",
-            "max_steps=4",
-            "--max-utterances",
-            "4",
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=quiet_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    seeds = json.loads(out.read_text())
+    def benchmark(name: str, *args: str) -> tuple[dict, str]:
+        """benchmarks/NAME.py on the run (tiny): its JSON and its printed table."""
+        out = dag_run.run_dir / f"{name}.json"
+        command = [PYTHON, f"benchmarks/{name}.py", "--demo-run", str(dag_run.run_dir), "--max-utterances", "4"]
+        proc = subprocess.run(
+            [*command, *args, "--json", str(out)],
+            cwd=ROOT,
+            env=quiet_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(out.read_text()), proc.stdout
+
+    # benchmarks/tts_seeds.py on the run: its synthesis model as seed 0, seed 1 trained and evaluated.
+    tiny = ["--config", TINY["tts_config"], "--run-config", TINY["tts_config"], "--set", "max_steps=4"]
+    levers = dag_run.run_dir / "levers.json"
+    seeds, _ = benchmark("tts_seeds", "--seeds", "0,1", *tiny, "--lever", "four steps", "--levers-json", str(levers))
     assert [s["source"] for s in seeds["seeds"].values()] == ["the demo run", "trained here"]
     assert seeds["seeds"]["0"]["dev_intelligibility_cer"] == tts_metrics["dev_intelligibility_cer"]
     assert seeds["mean"]["dev_intelligibility_cer"] == pytest.approx(
         np.mean([s["dev_intelligibility_cer"] for s in seeds["seeds"].values()])
     )
+    assert seeds["seeds"]["1"]["dev_intelligibility_cer_vocoded"] is not None  # what a person hears
+    kept = json.loads(levers.read_text())["levers"]["four steps"]
+    assert kept["mean"] == seeds["mean"] and kept["overrides"] == ["max_steps=4"]
+
+    # benchmarks/tts_durations.py on the run's synthesis model: the searched durations through synthesis
+    # are the teacher-forced frames, so the listener hears the same.
+    durations, table = benchmark("tts_durations")
+    assert durations["utterances"] == 4 and set(durations["arms"]) >= {"searched", "predicted", "predicted_vocoded"}
+    assert durations["arms"]["searched"]["cer"] == pytest.approx(durations["arms"]["teacher_forced"]["cer"], abs=0.05)
+    assert durations["durations"]["characters"] > 0 and "searched" in table
 
     # Each training is two ranks that agree, logged to the server.
     client = mlflow.MlflowClient(dag_run.uri)

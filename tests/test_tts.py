@@ -14,7 +14,12 @@ import scipy.signal
 import tensorflow as tf
 
 from models.tts import audio
-from models.tts.alignment import attention_diagonality, attention_monotonicity, monotonic_alignment
+from models.tts.alignment import (
+    attention_diagonality,
+    attention_monotonicity,
+    beta_binomial_cost,
+    monotonic_alignment,
+)
 from models.tts.model import TtsConfig, build_tts, speaker_ids
 from models.tts.task import TtsTask, resolve_tts, speak
 from tests.conftest import shard_set
@@ -254,6 +259,60 @@ def test_monotonic_alignment_finds_the_cheapest_path_and_respects_lengths():
     # ends at the last real character even where the cheapest steps lie elsewhere
     short = monotonic_alignment(np.zeros([1, 5, 4]), np.array([5]), np.array([2]))
     assert short[0, 0] == 0 and short[0, 4] == 1 and np.all(np.diff(short[0]) >= 0)
+
+
+def test_the_alignment_prior_is_a_diagonal_band_that_steers_an_undecided_search():
+    cost = beta_binomial_cost(np.array([8, 5]), np.array([4, 3]), 9, 5)  # [B, S, N]
+    assert cost.shape == (2, 9, 5) and np.all(cost[0, 8:] == 0) and np.all(cost[0, :, 4:] == 0)
+    # each real step's prior is a distribution over the utterance's characters, peaked on the diagonal
+    np.testing.assert_allclose(np.exp(-cost[0, :8, :4]).sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(np.exp(-cost[1, :5, :3]).sum(-1), 1.0, rtol=1e-6)
+    assert cost[0, 0, :4].argmin() == 0 and cost[0, 7, :4].argmin() == 3
+    # A flat cost leaves every path equal; with the prior the search walks the diagonal, two steps each.
+    flat = np.zeros([1, 8, 4])
+    path = monotonic_alignment(flat, np.array([8]), np.array([4]), prior_weight=1.0)
+    assert path[0].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    steep = np.zeros([1, 8, 4])
+    steep[0, :, 0] = -1.0  # the frames favour the first character throughout
+    assert monotonic_alignment(steep, np.array([8]), np.array([4]))[0].tolist()[:6] == [0] * 6
+    assert monotonic_alignment(steep, np.array([8]), np.array([4]), prior_weight=10.0)[0].tolist()[:4] != [0] * 4
+
+
+def test_the_prior_fades_with_the_training_steps_and_is_saved_with_the_weights():
+    config = dataclasses.replace(TINY, alignment="durations", durations_decoder="conv", alignment_prior_steps=4)
+    model = build_tts(config)
+    assert "alignment_prior_batches" in [w.name for w in model.non_trainable_weights]
+    for i in range(3):
+        TtsTask._loss(model, synthetic_batch(config, seed=i), training=True)
+    TtsTask._loss(model, synthetic_batch(config), training=False)  # evaluation does not count
+    batch = synthetic_batch(config)
+    memory = model.encode(batch["tokens"], batch["token_lengths"])
+    model.decode(memory, batch["token_lengths"], batch["mels"], training=True)  # nor the profiler's passes
+    assert float(model.trained_batches.numpy()) == 3.0
+    assert "alignment_prior_batches" not in [
+        w.name for w in build_tts(dataclasses.replace(config, alignment_prior_steps=0)).weights
+    ]
+
+
+def test_synthesis_with_the_searched_durations_speaks_the_teacher_forced_frames():
+    """The diagnostic's check (models/tts/diagnosis.py): the alignment search's durations through
+    `infer_with_durations` run the computation teacher forcing ran, so the frames are the same."""
+    config = dataclasses.replace(TINY, alignment="durations", durations_decoder="conv", reduction_factor=2)
+    tf.keras.utils.set_random_seed(3)
+    model = build_tts(config)
+    batch = synthetic_batch(config, lengths=(5, 9, 7))
+    forced = model.teacher_forced(batch)
+    given = model.infer_with_durations(batch["tokens"], batch["token_lengths"], forced["durations"])
+    lengths = batch["mel_lengths"].numpy()
+    assert np.all(given["lengths"].numpy() == -(-lengths // 2) * 2)  # whole decoder steps
+    np.testing.assert_array_equal(given["durations"].numpy(), forced["durations"].numpy())
+    for i, t in enumerate(lengths):
+        np.testing.assert_allclose(given["mels_before"][i, :t], forced["mel_before"][i, :t], atol=1e-5)
+        # the post-net (two convolutions of 5 frames) also hears a partial last step's extra frame
+        np.testing.assert_allclose(given["mels"][i, : t - 4], forced["mel_after"][i, : t - 4], atol=1e-4)
+    predicted = model.infer(batch["tokens"], batch["token_lengths"], 100)
+    again = model.infer_with_durations(batch["tokens"], batch["token_lengths"], predicted["durations"])
+    np.testing.assert_allclose(again["mels"], predicted["mels"], atol=1e-5)
 
 
 @pytest.mark.slow  # hundreds of training steps of each decoder: 30 s, an end-to-end learning check
@@ -534,6 +593,16 @@ def test_griffin_lim_reanalysis_is_close_to_the_original():
     assert audio.fbank_cepstral_distance(reference, rebuilt) < 0.4
     assert audio.mel_l1(reference, rebuilt) < 0.2
     assert audio.fbank_cepstral_distance(reference, random_phase) > 0.8
+
+
+def test_griffin_lim_of_a_batch_is_each_sentence_alone_and_the_vocoded_features_come_back():
+    long, short = audio.kaldi_fbank(speech_like()), audio.kaldi_fbank(speech_like(0.6, seed=1))
+    together = audio.griffin_lim_batch([long, short], n_iter=8)
+    for mel, wave in zip((long, short), together):
+        np.testing.assert_allclose(wave, audio.griffin_lim(mel, n_iter=8), rtol=1e-4, atol=1e-3 * np.abs(wave).max())
+    heard = audio.vocoded([long, short], n_iter=8)
+    assert [h.shape for h in heard] == [long.shape, short.shape]
+    assert audio.fbank_cepstral_distance(long, heard[0]) < 1.0  # the level differs (a 16-bit WAV), not the shape
 
 
 def test_cepstral_distance_is_zero_for_identical_inputs_and_grows_with_noise():

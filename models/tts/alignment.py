@@ -13,15 +13,36 @@ import tensorflow as tf
 F32 = tf.float32
 
 
-def monotonic_alignment(cost: np.ndarray, step_lengths: np.ndarray, token_lengths: np.ndarray) -> np.ndarray:
+def beta_binomial_cost(step_lengths: np.ndarray, token_lengths: np.ndarray, steps: int, chars: int) -> np.ndarray:
+    """-log of the static alignment prior [B, steps, chars] (Badlani et al. 2021; NeMo's
+    `beta_binomial_prior_distribution` with scaling 1): at step s of S an utterance's character
+    k of N is drawn from BetaBinomial(N - 1, s + 1, S - s), a band around the diagonal that widens in the
+    middle. 0 past each utterance's steps and characters."""
+    import scipy.stats
+
+    out = np.zeros((len(step_lengths), steps, chars))
+    for i, (s_len, n_len) in enumerate(zip(np.asarray(step_lengths), np.asarray(token_lengths))):
+        s_len, n_len = int(s_len), int(n_len)
+        a = np.arange(1, s_len + 1, dtype=np.float64)[:, None]  # [S, 1]
+        logpmf = scipy.stats.betabinom.logpmf(np.arange(n_len)[None, :], n_len - 1, a, s_len + 1 - a)  # [S, N]
+        out[i, :s_len, :n_len] = -np.maximum(logpmf, -1e4)
+    return out
+
+
+def monotonic_alignment(
+    cost: np.ndarray, step_lengths: np.ndarray, token_lengths: np.ndarray, prior_weight=0.0
+) -> np.ndarray:
     """Monotonic alignment search: for each utterance, the path of least total `cost` [B, S, N]
     through (decoder step, character) that starts at character 0, ends at the last character, and
     from one step to the next stays or moves on by one or two characters (a silent letter or a space
     may take no step of its own). Returns int32 [B, S]: each step's character (the last one past
     the utterance's steps). Dynamic programming over steps, every utterance at once: a Python loop
-    of S numpy operations (Glow-TTS ships it in Cython; a few milliseconds per batch here)."""
+    of S numpy operations (Glow-TTS ships it in Cython; a few milliseconds per batch here).
+    `prior_weight` > 0 adds that many times `beta_binomial_cost` to the cost."""
     cost = np.asarray(cost, np.float64)
     b, s_max, n_max = cost.shape
+    if float(prior_weight) > 0:
+        cost = cost + float(prior_weight) * beta_binomial_cost(step_lengths, token_lengths, s_max, n_max)
     best = np.full((b, n_max), np.inf)
     best[:, 0] = cost[:, 0, 0]
     moves = np.zeros((b, s_max, n_max), np.int8)  # 0, 1 or 2 characters moved to reach (s, n)

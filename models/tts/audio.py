@@ -78,7 +78,19 @@ def kaldi_fbank(wave, n_mels=80) -> np.ndarray:
 
 
 def griffin_lim(log_mel, n_iter: int = 48, momentum: float = 0.99, seed: int = 0) -> np.ndarray:
-    """Log-mel fbank [T, n_mels] -> waveform float32 [(T - 1) * 160 + 400] at 16 kHz, same scale as analysed.
+    """Log-mel fbank [T, n_mels] -> waveform float32 [(T - 1) * 160 + 400] at 16 kHz, same scale as analysed
+    (`griffin_lim_batch` of one sentence)."""
+    log_mel = np.asarray(log_mel)
+    if log_mel.ndim != 2:
+        raise ValueError(f"griffin_lim expects one utterance's log-mel [frames, bins], got shape {log_mel.shape}")
+    return griffin_lim_batch([log_mel], n_iter, momentum, seed)[0]
+
+
+def griffin_lim_batch(log_mels, n_iter: int = 48, momentum: float = 0.99, seed: int = 0) -> list[np.ndarray]:
+    """Log-mel fbanks [T_i, n_mels] -> waveforms float32 [(T_i - 1) * 160 + 400] at 16 kHz, same scale as
+    analysed, all sentences at once (one padded batch: a Python loop of eager ops per sentence spends
+    more time dispatching than computing). Each sentence comes out as it would alone: padding has zero
+    magnitude, and its random start phase is drawn from `seed` for its own shape.
 
     Mel power -> linear power by the pseudo-inverse of the mel matrix clipped at zero, magnitude
     = its square root, then fast Griffin-Lim (Perraudin et al. 2013; `momentum` 0 gives the
@@ -86,25 +98,29 @@ def griffin_lim(log_mel, n_iter: int = 48, momentum: float = 0.99, seed: int = 0
     """
     import tensorflow as tf
 
-    log_mel = np.asarray(log_mel, np.float64)
-    if log_mel.ndim != 2:
-        raise ValueError(f"griffin_lim expects one utterance's log-mel [frames, bins], got shape {log_mel.shape}")
-    inverse = np.linalg.pinv(kaldi_mel_matrix(log_mel.shape[1]).astype(np.float64))  # [n_mels, bins]
-    magnitude = np.sqrt(np.maximum(np.exp(log_mel) @ inverse, 0.0))  # [T, 257]
+    log_mels = [np.asarray(m, np.float64) for m in log_mels]
+    if not log_mels:
+        return []
+    lengths = [len(m) for m in log_mels]
+    inverse = np.linalg.pinv(kaldi_mel_matrix(log_mels[0].shape[1]).astype(np.float64))  # [n_mels, bins]
+    magnitude = np.zeros([len(log_mels), max(lengths), inverse.shape[1]])  # [B, T, 257]
+    phase = np.ones_like(magnitude, np.complex128)
+    for i, m in enumerate(log_mels):
+        magnitude[i, : len(m)] = np.sqrt(np.maximum(np.exp(m) @ inverse, 0.0))
+        phase[i, : len(m)] = np.exp(2j * np.pi * np.random.default_rng(seed).random((len(m), inverse.shape[1])))
     window = tf.constant(povey_window(), tf.float32)
 
     def window_fn(length, dtype):
         return tf.cast(window, dtype)
 
     def stft(x):
-        return tf.signal.stft(x, FRAME_LENGTH, FRAME_SHIFT, N_FFT, window_fn=window_fn)  # [T, 257]
+        return tf.signal.stft(x, FRAME_LENGTH, FRAME_SHIFT, N_FFT, window_fn=window_fn)  # [B, T, 257]
 
     def istft(s):
         inverse_window = tf.signal.inverse_stft_window_fn(FRAME_SHIFT, forward_window_fn=window_fn)
         return tf.signal.inverse_stft(s, FRAME_LENGTH, FRAME_SHIFT, N_FFT, window_fn=inverse_window)
 
     mag = tf.constant(magnitude, tf.complex64)
-    phase = np.exp(2j * np.pi * np.random.default_rng(seed).random(magnitude.shape))
     rebuilt = tf.constant(phase, tf.complex64) * mag
     previous = rebuilt
     for _ in range(n_iter):
@@ -112,23 +128,45 @@ def griffin_lim(log_mel, n_iter: int = 48, momentum: float = 0.99, seed: int = 0
         accelerated = spec + tf.cast(momentum, tf.complex64) * (spec - previous)
         previous = spec
         rebuilt = mag * tf.exp(tf.complex(0.0, tf.math.angle(accelerated)))
-    wave = istft(rebuilt).numpy().astype(np.float64)
-    return scipy.signal.lfilter([1.0], [1.0, -PREEMPHASIS], wave).astype(np.float32)
+    waves = istft(rebuilt).numpy().astype(np.float64)  # [B, samples]
+    return [
+        scipy.signal.lfilter([1.0], [1.0, -PREEMPHASIS], w[: (t - 1) * FRAME_SHIFT + FRAME_LENGTH]).astype(np.float32)
+        for w, t in zip(waves, lengths)
+    ]
 
 
-def write_wav(path, wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0.9) -> None:
-    """Writes a 16-bit PCM WAV (atomically). wave [samples] float; scaled so |max| = `peak` of
-    full scale when `peak` is set (Griffin-Lim output has the features' arbitrary scale), else
-    taken as already in [-1, 1] and clipped."""
+def pcm16(wave, peak: float | None = 0.9) -> np.ndarray:
+    """16-bit samples of `wave` [samples] float: scaled so |max| = `peak` of full scale when `peak`
+    is set (Griffin-Lim output has the features' arbitrary scale), else taken as already in [-1, 1]
+    and clipped."""
     wave = np.asarray(wave, np.float64)
     if peak is not None:
         wave = wave * (peak / max(float(np.max(np.abs(wave), initial=0.0)), 1e-9))
-    pcm = np.round(np.clip(wave, -1.0, 1.0) * 32767).astype(np.int16)
+    return np.round(np.clip(wave, -1.0, 1.0) * 32767).astype(np.int16)
+
+
+def write_wav(path, wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0.9) -> None:
+    """Writes `pcm16(wave, peak)` as a 16-bit PCM WAV (atomically)."""
+    pcm = pcm16(wave, peak)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:
         scipy.io.wavfile.write(handle, sample_rate, pcm)
     os.replace(tmp, path)
+
+
+def vocoded(log_mels, n_iter: int = 48, chunk: int = 16) -> list[np.ndarray]:
+    """What a listener of the synthesis hears, analysed again: log-mels [T_i, 80] through Griffin-Lim
+    (`n_iter` iterations, as served), as the 16-bit WAV a user gets, then through the feature stage
+    (pipeline/features.py `compute_fbank`, the training features' own code): log-mels [T_i, 80]."""
+    from pipeline import features
+
+    config = features.FeatureConfig(num_mel_bins=int(np.shape(log_mels[0])[1])) if len(log_mels) else None
+    heard = []
+    for start in range(0, len(log_mels), chunk):
+        for wave in griffin_lim_batch(log_mels[start : start + chunk], n_iter):
+            heard.append(features.compute_fbank(pcm16(wave).astype(np.float32), config))
+    return heard
 
 
 def _cepstra(log_mel, n_coeffs):

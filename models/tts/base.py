@@ -79,6 +79,10 @@ class TtsConfig:
     # it for synthesis (FastSpeech, Ren et al. 2019): models/tts/model.py, the demo's model.
     alignment: Literal["attention", "durations"] = "attention"
     duration_weight: float = 1.0  # "durations": weight of the duration loss (squared steps) in the total
+    # "durations": the alignment search's cost starts with a static diagonal prior (beta-binomial, Badlani
+    # et al. 2021, "One TTS Alignment To Rule Them All"), weight 1 fading linearly to 0 over this many
+    # training steps, so that the first paths are near the diagonal whatever the initial weights; 0: none.
+    alignment_prior_steps: int = 0
     # "durations": the decoder over the characters repeated by their durations. "lstm": a bidirectional
     # LSTM of decoder_lstm_units per direction. "conv": residual blocks of dilated convolutions
     # (decoder_conv_layers of decoder_conv_filters channels, dilations 1, 2, 4, 8, ...): no step waits
@@ -101,6 +105,8 @@ class TtsConfig:
             raise ValueError(f"TtsConfig.durations_decoder must be 'lstm' or 'conv', got {self.durations_decoder!r}")
         if self.mel_loss not in ("l1", "l2"):
             raise ValueError(f"TtsConfig.mel_loss must be 'l1' or 'l2', got {self.mel_loss!r}")
+        if self.alignment_prior_steps < 0:
+            raise ValueError(f"TtsConfig.alignment_prior_steps must not be negative, got {self.alignment_prior_steps}")
         if self.reduction_factor < 1 or self.decoder_lstm_layers < 1 or self.vocab_size < 2:
             raise ValueError(f"TtsConfig needs reduction_factor, decoder_lstm_layers >= 1 and vocab_size >= 2: {self}")
         kernels = (self.location_kernel, self.postnet_kernel, self.encoder_conv_kernel, self.decoder_conv_kernel)
@@ -269,6 +275,10 @@ class SynthesisModel(keras.Model):
         outputs = self.decode(memory, batch["token_lengths"], batch["mels"], training, ids, batch["mel_lengths"])
         outputs["mel_after"] = self.postnet(outputs["mel_before"], batch["mel_lengths"], training)
         return outputs
+
+    def count_batch(self):
+        """A training batch done (TtsTask's training loss calls it); a model that changes with the
+        batches trained on counts them (the durations model's alignment prior)."""
 
     def batch_speakers(self, batch):
         """The batch's `speaker_ids` [B] (a model with voices: required), else None."""

@@ -112,26 +112,24 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
     }
 
 
-def intelligibility(
-    spoken: list[Spoken], vocabulary: list[str], asr_model: str | Path, split: str, out_dir: Path
-) -> dict:
-    """CER of an acoustic model on the synthesized log-mels (`SPLIT_intelligibility_cer`), and, to
-    say where what it misses is lost, on two more sources of the same sentences: the model's
-    teacher-forced output (`..._cer_teacher_forced`: the frames it predicts when it is fed the
-    recording, so free-running drift is left out) and the recordings themselves
-    (`..._cer_recordings`: the judge's own errors). Features are normalized as the acoustic model
-    was trained: each utterance by its own statistics (`input.cmvn: utterance`), or each voice as one
-    speaker, by the mean and variance of all its utterances (speaker CMVN and the others)."""
-    from models.asr.evaluation import error_rates
-    from models.serving import opening
-    from pipeline import frontend
+class Listener:
+    """A trained acoustic model that transcribes log-mels [T, 80] (any form models/serving/opening.py
+    opens). Features are normalized as it was trained: each utterance by its own statistics
+    (`input.cmvn: utterance`), or each voice as one speaker, by the mean and variance of all its
+    utterances among those it is given (speaker CMVN and the others)."""
 
-    asr_model, asr_config, asr_data = opening.open_model(asr_model)
-    per_utterance = asr_config.input.cmvn == "utterance"
+    def __init__(self, asr_model: str | Path):
+        from models.serving import opening
 
-    def transcribe(mels: list[np.ndarray], voices: list[str]) -> list[str]:
+        self.model, self.config, self.data = opening.open_model(asr_model)
+        self.per_utterance = self.config.input.cmvn == "utterance"
+
+    def transcribe(self, mels: list[np.ndarray], voices: list[str]) -> list[str]:
+        """One transcript per log-mel matrix; `voices` names whose statistics normalize each."""
+        from pipeline import frontend
+
         stats = {}  # per-voice statistics, for a judge that does not normalize each utterance itself
-        for voice in () if per_utterance else set(voices):
+        for voice in () if self.per_utterance else set(voices):
             frames = np.concatenate([m for m, v in zip(mels, voices) if v == voice])
             stats[voice] = frames.mean(0), np.maximum(frames.std(0), 1e-4)
         hyps = []
@@ -140,28 +138,47 @@ def intelligibility(
             lengths = np.asarray([len(m) for m in chunk], np.int32)
             feats = np.zeros([len(chunk), lengths.max(), chunk[0].shape[1]], np.float32)  # [B, T, D]
             for i, (m, voice) in enumerate(zip(chunk, chunk_voices)):
-                mean, std = (0.0, 1.0) if per_utterance else stats[voice]
+                mean, std = (0.0, 1.0) if self.per_utterance else stats[voice]
                 feats[i, : len(m)] = (m - mean) / std
-            if per_utterance:
+            if self.per_utterance:
                 feats = frontend.utterance_normalize(feats, lengths).numpy()
-            hyps += asr.transcribe(asr_model, feats, lengths, asr_data["vocabulary"])
+            hyps += asr.transcribe(self.model, feats, lengths, self.data["vocabulary"])
         return hyps
 
+
+def intelligibility(
+    spoken: list[Spoken], vocabulary: list[str], asr_model: str | Path, split: str, out_dir: Path
+) -> dict:
+    """CER of an acoustic model (`Listener`) on the synthesized log-mels (`SPLIT_intelligibility_cer`),
+    and, to say where what it misses is lost, on two more sources of the same sentences: the model's
+    teacher-forced output (`..._cer_teacher_forced`: the frames it predicts when it is fed the
+    recording, so free-running drift is left out) and the recordings themselves
+    (`..._cer_recordings`: the judge's own errors); and on what a person hears (`..._cer_vocoded`:
+    the synthesized mels through Griffin-Lim as the user gets them, analysed again by the feature
+    stage, `audio.vocoded`)."""
+    from models.asr.evaluation import error_rates
+
+    listener = Listener(asr_model)
     refs = ["".join(vocabulary[t] for t in s.tokens) for s in spoken]
-    hyps = transcribe([s.synthesized for s in spoken], [s.voice for s in spoken])
+    hyps = listener.transcribe([s.synthesized for s in spoken], [s.voice for s in spoken])
     # teacher-forced frames follow the recording they are fed, so they are normalized by its speaker
-    forced = transcribe([s.teacher_forced for s in spoken], [s.speaker for s in spoken])
-    recorded = transcribe([s.reference for s in spoken], [s.speaker for s in spoken])
-    rows = ["utt_id\tspeaker\tvoice\treference\tasr_on_synthesis\tasr_on_teacher_forced\tasr_on_recording"] + [
-        "\t".join([s.utt_id, s.speaker, s.voice, *texts]) for s, *texts in zip(spoken, refs, hyps, forced, recorded)
+    forced = listener.transcribe([s.teacher_forced for s in spoken], [s.speaker for s in spoken])
+    recorded = listener.transcribe([s.reference for s in spoken], [s.speaker for s in spoken])
+    heard = listener.transcribe(audio.vocoded([s.synthesized for s in spoken]), [s.voice for s in spoken])
+    columns = ["utt_id", "speaker", "voice", "reference", "asr_on_synthesis", "asr_on_teacher_forced"]
+    columns += ["asr_on_recording", "asr_on_vocoded"]
+    rows = ["\t".join(columns)] + [
+        "\t".join([s.utt_id, s.speaker, s.voice, *texts])
+        for s, *texts in zip(spoken, refs, hyps, forced, recorded, heard)
     ]
     (out_dir / f"{split}_intelligibility.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    rates, forced_rates, recorded_rates = (error_rates(refs, h) for h in (hyps, forced, recorded))
+    rates, forced_rates, recorded_rates, heard_rates = (error_rates(refs, h) for h in (hyps, forced, recorded, heard))
     return {
         f"{split}_intelligibility_cer": rates["cer"],
         f"{split}_intelligibility_wer": rates["wer"],
         f"{split}_intelligibility_cer_teacher_forced": forced_rates["cer"],
         f"{split}_intelligibility_cer_recordings": recorded_rates["cer"],
+        f"{split}_intelligibility_cer_vocoded": heard_rates["cer"],
     }
 
 

@@ -50,6 +50,11 @@ class DurationsTts(SynthesisModel):
             "duration_norm", (layers.LayerNormalization(name=f"duration_norm_{i}") for i in range(2))
         )
         self.duration_out = layers.Dense(1, name="duration_out")  # decoder steps per character
+        if c.alignment_prior_steps:
+            # the batches trained on (`count_batch`; the prior fades with them), saved with the weights
+            self.trained_batches = self.add_weight(
+                shape=(), dtype="float32", initializer="zeros", trainable=False, name="alignment_prior_batches"
+            )
         if c.durations_decoder == "lstm":
             self.dec_fw = layers.LSTM(c.decoder_lstm_units, return_sequences=True, name="dec_fw")
             self.dec_bw = layers.LSTM(c.decoder_lstm_units, return_sequences=True, name="dec_bw")
@@ -102,8 +107,14 @@ class DurationsTts(SynthesisModel):
             - 2.0 * tf.einsum("bsd,bnd->bsn", target, tf.cast(means, F32))
             + tf.reduce_sum(tf.square(tf.cast(means, F32)), -1)[:, None, :]
         ) / float(r * c.n_mels)
+        prior_weight = tf.constant(0.0)
+        if c.alignment_prior_steps:
+            prior_weight = tf.maximum(1.0 - self.trained_batches / float(c.alignment_prior_steps), 0.0)
         path = tf.numpy_function(
-            monotonic_alignment, [tf.stop_gradient(cost), step_lengths, token_lengths], tf.int32, stateful=False
+            monotonic_alignment,
+            [tf.stop_gradient(cost), step_lengths, token_lengths, prior_weight],
+            tf.int32,
+            stateful=False,
         )
         path = tf.reshape(path, [b, steps])  # [B, S] the character of each decoder step
         align = tf.one_hot(path, tf.shape(memory)[1], dtype=F32) * mask(step_lengths, steps, F32)[..., None]
@@ -117,6 +128,11 @@ class DurationsTts(SynthesisModel):
             durations=tf.reduce_sum(align, 1),  # [B, N] decoder steps per character, searched
             predicted_durations=self._durations(memory, token_lengths, training),  # [B, N]
         )
+
+    def count_batch(self):
+        """A training batch done (TtsTask's training loss calls it): the alignment prior fades with them."""
+        if self.config.alignment_prior_steps:
+            self.trained_batches.assign_add(1.0)
 
     def _durations(self, memory, token_lengths, training=False):
         """Predicted decoder steps of each character [B, N] (float32, 0 at padding), from the encoder's
@@ -185,12 +201,28 @@ class DurationsTts(SynthesisModel):
         sentence ends); it is there so that both models are called alike.
 
         Returns float32 mels [B, T, 80] (post-net output, 0 past each length), mels_before
-        [B, T, 80], lengths [B] int32 and alignments [B, steps, N] one-hot."""
-        c, r = self.config, self.config.reduction_factor
+        [B, T, 80], lengths [B] int32, alignments [B, steps, N] one-hot and the predicted durations
+        [B, N] (decoder steps per character, before rounding)."""
         memory = self.encode(tokens, token_lengths, training=False, speaker_ids=speaker_ids)  # [B, N, M]
+        durations = tf.maximum(self._durations(memory, token_lengths), 0.0)  # [B, N]
+        return dict(self.speak(memory, durations, max_steps, speaker_ids), durations=durations)
+
+    @no_autograph
+    def infer_with_durations(self, tokens, token_lengths, durations, speaker_ids=None):
+        """Synthesis with durations given [B, N] float32 decoder steps per character instead of
+        predicted (the alignment search's own durations give the teacher-forced frames): what each
+        part of synthesis costs (benchmarks/tts_durations.py). Returns what `infer` returns."""
+        memory = self.encode(tokens, token_lengths, training=False, speaker_ids=speaker_ids)  # [B, N, M]
+        durations = tf.maximum(tf.cast(durations, F32), 0.0) * mask(token_lengths, tf.shape(memory)[1], F32)
+        max_steps = tf.cast(tf.math.ceil(tf.reduce_max(tf.reduce_sum(durations, 1))), tf.int32) + 1
+        return dict(self.speak(memory, durations, max_steps, speaker_ids), durations=durations)
+
+    def speak(self, memory, durations, max_steps, speaker_ids=None):
+        """The decoder and post-net over the characters held for `durations` [B, N] float32 steps
+        (memory [B, N, M] from `encode`): mels, mels_before, lengths and alignments as `infer` says."""
+        c, r = self.config, self.config.reduction_factor
         max_steps = tf.convert_to_tensor(max_steps, tf.int32)
         b, n = tf.shape(memory)[0], tf.shape(memory)[1]
-        durations = tf.maximum(self._durations(memory, token_lengths), 0.0)  # [B, N]
         # Where each character ends, rounded from the running sum: rounding each duration on its own
         # would lose up to half a step per character (a sentence of 1.4-step characters a third short).
         ends = tf.cast(tf.round(tf.cumsum(durations, axis=1)), tf.int32)  # [B, N]

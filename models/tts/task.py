@@ -119,6 +119,8 @@ class TtsTask:
     def _loss(model, batch, training: bool):
         outputs = model.teacher_forced(batch, training=training)
         losses = model.compute_losses(batch, outputs)
+        if training:
+            model.count_batch()
         return losses["total"], {k: v for k, v in losses.items() if k != "total"}
 
     def flops_per_frame(self) -> float:

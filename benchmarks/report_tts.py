@@ -1,0 +1,186 @@
+"""The sections of docs/benchmarks.md (benchmarks/report.py) on the synthesis model: its seeds, the
+levers tried on it (three seeds each), what each part of its speech costs, and the first levers'
+single runs, each from its JSON."""
+
+from __future__ import annotations
+
+from benchmarks.report_format import num, pct, table
+
+# benchmarks/tts_durations.py's arms, in its order
+DURATION_ARMS = {
+    "teacher_forced": "the decoder over the searched path (training's computation)",
+    "searched": "the searched durations through synthesis",
+    "searched_noise_0.25": "searched + 0.25 steps of Gaussian noise per character",
+    "searched_noise_0.5": "searched + 0.5 steps of Gaussian noise per character",
+    "predicted": "the predicted durations (what the model speaks)",
+    "predicted_rescaled": "predicted, scaled to the recording's length",
+    "predicted_vocoded": "predicted, through Griffin-Lim and the feature stage (what a person hears)",
+}
+
+
+def tts_levers(r: dict) -> list[str]:
+    out = [
+        f"Corpus: {r['corpus']}. Listener: {r['judge']}.",
+        "",
+        f"Training: `{r['train_command']}`; evaluation: `{r['eval_command']}`. {r['config_note']}.",
+        "",
+    ]
+
+    def rows_of(runs: dict) -> list[list]:
+        rows = []
+        for name, run in runs.items():
+            seconds = run.get("training_seconds")
+            rows.append(
+                [
+                    f"`{name}`: {run['what']}" + (f" ({run['note']})" if run.get("note") else ""),
+                    f"`{run['flags']}`" if run["flags"] else "",
+                    run["steps"],
+                    "" if seconds is None else num(seconds / 60, 1),
+                    pct(run["dev_intelligibility_cer"]),
+                    pct(run["dev_intelligibility_cer_teacher_forced"]),
+                    pct(run["dev_intelligibility_cer_recordings"]),
+                    num(run["dev_mel_l1"], 3),
+                    num(run["dev_fbank_cepstral_distance_db"], 2),
+                ]
+            )
+        return rows
+
+    headers = [
+        "run",
+        "flags",
+        "steps",
+        "training minutes",
+        "dev CER free-running",
+        "dev CER teacher-forced",
+        "dev CER of the recordings",
+        "mel L1",
+        "fbank cepstral distance (dB)",
+    ]
+    out += table(headers, rows_of(r["runs"]))
+    a = r["analysis"]
+    peak = a["attention_peak_distance_from_straight_line_chars"]
+    lengths = a["synthesized_over_recorded_length"]
+    rows = [
+        [
+            "mel L1 of copying the previous frame, r=3 / r=6",
+            f"{a['copy_previous_frame_mel_l1']['r3']} / {a['copy_previous_frame_mel_l1']['r6']}",
+        ],
+        ["mel L1 of the utterance's mean frame", a["utterance_mean_frame_mel_l1"]["value"]],
+        [
+            "attention peak's largest distance from the diagonal (characters), `base` teacher-forced / free-running",
+            f"{peak['base']['teacher_forced']} / {peak['base']['free_running']}",
+        ],
+        [
+            "the same, `r6long`",
+            f"{peak['r6long']['teacher_forced']} / {peak['r6long']['free_running']}",
+        ],
+        [
+            "synthesized over recorded length, " + ", ".join(f"`{k}`" for k in lengths if k != "what"),
+            " / ".join(str(v) for k, v in lengths.items() if k != "what"),
+        ],
+    ]
+    out += ["Reference points (dev split):", ""]
+    out += table(["what", "value"], rows)
+    demo_runs = r["demo_corpus_runs"]
+    out += [f"On the demo's corpus and listener: {demo_runs['what']}.", ""]
+    out += table(headers, rows_of(demo_runs["runs"]))
+    return out
+
+
+def tts_seeds(r: dict) -> list[str]:
+    rows = [
+        [
+            seed,
+            pct(s["dev_intelligibility_cer"]),
+            pct(s["test_intelligibility_cer"]),
+            pct(s["dev_intelligibility_cer_teacher_forced"]),
+            pct(s["dev_intelligibility_cer_recordings"]),
+            s["steps"],
+            s["source"],
+        ]
+        for seed, s in r["seeds"].items()
+    ]
+    m = r["mean"]
+    rows.append(
+        [
+            "**mean**",
+            f"**{pct(m['dev_intelligibility_cer'])}**",
+            f"**{pct(m['test_intelligibility_cer'])}**",
+            pct(m["dev_intelligibility_cer_teacher_forced"]),
+            pct(m["dev_intelligibility_cer_recordings"]),
+            "",
+            "",
+        ]
+    )
+    out = [
+        f"`{r['config']}`{' with ' + ', '.join(r['overrides']) if r['overrides'] else ''}; {r['max_utterances']} "
+        f"sentences per split; the listener's own test CER: {pct(r['listener_test_cer'])}.",
+        "",
+    ]
+    return out + table(
+        [
+            "seed",
+            "dev CER free-running",
+            "test CER free-running",
+            "dev CER teacher-forced",
+            "dev CER of the recordings",
+            "steps",
+            "from",
+        ],
+        rows,
+    )
+
+
+def tts_seed_levers(r: dict) -> list[str]:
+    """benchmarks/tts_seeds.py runs kept with --lever: one row per lever, its seeds' mean and spread."""
+    rows = []
+    for name, run in r["levers"].items():
+        m, spread = run["mean"], run["spread"]
+        per_seed = " / ".join(pct(s["dev_intelligibility_cer"]) for s in run["seeds"].values())
+        rows.append(
+            [
+                f"`{name}`",
+                ", ".join(f"`{o}`" for o in run["overrides"]) or "the demo config",
+                f"**{pct(m['dev_intelligibility_cer'])}** ({per_seed})",
+                pct(spread["dev_intelligibility_cer"]),
+                pct(m["test_intelligibility_cer"]),
+                pct(m["dev_intelligibility_cer_teacher_forced"]),
+                pct(m.get("dev_intelligibility_cer_vocoded")),
+                num(m["dev_mel_l1"], 3),
+                f"{run['meta']['commit'][:7]}, {run['meta']['date'][:10]}",
+            ]
+        )
+    first = next(iter(r["levers"].values()))
+    out = [
+        f"Seeds {', '.join(first['seeds'])} of each; {first['max_utterances']} sentences per split; the "
+        f"listener (the same demo run's acoustic model in every row) has a test CER of "
+        f"{pct(first['listener_test_cer'])}. Dev CER by the listener on the model's mels, then on them "
+        "through the vocoder and the feature stage (what a person hears).",
+        "",
+    ]
+    headers = ["lever", "overrides", "dev CER, mean (each seed)", "dev spread", "test CER", "teacher-forced"]
+    headers += ["through the vocoder", "mel L1", "measured at"]
+    return out + table(headers, rows)
+
+
+def tts_durations(r: dict) -> list[str]:
+    """benchmarks/tts_durations.py: each arm's CER, and the predicted durations against the searched."""
+    rows = [[f"`{name}`", DURATION_ARMS.get(name, ""), pct(a["cer"]), pct(a["wer"])] for name, a in r["arms"].items()]
+    d = r["durations"]
+    out = [
+        f"The demo run's synthesis model (training seed {r['meta']['seeds']['training']}), {r['utterances']} "
+        f"{r['split']} sentences; the listener's test CER {pct(r['listener_test_cer'])}.",
+        "",
+    ]
+    out += table(["arm", "durations", f"{r['split']} CER", f"{r['split']} WER"], rows)
+    figures = [
+        ["mean absolute error per character (decoder steps)", num(d["mean_abs_error_steps"], 2)],
+        ["characters the search gives no step", pct(d["searched_zero_step_share"])],
+        ["characters predicted under half a step", pct(d["predicted_below_half_share"])],
+        ["predicted over searched length", num(d["length_ratio"], 3)],
+        [
+            "last character's steps (its trailing silence), searched / predicted",
+            f"{num(d['last_character_searched_steps'], 1)} / {num(d['last_character_predicted_steps'], 1)}",
+        ],
+    ]
+    return out + ["The predicted durations against the searched ones:", ""] + table(["", ""], figures)
