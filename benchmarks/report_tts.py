@@ -142,10 +142,10 @@ def tts_seed_levers(r: dict) -> list[str]:
                 f"`{name}`",
                 ", ".join(f"`{o}`" for o in run["overrides"]) or "the demo config",
                 f"**{pct(m['dev_intelligibility_cer'])}** ({per_seed})",
-                pct(spread["dev_intelligibility_cer"]),
+                num(100 * spread["dev_intelligibility_cer"], 1),
                 pct(m["test_intelligibility_cer"]),
                 pct(m["dev_intelligibility_cer_teacher_forced"]),
-                pct(m.get("dev_intelligibility_cer_vocoded")),
+                pct(m.get("dev_intelligibility_cer_vocoded")) or "not measured",
                 num(m["dev_mel_l1"], 3),
                 f"{run['meta']['commit'][:7]}, {run['meta']['date'][:10]}",
             ]
@@ -158,14 +158,15 @@ def tts_seed_levers(r: dict) -> list[str]:
         "through the vocoder and the feature stage (what a person hears).",
         "",
     ]
-    headers = ["lever", "overrides", "dev CER, mean (each seed)", "dev spread", "test CER", "teacher-forced"]
+    headers = ["lever", "overrides", "dev CER, mean (each seed)", "dev spread (points)", "test CER", "teacher-forced"]
     headers += ["through the vocoder", "mel L1", "measured at"]
     return out + table(headers, rows)
 
 
 def tts_durations(r: dict) -> list[str]:
     """benchmarks/tts_durations.py: each arm's CER, and the predicted durations against the searched."""
-    rows = [[f"`{name}`", DURATION_ARMS.get(name, ""), pct(a["cer"]), pct(a["wer"])] for name, a in r["arms"].items()]
+    order = [n for n in DURATION_ARMS if n in r["arms"]] + [n for n in r["arms"] if n not in DURATION_ARMS]
+    rows = [[f"`{n}`", DURATION_ARMS.get(n, ""), pct(r["arms"][n]["cer"]), pct(r["arms"][n]["wer"])] for n in order]
     d = r["durations"]
     out = [
         f"The demo run's synthesis model (training seed {r['meta']['seeds']['training']}), {r['utterances']} "

@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-config", type=Path, default=DEMO_TTS, help="config the demo run trained with")
     parser.add_argument("--set", action="append", default=[], help="config override for the seeds trained here")
     parser.add_argument("--max-utterances", type=int, default=100, help="sentences per split (the DAG's default)")
-    parser.add_argument("--work", type=Path, help="where the seeds' training workdirs go (default: a new temporary one)")
+    parser.add_argument(
+        "--work", type=Path, help="where the seeds' training workdirs go (default: a new temporary one)"
+    )
     parser.add_argument("--lever", help="a name for this run among the levers (with --levers-json)")
     parser.add_argument("--levers-json", type=Path, help="the file that keeps every lever's run")
     args = parser.parse_args(argv)
