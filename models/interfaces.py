@@ -52,6 +52,11 @@ class Task(Protocol):
     def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
         """Only a task whose `selection_metric` is "dev_cer": (loss, greedy transcripts) of a dev batch."""
 
+    def finish(self, model, shards, config) -> dict[str, Any]:
+        """After the last step, on the weights that are saved (rank 0's, the best on dev): what the
+        model fits after training (the durations model's duration predictor), on `shards` with
+        TrainConfig `config`; returns figures for the training summary ({} for nothing)."""
+
     def flops_per_frame(self) -> float: ...
 
     def profile(self, model, batch) -> dict[str, float]: ...

@@ -294,6 +294,23 @@ def test_the_prior_fades_with_the_training_steps_and_is_saved_with_the_weights()
     ]
 
 
+def test_the_duration_predictor_refit_moves_only_its_weights_toward_the_searched_durations():
+    from models.tts.refit import refit_durations
+
+    config = dataclasses.replace(TINY, alignment="durations", durations_decoder="conv")
+    tf.keras.utils.set_random_seed(5)
+    model = build_tts(config)
+    batches = [synthetic_batch(config, lengths=(5 + i, 9, 7), seed=i) for i in range(3)]
+    before = {v.path: v.numpy().copy() for v in model.weights}
+    figures = refit_durations(model, batches, epochs=20, learning_rate=1e-2)
+    assert figures["duration_refit_batches"] == 3
+    assert figures["duration_refit_last_epoch_loss"] < 0.5 * figures["duration_refit_first_epoch_loss"]
+    fitted = {v.path for v in model.duration_variables()}
+    assert fitted and all(p.startswith("duration_") or "/duration_" in p for p in fitted)
+    for v in model.weights:
+        assert np.array_equal(v.numpy(), before[v.path]) != (v.path in fitted), v.path
+
+
 def test_synthesis_with_the_searched_durations_speaks_the_teacher_forced_frames():
     """The diagnostic's check (models/tts/diagnosis.py): the alignment search's durations through
     `infer_with_durations` run the computation teacher forcing ran, so the frames are the same."""

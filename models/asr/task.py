@@ -120,3 +120,6 @@ class AsrTask:
 
     def profile(self, model, batch) -> dict:
         return {}
+
+    def finish(self, model, shards, config) -> dict:
+        return {}

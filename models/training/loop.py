@@ -232,6 +232,7 @@ class Trainer:
             summary.update({f"last_{k}": v for k, v in dev.items()}, **self.dev.restore_best())
             summary["dev_clock_started_unix_s"] = self.dev.started_unix_s
         if s.rank == 0:
+            summary.update(s.task.finish(s.model, s.shards, s.config))
             self.persistence.save_model(summary)
         return summary
 

@@ -83,6 +83,9 @@ class TtsConfig:
     # et al. 2021, "One TTS Alignment To Rule Them All"), weight 1 fading linearly to 0 over this many
     # training steps, so that the first paths are near the diagonal whatever the initial weights; 0: none.
     alignment_prior_steps: int = 0
+    # "durations": after training, the duration predictor alone is fitted again for this many epochs of the
+    # training split on the final weights' alignments (models/tts/refit.py; it lags them otherwise); 0: not.
+    duration_refit_epochs: int = 0
     # "durations": the decoder over the characters repeated by their durations. "lstm": a bidirectional
     # LSTM of decoder_lstm_units per direction. "conv": residual blocks of dilated convolutions
     # (decoder_conv_layers of decoder_conv_filters channels, dilations 1, 2, 4, 8, ...): no step waits
@@ -105,6 +108,8 @@ class TtsConfig:
             raise ValueError(f"TtsConfig.durations_decoder must be 'lstm' or 'conv', got {self.durations_decoder!r}")
         if self.mel_loss not in ("l1", "l2"):
             raise ValueError(f"TtsConfig.mel_loss must be 'l1' or 'l2', got {self.mel_loss!r}")
+        if self.duration_refit_epochs < 0:
+            raise ValueError(f"TtsConfig.duration_refit_epochs must not be negative, got {self.duration_refit_epochs}")
         if self.alignment_prior_steps < 0:
             raise ValueError(f"TtsConfig.alignment_prior_steps must not be negative, got {self.alignment_prior_steps}")
         if self.reduction_factor < 1 or self.decoder_lstm_layers < 1 or self.vocab_size < 2:

@@ -96,6 +96,26 @@ class DurationsTts(SynthesisModel):
         b, t = tf.shape(mels)[0], tf.shape(mels)[1]
         if mel_lengths is None:
             mel_lengths = tf.fill([b], t)
+        align, means, target, step_lengths = self.search(memory, token_lengths, mels, mel_lengths)
+        steps = tf.shape(align)[1]
+        frames, stops = self._aligned_frames(memory, align, step_lengths, speaker_ids, training)
+        return dict(
+            mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
+            stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
+            alignments=align,  # [B, S, N] one-hot
+            aligned_means=tf.einsum("bsn,bnd->bsd", align, tf.cast(means, F32)),  # [B, S, r * 80]
+            grouped_targets=target,  # [B, S, r * 80]
+            durations=tf.reduce_sum(align, 1),  # [B, N] decoder steps per character, searched
+            predicted_durations=self.predict_durations(memory, token_lengths, training),  # [B, N]
+        )
+
+    def search(self, memory, token_lengths, mels, mel_lengths):
+        """The monotonic alignment search: where each character is spoken. memory [B, N, M], mels
+        [B, T, 80], mel_lengths [B]. Returns the path as a one-hot alignment [B, S, N] float32 (0 past
+        each utterance's steps), the frames expected of each character [B, N, r * 80], the target
+        frames [B, S, r * 80] float32 and the real decoder steps [B]."""
+        c, r = self.config, self.config.reduction_factor
+        b = tf.shape(mels)[0]
         step_lengths = (mel_lengths + r - 1) // r  # [B] real decoder steps
         grouped = self.group_frames(mels)  # [B, S, r * 80] the target frames in decoder steps
         steps = tf.shape(grouped)[1]
@@ -118,23 +138,19 @@ class DurationsTts(SynthesisModel):
         )
         path = tf.reshape(path, [b, steps])  # [B, S] the character of each decoder step
         align = tf.one_hot(path, tf.shape(memory)[1], dtype=F32) * mask(step_lengths, steps, F32)[..., None]
-        frames, stops = self._aligned_frames(memory, align, step_lengths, speaker_ids, training)
-        return dict(
-            mel_before=tf.reshape(frames, [b, steps * r, c.n_mels])[:, :t],  # [B, T, 80]
-            stop_logits=tf.reshape(stops, [b, steps * r])[:, :t],  # [B, T]
-            alignments=align,  # [B, S, N] one-hot
-            aligned_means=tf.einsum("bsn,bnd->bsd", align, tf.cast(means, F32)),  # [B, S, r * 80]
-            grouped_targets=target,  # [B, S, r * 80]
-            durations=tf.reduce_sum(align, 1),  # [B, N] decoder steps per character, searched
-            predicted_durations=self._durations(memory, token_lengths, training),  # [B, N]
-        )
+        return align, means, target, step_lengths
+
+    def duration_variables(self) -> list:
+        """The duration predictor's weights (models/tts/refit.py fits them alone)."""
+        layers_ = [*self.duration_convs, *self.duration_norms, self.duration_out]
+        return [v for layer in layers_ for v in layer.trainable_weights]
 
     def count_batch(self):
         """A training batch done (TtsTask's training loss calls it): the alignment prior fades with them."""
         if self.config.alignment_prior_steps:
             self.trained_batches.assign_add(1.0)
 
-    def _durations(self, memory, token_lengths, training=False):
+    def predict_durations(self, memory, token_lengths, training=False):
         """Predicted decoder steps of each character [B, N] (float32, 0 at padding), from the encoder's
         output without moving it (the durations follow the text; the text is not bent to them).
         Steps, not their logarithm: the mean of a log-domain fit is the geometric mean, which falls
@@ -204,7 +220,7 @@ class DurationsTts(SynthesisModel):
         [B, T, 80], lengths [B] int32, alignments [B, steps, N] one-hot and the predicted durations
         [B, N] (decoder steps per character, before rounding)."""
         memory = self.encode(tokens, token_lengths, training=False, speaker_ids=speaker_ids)  # [B, N, M]
-        durations = tf.maximum(self._durations(memory, token_lengths), 0.0)  # [B, N]
+        durations = tf.maximum(self.predict_durations(memory, token_lengths), 0.0)  # [B, N]
         return dict(self.speak(memory, durations, max_steps, speaker_ids), durations=durations)
 
     @no_autograph

@@ -123,6 +123,17 @@ class TtsTask:
             model.count_batch()
         return losses["total"], {k: v for k, v in losses.items() if k != "total"}
 
+    def finish(self, model, shards: records.ShardSet, config) -> dict:
+        """The durations model's duration predictor fitted again on the final alignments of the whole
+        training split (`tts.duration_refit_epochs`; models/tts/refit.py)."""
+        if self.config.alignment != "durations" or not self.config.duration_refit_epochs:
+            return {}
+        from models.tts.refit import refit_durations
+
+        ordered = dataclasses.replace(config.input, shuffle_buffer=1)
+        batches, _ = self.dataset(shards, "train", ordered, 0, 1, 0, False)
+        return refit_durations(model, batches, self.config.duration_refit_epochs, seed=config.seed)
+
     def flops_per_frame(self) -> float:
         return 0.0  # not reported for the synthesis model
 

@@ -114,6 +114,9 @@ class SpeakerIdTask:
     def profile(self, model, batch) -> dict:
         return {}
 
+    def finish(self, model, shards, config) -> dict:
+        return {}
+
     def model_data(self) -> dict:
         return {"voices": list(self.config.speakers)}
 
