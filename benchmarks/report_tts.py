@@ -95,6 +95,7 @@ def tts_seeds(r: dict) -> list[str]:
             pct(s["test_intelligibility_cer"]),
             pct(s["dev_intelligibility_cer_teacher_forced"]),
             pct(s["dev_intelligibility_cer_recordings"]),
+            pct(s.get("dev_intelligibility_cer_vocoded")) or "not measured",
             s["steps"],
             s["source"],
         ]
@@ -108,6 +109,7 @@ def tts_seeds(r: dict) -> list[str]:
             f"**{pct(m['test_intelligibility_cer'])}**",
             pct(m["dev_intelligibility_cer_teacher_forced"]),
             pct(m["dev_intelligibility_cer_recordings"]),
+            pct(m.get("dev_intelligibility_cer_vocoded")),
             "",
             "",
         ]
@@ -124,6 +126,7 @@ def tts_seeds(r: dict) -> list[str]:
             "test CER free-running",
             "dev CER teacher-forced",
             "dev CER of the recordings",
+            "dev CER through the vocoder",
             "steps",
             "from",
         ],

@@ -8,8 +8,8 @@
 DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
 `shards/`, its acoustic model `asr/` as the listener and its `summary.json`. The run's own synthesis
 model (trained with `--run-config`, default the demo's) is the seed its saved config names: when
-`--config` is that config and every `--set` item holds in the run's saved config (e.g. a `max_steps` it
-was run with), its evaluation is read from the summary, not trained again; a `--set` the run did not
+`--config` is that config and every setting of the file as it is now and every `--set` item hold in the
+run's saved config (e.g. a `max_steps` it was run with), its evaluation is read from the summary, not trained again; a `--set` the run did not
 have (a lever) trains that seed here too.
 Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER, the CER of
 the free-running speech through the vocoder (what a person hears) and steps, and their means (quality
@@ -51,9 +51,9 @@ def evaluate(workdir: Path, shards: Path, listener: Path, max_utterances: int) -
 
 def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) -> int | None:
     """The seed the demo run's synthesis model was trained with, when that model is what `config`
-    with the `--set` items `sets` trains: `config` is the run's config (`run_config`) and every item
-    already holds in the model's saved config. None otherwise (a lever the run did not have): then
-    every seed is trained here."""
+    with the `--set` items `sets` trains: `config` is the run's config (`run_config`), and every
+    setting of that file as it is now and every item already hold in the model's saved config. None
+    otherwise (a lever the run did not have, or the file edited since): then every seed is trained here."""
     from common import config as configlib
     from models.training.config import TrainConfig
 
@@ -61,8 +61,12 @@ def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) 
     if config.resolve() != run_config.resolve() or not saved_path.is_file():
         return None
     saved = configlib.load(TrainConfig, saved_path)
-    if configlib.apply_overrides(saved, configlib.parse_set(sets)) != saved:
-        print(f"--set {' '.join(sets)}: not what the demo run trained; its seed {saved.seed} is trained here too")
+    # The config file as it is now and the --set items, applied over what the run saved: a setting
+    # either changed (a lever, or the file edited since the run) trains the run's seed again.
+    if configlib.load(TrainConfig, config, sets, base=saved) != saved:
+        print(
+            f"{config.name} {' '.join(sets)}: not what the demo run trained; its seed {saved.seed} is trained here too"
+        )
         return None
     return saved.seed
 

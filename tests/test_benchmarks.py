@@ -144,5 +144,9 @@ def test_tts_seeds_reuses_the_demo_runs_model_only_for_what_it_was_trained_with(
     assert tts_seeds.seed_of_run(tmp_path, config, config, []) == 3
     assert tts_seeds.seed_of_run(tmp_path, config, config, ["max_steps=40"]) == 3  # the run's own override
     assert tts_seeds.seed_of_run(tmp_path, config, config, ["tts.reduction_factor=2"]) is None  # a lever
+    # a run of the file before it was edited (here: without the duration refit it sets now)
+    earlier = configlib.load(TrainConfig, config, ["seed=3", "tts.duration_refit_epochs=0"])
+    configlib.save(earlier, tmp_path / "tts" / "config.yaml")
+    assert tts_seeds.seed_of_run(tmp_path, config, config, []) is None
     other = ROOT / "tests/configs/tiny_tts.yaml"
     assert tts_seeds.seed_of_run(tmp_path, other, config, []) is None
