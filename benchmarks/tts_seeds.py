@@ -161,15 +161,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def keep_lever(path: Path, name: str, results: dict, seeds: list[int]) -> None:
-    """Adds (or replaces) `name`'s run in the levers file, keeping the other levers' runs."""
+    """Adds (or replaces) `name`'s run in the levers file, keeping the other levers' runs; the file's
+    own metadata is the last run's (the page names its commit and machine)."""
     from benchmarks.harness import run_metadata
 
-    kept = json.loads(path.read_text()) if path.is_file() else {"levers": {}}
-    kept["levers"][name] = {**results, "meta": run_metadata({"training": seeds, "demo_corpus": 0})}
-    kept["meta"] = kept["levers"][name]["meta"]  # the page names the last run's commit and machine
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(kept, indent=2, sort_keys=True, default=float) + "\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    levers = json.loads(path.read_text())["levers"] if path.is_file() else {}
+    levers[name] = {**results, "meta": run_metadata({"training": seeds, "demo_corpus": 0})}
+    write_json(path, {"levers": levers}, {"training": seeds, "demo_corpus": 0})

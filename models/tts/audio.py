@@ -161,7 +161,9 @@ def vocoded(log_mels, n_iter: int = 48, chunk: int = 16) -> list[np.ndarray]:
     (pipeline/features.py `compute_fbank`, the training features' own code): log-mels [T_i, 80]."""
     from pipeline import features
 
-    config = features.FeatureConfig(num_mel_bins=int(np.shape(log_mels[0])[1])) if len(log_mels) else None
+    if not len(log_mels):
+        return []
+    config = features.FeatureConfig(num_mel_bins=int(np.shape(log_mels[0])[1]))
     heard = []
     for start in range(0, len(log_mels), chunk):
         for wave in griffin_lim_batch(log_mels[start : start + chunk], n_iter):
