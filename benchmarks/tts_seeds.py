@@ -168,3 +168,7 @@ def keep_lever(path: Path, name: str, results: dict, seeds: list[int]) -> None:
     levers = json.loads(path.read_text())["levers"] if path.is_file() else {}
     levers[name] = {**results, "meta": run_metadata({"training": seeds, "demo_corpus": 0})}
     write_json(path, {"levers": levers}, {"training": seeds, "demo_corpus": 0})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

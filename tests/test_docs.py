@@ -116,3 +116,18 @@ def test_the_readme_quotes_only_figures_the_benchmarks_page_has():
     missing = [q for q in quoted if q.split()[0] not in page]
     assert not missing, f"figures in the README that docs/benchmarks.md lacks: {missing}"
     assert readme.count("docs/benchmarks.md") >= 2
+
+
+@pytest.mark.parametrize(
+    "program",
+    [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if "def main(" in p.read_text()],
+)
+def test_every_benchmark_program_runs_as_a_script(program, monkeypatch, capsys):
+    """`python benchmarks/NAME.py --help` prints its usage: the program calls its main() when run."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / program), "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(ROOT / "benchmarks" / program), run_name="__main__")
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {program}")
