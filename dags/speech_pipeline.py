@@ -68,6 +68,15 @@ PARAMS = {
         "decoders of Kaldi recipes (flac -c -d -s, sph2pipe, sox to wav) are read without running "
         "them and any other command is rejected, with the reason, in feats_rejected.tsv.",
     ),
+    "phonemes": Param(
+        "en-us",
+        type="string",
+        title="Phonemes' accent",
+        section=DATA,
+        description="The shards also hold every transcript's phonemes, written by espeak-ng in this "
+        "voice's accent (en-us, en-gb, ...), for a synthesis model that reads phonemes "
+        "(tts.input: phonemes). Empty: characters only.",
+    ),
     "demo_utterances": Param(
         2500,
         type="integer",

@@ -102,11 +102,15 @@ def split_batches(task, config, shards: ShardSet, split: str, frames_per_batch: 
 
 
 def check_vocabulary(data: dict, shards: ShardSet, model_dir: str | Path) -> None:
-    """ValueError with the fix when the shards' token ids do not mean the model's characters: the
-    references would be decoded with the wrong characters (or as `<unk>`) and every CER be wrong."""
+    """ValueError with the fix when the shards' token ids do not mean the model's characters (or, for
+    a model with phoneme input, its phonemes): the references would be decoded with the wrong
+    characters (or as `<unk>`) and every CER be wrong, or the model would read other phonemes."""
     ours, theirs = list(data["vocabulary"]), list(shards.vocabulary)
     lowercase = bool(data.get("lowercase", True)), shards.lowercase
-    if ours == theirs and lowercase[0] == lowercase[1]:
+    phonemes = list(data.get("phoneme_vocabulary", []))
+    if phonemes and phonemes != list(shards.phoneme_vocabulary):
+        ours, theirs = phonemes, list(shards.phoneme_vocabulary)  # a model with phoneme input: its ids
+    elif ours == theirs and lowercase[0] == lowercase[1]:
         return
     if ours == theirs:
         differs = f"the model was trained {'lower-cased' if lowercase[0] else 'with case kept'}, the shards are not"

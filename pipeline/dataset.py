@@ -339,11 +339,19 @@ def tts_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
     _, means, inv_stds = cmvn_tables(shards.splits.get("train", part), "global")
     mean, std = tf.constant(means[-1], tf.float32), tf.constant(1.0 / inv_stds[-1], tf.float32)  # [D] each
     padded = tf.constant(part.max_lengths, tf.int32)  # [classes]
+    with_phonemes = bool(shards.phonemes)
 
     def assemble(index, serialized, keys):
-        chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype)
+        chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype, with_phonemes=with_phonemes)
         tf.debugging.assert_equal(chunk["class"], keys, message="a chunk is not of the class the manifest says")
         lengths = chunk["lengths"]
+        if with_phonemes:
+            phonemes = {
+                "phonemes": chunk["phonemes"].to_tensor(),  # [N, P] 0-padded
+                "phoneme_lengths": tf.cast(chunk["phonemes"].row_lengths(), tf.int32),
+            }
+        else:
+            phonemes = {}
         scale, offset = chunk["dequant"]  # stored -> log-mel
         mels = frontend.normalize(chunk["feats"], scale / std, (offset - mean) / std, lengths)  # [N, T, D]
         frames = tf.range(tf.shape(mels)[1])[None, :]  # [1, T]
@@ -356,6 +364,7 @@ def tts_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
                 "stop_targets": tf.cast(frames >= lengths[:, None] - 1, tf.float32),  # [N, T]
                 "utt_id": chunk["utt_id"],
                 "speaker": chunk["speaker"],
+                **phonemes,
             },
             lengths,
         )
@@ -377,7 +386,8 @@ def tts_dataset(
 
     Each element: `tokens` int32 [B, N], `token_lengths` int32 [B], `mels` float32 [B, T, D]
     (log-mel normalized with the training split's global mean and std), `mel_lengths` int32 [B],
-    `stop_targets` float32 [B, T] (1 from the last real frame on), `utt_id` and `speaker` string [B].
+    `stop_targets` float32 [B, T] (1 from the last real frame on), `utt_id` and `speaker` string [B],
+    and for shards written with phonemes `phonemes` int32 [B, P] (0-padded) and `phoneme_lengths` [B].
     """
     part = shards.split(split)
     return _batches(shards, part, cfg, rank, size, epoch, training, tts_assembler(shards, part, cfg))

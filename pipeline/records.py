@@ -8,7 +8,8 @@ Format 2. A record is a *chunk*: `slots` utterances of one length class, as one 
 Its features are one block [slots, T, D] in the storage dtype, each utterance zero-padded to T, the
 longest length of its class; so every record of a class has the same shape, and a batch of them
 is decoded by one `decode_raw` into [k * slots, T, D] with no per-utterance padding or copying.
-Beside the block: lengths (0 marks an empty slot), ids, speakers, transcripts, token ids.
+Beside the block: lengths (0 marks an empty slot), ids, speakers, transcripts, token ids, and in
+shards written with phonemes (`pipeline/phonemes.py`) each transcript's phoneme ids.
 
 Storage dtypes: "uint8" (8-bit codes, linear between each dimension's minimum and maximum in the
 chunk, stored with the record; the dequantization is an affine map that the training step merges
@@ -47,12 +48,13 @@ FEATURE_DTYPES = {"uint8": "u1", "float16": "<f2", "float32": "<f4"}  # how feat
 
 # The record: one tf.train.Example per chunk. Each key's value type and how many values it holds:
 # "chunk" one, "slot" one per slot (`lengths` 0 marks an empty slot), "token" the slots' token ids
-# concatenated, "frame" the slots' frame targets concatenated, "dim" one per feature dimension.
-# `when`: present only for uint8 storage ("uint8") or for shards with frame targets ("targets").
+# concatenated, "phoneme" the slots' phoneme ids concatenated, "frame" the slots' frame targets
+# concatenated, "dim" one per feature dimension. `when`: present only for uint8 storage ("uint8"),
+# for shards with frame targets ("targets") or for shards written with phonemes ("phonemes").
 @dataclasses.dataclass(frozen=True)
 class Field:
     kind: str  # "int64", "bytes" or "float"
-    count: str  # "chunk", "slot", "token", "frame" or "dim"
+    count: str  # "chunk", "slot", "token", "phoneme", "frame" or "dim"
     when: str = ""
 
 
@@ -68,6 +70,8 @@ SCHEMA = {
     "quant_min": Field("float", "dim", when="uint8"),  # x = code * quant_step + quant_min
     "quant_step": Field("float", "dim", when="uint8"),
     "targets": Field("int64", "frame", when="targets"),
+    "phoneme_lengths": Field("int64", "slot", when="phonemes"),
+    "phonemes": Field("int64", "phoneme", when="phonemes"),
 }
 
 
@@ -138,6 +142,9 @@ class ShardSet:
     feature_dtype: str  # how features are stored: "uint8", "float16" or "float32"
     compression_type: str  # TensorFlow's name for the files' compression ("" or "GZIP")
     vocabulary: tuple[str, ...]  # token id -> character
+    # The phonemes' espeak-ng voice ("": the shards hold no phonemes) and phoneme id -> symbol.
+    phonemes: str
+    phoneme_vocabulary: tuple[str, ...]
     lowercase: bool  # transcripts were lower-cased before tokenization
     num_targets: int  # frame-target (pdf) classes; 0: the shards carry no frame targets
     splits: dict[str, SplitShards]
@@ -165,6 +172,8 @@ class ShardSet:
             feature_dtype=manifest["feature_dtype"],
             compression_type=COMPRESSION[manifest["compression"]],
             vocabulary=tuple(manifest["vocabulary"]),
+            phonemes=manifest.get("phonemes", ""),
+            phoneme_vocabulary=tuple(manifest.get("phoneme_vocabulary", ())),
             lowercase=bool(manifest.get("lowercase", True)),
             num_targets=int(manifest.get("num_targets", 0)),
             splits={name: _split(Path(root), name, info, dim) for name, info in manifest["splits"].items()},
@@ -258,8 +267,9 @@ def encode_block(matrices: list[np.ndarray], slots: int, frames: int, feature_dt
 
 def serialize_chunk(utterances: list[dict], length_class: int, slots: int, frames: int, feature_dtype: str) -> bytes:
     """One chunk as a tf.train.Example. Each utterance: `utt_id`, `speaker`, `matrix` float
-    [frames, dim], `transcript`, `tokens` [label_len] and `targets` [frames] or None. `slots`
-    utterances fit (the rest are empty slots), each padded to `frames`."""
+    [frames, dim], `transcript`, `tokens` [label_len], `targets` [frames] or None and, in shards
+    with phonemes, `phonemes` [phoneme_len]. `slots` utterances fit (the rest are empty slots), each
+    padded to `frames`."""
     import tensorflow as tf
 
     empty = slots - len(utterances)
@@ -278,6 +288,9 @@ def serialize_chunk(utterances: list[dict], length_class: int, slots: int, frame
         values["quant_min"], values["quant_step"] = quant
     if utterances[0].get("targets") is not None:
         values["targets"] = [t for u in utterances for t in u["targets"]]
+    if utterances[0].get("phonemes") is not None:
+        values["phoneme_lengths"] = [len(u["phonemes"]) for u in utterances] + [0] * empty
+        values["phonemes"] = [p for u in utterances for p in u["phonemes"]]
     feature = {key: _feature(key, v) for key, v in values.items()}
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
@@ -319,12 +332,17 @@ def write_shard(path: Path, chunks: Iterable[tuple], compression: str, feature_d
 # Reading
 
 
-def chunk_spec(feature_dtype: str, with_targets: bool) -> dict:
+def chunk_spec(feature_dtype: str, with_targets: bool, with_phonemes: bool = False) -> dict:
     """The parsing spec of a record (SCHEMA) of shards stored as `feature_dtype`."""
     import tensorflow as tf
 
     dtypes = {"int64": tf.int64, "bytes": tf.string, "float": tf.float32}
-    present = {"", "uint8" if feature_dtype == "uint8" else "", "targets" if with_targets else ""}
+    present = {
+        "",
+        "uint8" if feature_dtype == "uint8" else "",
+        "targets" if with_targets else "",
+        "phonemes" if with_phonemes else "",
+    }
     return {
         key: tf.io.FixedLenFeature([], dtypes[f.kind]) if f.count == "chunk" else tf.io.VarLenFeature(dtypes[f.kind])
         for key, f in SCHEMA.items()
@@ -339,18 +357,20 @@ def parse_class(serialized):
     return tf.io.parse_single_example(serialized, {"class": tf.io.FixedLenFeature([], tf.int64)})["class"]
 
 
-def parse_chunks(serialized, frames, dim: int, feature_dtype: str, with_targets: bool = False) -> dict:
+def parse_chunks(
+    serialized, frames, dim: int, feature_dtype: str, with_targets: bool = False, with_phonemes: bool = False
+) -> dict:
     """A batch of serialized chunks of ONE class [k] -> their slots, in order (empty ones included).
 
     `frames`: the class's padded length T (a scalar, may be a tensor). Returns `class` int64 [k],
     `utt_id`, `speaker`, `transcript` string [N], `lengths` int32 [N] (0: an empty slot), `feats`
     [N, T, D] in the storage dtype, `dequant` (scale, offset) float32 [N, D] each (x = code * scale
-    + offset; 1 and 0 for float storage), `tokens` int32 ragged [N, (label_len)], and `targets`
-    int32 ragged [N, (frames)] when asked for; N = k * slots.
+    + offset; 1 and 0 for float storage), `tokens` int32 ragged [N, (label_len)], and when asked
+    for `targets` int32 ragged [N, (frames)] and `phonemes` int32 ragged [N, (phoneme_len)]; N = k * slots.
     """
     import tensorflow as tf
 
-    parsed = tf.io.parse_example(serialized, chunk_spec(feature_dtype, with_targets))
+    parsed = tf.io.parse_example(serialized, chunk_spec(feature_dtype, with_targets, with_phonemes))
     # One decode for the whole batch: the records of one class have blocks of one size.
     feats = tf.reshape(tf.io.decode_raw(parsed["feats"], getattr(tf, feature_dtype)), [-1, frames, dim])
     lengths = tf.cast(parsed["lengths"].values, tf.int32)  # [N]
@@ -377,6 +397,10 @@ def parse_chunks(serialized, frames, dim: int, feature_dtype: str, with_targets:
     }
     if with_targets:
         out["targets"] = tf.RaggedTensor.from_row_lengths(tf.cast(parsed["targets"].values, tf.int32), lengths)
+    if with_phonemes:
+        out["phonemes"] = tf.RaggedTensor.from_row_lengths(
+            tf.cast(parsed["phonemes"].values, tf.int32), parsed["phoneme_lengths"].values
+        )
     return out
 
 

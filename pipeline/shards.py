@@ -1,7 +1,8 @@
 """Shard stage: validated Kaldi features -> TFRecord shards + `manifest.json`.
 
     python -m pipeline.shards --split train=data/train --split dev=data/dev --split test=data/test \
-        --out shards/ [--num-shards 8] [--max-rejected-fraction 0.05] [--alignments train=ali.scp]
+        --out shards/ [--num-shards 8] [--max-rejected-fraction 0.05] [--alignments train=ali.scp] \
+        [--phonemes en-us]
 
 Every utterance of every split is read and checked (kaldi.py lists the reasons); the rejected
 ones go to `OUT/rejected.tsv` with the feature stage's rejections, so none disappears. Shards are
@@ -10,6 +11,9 @@ of about 8 utterances of one length class (features as float16 by default, exact
 otherwise: normalization is applied by the input pipeline, so it can change without re-sharding),
 and every shard holds the same number of chunks of each class in the same order (`plan_layout`),
 so every Horovod rank's share has the same mix of lengths and the ranks' batches line up.
+With `--phonemes VOICE` every transcript's phonemes (pipeline/phonemes.py, espeak-ng's in that
+voice's accent) are stored beside its characters, their vocabulary in the manifest: the input of a
+synthesis model with `tts.input: phonemes`.
 Writes are atomic; a re-run with unchanged inputs does nothing and changed inputs rebuild.
 
 This file holds the stage's planning (classes, chunks, balance), writing and its CLI; pass 1, the
@@ -35,7 +39,7 @@ from common import config as configlib
 from common.parallel import worker_pool
 from common.progress import progress as progress_bar
 from pipeline import features as features_stage
-from pipeline import kaldi, records, split_validation, text
+from pipeline import kaldi, phonemes, records, split_validation, text
 
 REJECTED = "rejected.tsv"
 
@@ -53,6 +57,9 @@ class ShardConfig:
     # Or the vocabulary (and lower-casing) of a trained model or of other shards: a model workdir,
     # its model/ or data.json, a shards directory or its manifest.json (a new test set for a model)
     vocabulary_from: str = ""
+    # An espeak-ng voice (e.g. "en-us"): every transcript's phonemes in its accent are stored too (a
+    # synthesis model's input, `tts.input: phonemes`); "": characters only.
+    phonemes: str = ""
     # How features are stored: "uint8" (a quarter of the bytes: 8-bit codes per chunk and dimension,
     # as Kaldi's compressed matrices), "float16" (half) or "float32" (exact).
     feature_dtype: str = "uint8"
@@ -141,7 +148,7 @@ def plan_layout(
 # Writing (pass 2): one process per shard at a time.
 
 
-def _examples(utts, entries, vocabulary, targets, cfg: ShardConfig) -> Iterator[dict]:
+def _examples(utts, entries, vocabulary, targets, phoneme_ids, cfg: ShardConfig) -> Iterator[dict]:
     for utt in utts:
         entry = entries[utt]
         transcript = text.normalize_transcript(entry.transcript, cfg.lowercase)
@@ -152,14 +159,20 @@ def _examples(utts, entries, vocabulary, targets, cfg: ShardConfig) -> Iterator[
             "transcript": transcript,
             "tokens": text.encode(transcript, vocabulary),
             "targets": None if targets is None else split_validation.load_targets(targets[utt]).tolist(),
+            "phonemes": None if phoneme_ids is None else phoneme_ids[utt],
         }
 
 
 def _write_shard(task) -> dict:
     """Writes one shard of chunks from its utterances' Kaldi entries. Returns its manifest record."""
-    path, chunks, classes, entries, vocabulary, targets, cfg = task
+    path, chunks, classes, entries, vocabulary, targets, phoneme_ids, cfg = task
     with_utterances = (
-        (c, list(_examples(utts, entries, vocabulary, targets, cfg)), classes[c]["slots"], classes[c]["max_length"])
+        (
+            c,
+            list(_examples(utts, entries, vocabulary, targets, phoneme_ids, cfg)),
+            classes[c]["slots"],
+            classes[c]["max_length"],
+        )
         for c, utts in chunks
     )
     return records.write_shard(path, with_utterances, cfg.compression, cfg.feature_dtype)
@@ -187,7 +200,9 @@ def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: Shar
     return {
         "inputs": per_dir,
         "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
-        "code": fsutil.code_version(sys.modules[__name__], split_validation, kaldi, records, text),
+        "code": fsutil.code_version(sys.modules[__name__], split_validation, kaldi, records, text, phonemes),
+        # the phonemes are espeak-ng's: another version may write other ones
+        "phonemizer": phonemes.version() if cfg.phonemes else "",
     }
 
 
@@ -211,7 +226,8 @@ def make_shards(
         raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
     given = load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
     if given is not None:
-        cfg = dataclasses.replace(cfg, lowercase=given["lowercase"])  # transcripts normalized as the model's were
+        # transcripts normalized as the model's were, and phonemes written when it reads them
+        cfg = dataclasses.replace(cfg, lowercase=given["lowercase"], phonemes=cfg.phonemes or given["phonemes"])
     elif cfg.vocabulary_split not in splits:
         raise ValueError(
             f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}"
@@ -226,6 +242,7 @@ def make_shards(
     fingerprint = _fingerprint(splits, alignments, cfg)
     if given is not None:
         fingerprint["vocabulary"] = given["vocabulary"]  # a model retrained under the same path changes it
+        fingerprint["phoneme_vocabulary"] = given["phoneme_vocabulary"]
     existing = fsutil.read_json(out_dir / records.MANIFEST)
     if (
         existing
@@ -277,6 +294,7 @@ def make_shards(
                 [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
             )
 
+        phoneme_vocabulary, phoneme_ids = _phonemes(plans, cfg, given)
         tasks, layouts = [], {}
         for name, plan in plans.items():
             count = max(1, min(cfg.num_shards, len(plan.entries)))
@@ -288,7 +306,8 @@ def make_shards(
                 utts = [u for _, chunk in chunks for u in chunk]
                 own = {u: plan.entries[u] for u in utts}
                 own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
-                tasks.append((path, chunks, layout.classes, own, vocabulary, own_targets, cfg))
+                own_phonemes = {u: phoneme_ids[name][u] for u in utts} if phoneme_ids else None
+                tasks.append((path, chunks, layout.classes, own, vocabulary, own_targets, own_phonemes, cfg))
         written: dict[str, list] = collections.defaultdict(list)
         total = sum(len(t[3]) for t in tasks)
         bar = progress_bar(total=total, desc="write shards", unit="utt", disable=not progress)
@@ -306,6 +325,8 @@ def make_shards(
         "chunk_utterances": cfg.chunk_utterances,
         "vocabulary": vocabulary,
         "lowercase": cfg.lowercase,
+        "phonemes": cfg.phonemes,
+        "phoneme_vocabulary": phoneme_vocabulary,
         "num_targets": _num_targets(plans),
         "splits": {
             name: {
@@ -331,15 +352,41 @@ def make_shards(
     return {**manifest, "skipped": False}
 
 
+def _phonemes(plans: dict, cfg: ShardConfig, given: dict | None) -> tuple[list[str], dict[str, dict[str, list[int]]]]:
+    """(phoneme vocabulary, {split: {utterance: phoneme ids}}) of every transcript, in one espeak-ng
+    call; ([], {}) when the shards hold no phonemes. The vocabulary is the given one (a model's, for
+    a new test set) when it has one, else that of the vocabulary split's phonemes."""
+    if not cfg.phonemes:
+        return [], {}
+    keys = [(name, utt) for name, plan in plans.items() for utt in plan.entries]
+    transcripts = [text.normalize_transcript(plans[n].entries[u].transcript, cfg.lowercase) for n, u in keys]
+    symbols = dict(zip(keys, phonemes.phonemize(transcripts, cfg.phonemes)))
+    if given is not None and given["phoneme_vocabulary"]:
+        vocabulary = given["phoneme_vocabulary"]
+    else:
+        vocabulary = text.build_vocabulary([s for (n, _), s in symbols.items() if n == cfg.vocabulary_split])
+    ids: dict[str, dict[str, list[int]]] = collections.defaultdict(dict)
+    for (name, utt), phones in symbols.items():
+        ids[name][utt] = text.encode(phones, vocabulary)
+    return vocabulary, dict(ids)
+
+
 def load_vocabulary(path: str | Path) -> dict:
-    """{"vocabulary": [...], "lowercase": bool} of a trained model or of shards: `path` is a training
-    workdir, its model/ directory or model/data.json, a shards directory or its manifest.json."""
+    """{"vocabulary": [...], "lowercase": bool, "phonemes": voice, "phoneme_vocabulary": [...] ("" and
+    empty: none)} of a trained
+    model or of shards: `path` is a training workdir, its model/ directory or model/data.json, a
+    shards directory or its manifest.json."""
     path = Path(path)
     tried = [path] if path.is_file() else [path / records.MANIFEST, path / "data.json", path / "model" / "data.json"]
     for candidate in tried:
         value = fsutil.read_json(candidate) if candidate.is_file() else None
         if isinstance(value, dict) and isinstance(value.get("vocabulary"), list):
-            return {"vocabulary": list(value["vocabulary"]), "lowercase": bool(value.get("lowercase", True))}
+            return {
+                "vocabulary": list(value["vocabulary"]),
+                "lowercase": bool(value.get("lowercase", True)),
+                "phonemes": str(value.get("phonemes", "")),
+                "phoneme_vocabulary": list(value.get("phoneme_vocabulary", [])),
+            }
     raise FileNotFoundError(
         f"--vocabulary-from {path}: none of {[str(t) for t in tried]} holds a vocabulary; name a training "
         "workdir, its model/data.json, a shards directory or its manifest.json"
@@ -378,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="use the vocabulary of a trained model (its workdir) or of other shards instead of the train split's",
     )
+    parser.add_argument(
+        "--phonemes",
+        metavar="VOICE",
+        help="store every transcript's phonemes too, in this espeak-ng voice's accent (e.g. en-us): "
+        "the input of a synthesis model with tts.input=phonemes",
+    )
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of feats.scp as shell commands")
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "ShardConfig")
@@ -393,6 +446,7 @@ def _main(args: argparse.Namespace) -> None:
         "compression": args.compression,
         "allow_pipes": args.allow_pipes or None,
         "vocabulary_from": args.vocabulary_from,
+        "phonemes": args.phonemes,
         "jobs": args.jobs,
     }
     cfg = configlib.load(ShardConfig, args.config, args.set, flags=flags)

@@ -3,6 +3,8 @@
 Ids: 0 is CTC's blank (and the padding id), 1 stands for a character the training split never had,
 then every character of the training transcripts, sorted. The vocabulary is stored in the shards'
 manifest and in every model directory, so a served model encodes and decodes exactly as it trained.
+Phonemes (pipeline/phonemes.py) use the same ids and functions: a list of symbols encodes as a
+string of characters does.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ def decode(ids: list[int], vocabulary: list[str]) -> str:
 
 def encode_batch(texts: list[str], vocabulary: list[str], lowercase: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Normalizes and encodes `texts`: (tokens int32 [B, L] 0-padded, lengths int32 [B])."""
-    ids = [encode(normalize_transcript(t, lowercase), vocabulary) for t in texts]
+    return pad_batch([encode(normalize_transcript(t, lowercase), vocabulary) for t in texts])
+
+
+def pad_batch(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists -> (ids int32 [B, L] 0-padded, lengths int32 [B])."""
     lengths = np.asarray([len(x) for x in ids], np.int32)
     tokens = np.zeros([len(ids), max(1, int(lengths.max(initial=0)))], np.int32)
     for i, x in enumerate(ids):

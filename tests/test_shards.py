@@ -107,22 +107,22 @@ def test_uint8_and_float16_shards_hold_the_features_within_their_precision(tmp_p
     assert sizes["uint8"] < 0.35 * sizes["float32"] and sizes["float16"] < 0.6 * sizes["float32"]
 
 
-@pytest.mark.parametrize("feature_dtype,targets", [("uint8", True), ("float16", False)])
-def test_the_writer_and_the_reader_follow_one_record_schema(feature_dtype, targets):
+@pytest.mark.parametrize("feature_dtype,targets,phonemes", [("uint8", True, False), ("float16", False, True)])
+def test_the_writer_and_the_reader_follow_one_record_schema(feature_dtype, targets, phonemes):
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
     utts = [
         {"utt_id": f"u{i}", "speaker": "s", "matrix": rng.normal(size=[n, 4]).astype(np.float32), "transcript": "ab"}
-        | {"tokens": [1, 2], "targets": [0] * n if targets else None}
+        | {"tokens": [1, 2], "targets": [0] * n if targets else None, "phonemes": [3, 4, 5] if phonemes else None}
         for i, n in enumerate([5, 3])
     ]
     serialized = records.serialize_chunk(utts, 1, slots=3, frames=5, feature_dtype=feature_dtype)
     written = tf.train.Example.FromString(serialized).features.feature
-    present = {"", feature_dtype, "targets" if targets else "none"}
+    present = {"", feature_dtype, "targets" if targets else "none", "phonemes" if phonemes else "none"}
     expected = {key for key, field in records.SCHEMA.items() if field.when in present}
-    assert set(written) == expected == set(records.chunk_spec(feature_dtype, targets))
-    counts = {"chunk": 1, "slot": 3, "token": 4, "frame": 8, "dim": 4}
+    assert set(written) == expected == set(records.chunk_spec(feature_dtype, targets, phonemes))
+    counts = {"chunk": 1, "slot": 3, "token": 4, "phoneme": 6, "frame": 8, "dim": 4}
     for key in expected:
         field = records.SCHEMA[key]
         values = getattr(
@@ -130,8 +130,12 @@ def test_the_writer_and_the_reader_follow_one_record_schema(feature_dtype, targe
         )
         assert len(values.value) == counts[field.count], key
     assert int(records.parse_class(serialized)) == 1
-    chunk = records.parse_chunks(tf.constant([serialized]), 5, 4, feature_dtype, with_targets=targets)
+    chunk = records.parse_chunks(
+        tf.constant([serialized]), 5, 4, feature_dtype, with_targets=targets, with_phonemes=phonemes
+    )
     assert chunk["lengths"].numpy().tolist() == [5, 3, 0]
+    if phonemes:
+        assert chunk["phonemes"].to_list() == [[3, 4, 5], [3, 4, 5], []]
 
 
 def test_layout_gives_every_shard_the_same_classes_in_the_same_order():

@@ -52,6 +52,8 @@ def shards_args(plan: Plan) -> list[str]:
     args = [a for s in plan.splits for a in ("--split", f"{s}={plan.features_dir(s)}")]
     if plan.allow_pipes:
         args.append("--allow-pipes")
+    if plan.phonemes:
+        args += ["--phonemes", plan.phonemes]
     return [*args, "--out", plan.shards_dir, "--num-shards", str(plan.num_shards), "--no-progress"]
 
 

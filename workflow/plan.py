@@ -59,6 +59,8 @@ class Plan:
     # the shard stage): data_root itself, or a directory of its own for read-only corpora
     features_root: str = ""
     allow_pipes: bool = False  # run wav.scp/feats.scp commands other than the recognized decoders
+    # the espeak-ng voice whose phonemes the shards hold beside the characters; "": none
+    phonemes: str = ""
     # tf.data service input workers for training (commands.uses_data_service says which models);
     # 0: every rank runs its own input pipeline
     data_service_workers: int = 0
@@ -201,6 +203,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         python=training_python(),
         features_root=features_root,
         allow_pipes=bool(params.get("allow_pipes", False)),
+        phonemes=str(params.get("phonemes") or "").strip(),
         data_service_workers=data_service_workers,
         train_overrides=overrides,
         demo_engines=demo_engines,

@@ -80,7 +80,14 @@ def load_model_dir(model_dir: Path):
     config = configlib.load(TrainConfig, model_dir / "config.yaml")
     data = json.loads((model_dir / "data.json").read_text())
     # What a task reads of a shard set, as the model recorded it (no splits: its voices are its own).
-    sizes = SimpleNamespace(feature_dim=data["feature_dim"], vocabulary=data["vocabulary"], num_targets=0, splits={})
+    sizes = SimpleNamespace(
+        feature_dim=data["feature_dim"],
+        vocabulary=data["vocabulary"],
+        phonemes=data.get("phonemes", ""),
+        phoneme_vocabulary=data.get("phoneme_vocabulary", []),
+        num_targets=0,
+        splits={},
+    )
     task = catalog.task_class(config.model).create(config, sizes)
     model = task.build()
     checkpoint.restore(weights, model.weights, owners=(model.name,))

@@ -40,6 +40,9 @@ F32 = tf.float32
 class TtsConfig:
     """Both synthesis models' config; `alignment` picks the model (models/tts/model.py `build_tts`)."""
 
+    # What the model reads: each sentence's "characters", or its "phonemes" (espeak-ng's, from shards
+    # written with `--phonemes VOICE`; served text is turned into them by pipeline/phonemes.py).
+    input: Literal["characters", "phonemes"] = "characters"
     vocab_size: int = 64  # token ids 1..vocab_size-1; id 0 is padding
     embedding_dim: int = 128  # character embedding width
     encoder_conv_layers: int = 3  # conv + layer norm + ReLU + dropout blocks before the BLSTM
@@ -106,6 +109,8 @@ class TtsConfig:
             raise ValueError(f"TtsConfig.alignment must be 'attention' or 'durations', got {self.alignment!r}")
         if self.durations_decoder not in ("lstm", "conv"):
             raise ValueError(f"TtsConfig.durations_decoder must be 'lstm' or 'conv', got {self.durations_decoder!r}")
+        if self.input not in ("characters", "phonemes"):
+            raise ValueError(f"TtsConfig.input must be 'characters' or 'phonemes', got {self.input!r}")
         if self.mel_loss not in ("l1", "l2"):
             raise ValueError(f"TtsConfig.mel_loss must be 'l1' or 'l2', got {self.mel_loss!r}")
         if self.duration_refit_epochs < 0:

@@ -39,7 +39,7 @@ def arm_names(noise: tuple[float, ...] = NOISE_STEPS) -> list[str]:
 def speak_arms(model, config, data: dict, dataset, max_utterances: int, noise=NOISE_STEPS, seed: int = 0) -> dict:
     """The arms' log-mels for the first `max_utterances` sentences of `dataset` (evaluation batches of
     the durations model), with what the listener needs and the durations' own figures. Returns
-    {"mels": {arm: [T, 80] list}, "voices": [...], "tokens": [[N] ids], "durations": {figure: value}}."""
+    {"mels": {arm: [T, 80] list}, "voices": [...], "tokens": [[L] character ids], "durations": {figure: value}}."""
     import tensorflow as tf
 
     mean, std = np.asarray(data["mel_mean"], np.float32), np.asarray(data["mel_std"], np.float32)
@@ -75,7 +75,7 @@ def speak_arms(model, config, data: dict, dataset, max_utterances: int, noise=NO
                 frames, frame_lengths = spoken[name]
                 mels[name].append(frames[i, : max(int(frame_lengths[i]), 1)] * std + mean)
             out["voices"].append(voices[int(ids[i])])
-            out["tokens"].append(batch["tokens"][i, :n].numpy())
+            out["tokens"].append(batch["text_tokens"][i, : batch["text_token_lengths"][i]].numpy())
             searched_all.append(searched[i, :n])
             predicted_all.append(predicted[i, :n])
             lasts.append((searched[i, n - 1], predicted[i, n - 1]))

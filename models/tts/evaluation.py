@@ -56,7 +56,8 @@ def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Itera
         reference = batch["mels"].numpy() * std + mean  # [B, T, D] log-mel
         lengths = batch["mel_lengths"].numpy()
         predicted = forced["mel_after"].numpy() * std + mean
-        token_lengths = batch["token_lengths"].numpy()
+        token_lengths = batch["token_lengths"].numpy()  # the model's input symbols
+        text_lengths = batch["text_token_lengths"].numpy()  # the sentence's characters
         ids = batch.get("speaker_ids", tf.zeros_like(batch["token_lengths"]))
         # Free-running synthesis may run up to 1.5 times the reference's length before it is cut.
         steps = tf.constant(int(1.5 * reference.shape[1] / r) + 10)
@@ -71,7 +72,7 @@ def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Itera
                 utt_id=utt.decode(),
                 speaker=batch["speaker"][i].numpy().decode(),
                 voice=voices[int(ids[i])],
-                tokens=batch["tokens"][i, :n].numpy(),
+                tokens=batch["text_tokens"][i, : text_lengths[i]].numpy(),
                 reference=reference[i, :t],
                 teacher_forced=predicted[i, :t],
                 synthesized=free_mels[i, :f],

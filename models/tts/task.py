@@ -14,14 +14,29 @@ from pipeline import dataset, records, text
 
 
 def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfig:
-    """Fills the sizes that come from the data (vocabulary, mel bins) and the voices: the training
-    split's speakers, one speaker-embedding row each (a config that names them keeps its own: a
-    trained model's, read back for evaluation or serving)."""
+    """Fills the sizes that come from the data (the input's vocabulary, mel bins) and the voices: the
+    training split's speakers, one speaker-embedding row each (a config that names them keeps its
+    own: a trained model's, read back for evaluation or serving). ValueError with the fix for a
+    model with phoneme input on shards without phonemes."""
     speakers = config.speakers
     train = shards.splits.get("train")
     if not speakers and config.speaker_dim > 0 and train is not None:
         speakers = train.speakers
-    return dataclasses.replace(config, vocab_size=len(shards.vocabulary), n_mels=shards.feature_dim, speakers=speakers)
+    vocabulary = shards.vocabulary
+    if config.input == "phonemes":
+        vocabulary = shards.phoneme_vocabulary
+        if not vocabulary:
+            raise ValueError(
+                f"tts.input is phonemes, but the shards{_where(shards)} hold none: write them with "
+                "`python -m pipeline.shards ... --phonemes en-us` (the DAG's `phonemes` parameter), or "
+                "train on characters (tts.input=characters)"
+            )
+    return dataclasses.replace(config, vocab_size=len(vocabulary), n_mels=shards.feature_dim, speakers=speakers)
+
+
+def _where(shards) -> str:
+    root = getattr(shards, "root", None)
+    return f" in {root}" if root is not None else ""
 
 
 class TtsTask:
@@ -32,13 +47,17 @@ class TtsTask:
     @classmethod
     def create(cls, config, shards: records.ShardSet, eval_config=None) -> TtsTask:
         """The task of TrainConfig `config`, sized from `shards`; evaluation speaks in `eval_config.voice`."""
-        return cls(resolve_tts(config.tts, shards), eval_config.voice if eval_config is not None else "")
+        task = cls(resolve_tts(config.tts, shards), eval_config.voice if eval_config is not None else "")
+        if task.config.input == "phonemes":
+            task._phonemes = {"phonemes": shards.phonemes, "phoneme_vocabulary": list(shards.phoneme_vocabulary)}
+        return task
 
     def resolved(self, config):
         return dataclasses.replace(config, tts=self.config)
 
     def model_data(self) -> dict:
-        return {"voices": list(self.config.speakers)}  # serving asks for voices by name
+        # Serving asks for voices by name, and turns text into the model's input as the shards did.
+        return {"voices": list(self.config.speakers), **self._phonemes}
 
     def __init__(self, config: tts.TtsConfig, voice: str = ""):
         """`voice`: a training voice that every utterance is spoken in (evaluation); empty: each
@@ -48,6 +67,7 @@ class TtsTask:
         if voice:
             tts.speaker_ids(config, [voice])  # ValueError now, naming the voices, for one it lacks
         self._eval_loss = None
+        self._phonemes: dict = {}  # what the shards' phonemes were written with (model_data)
 
     def build(self):
         return tts.build_tts(self.config)
@@ -72,8 +92,21 @@ class TtsTask:
         return dataset.TTS
 
     def prepare(self, batches, shards: records.ShardSet, split: str):
-        """`batches` of `tts_dataset` (here or from the tf.data service) with `speaker_ids` [B] int32
-        added for a model with voices: each utterance's row of the speaker table (see `voices`)."""
+        """`batches` of `tts_dataset` (here or from the tf.data service) as the model reads them:
+        `tokens` and `token_lengths` are its input (the characters, or with `input: phonemes` the
+        phonemes), `text_tokens` and `text_token_lengths` the characters (what a listener should
+        hear); and for a model with voices `speaker_ids` [B] int32, each utterance's row of the
+        speaker table (see `voices`)."""
+        phonemes = self.config.input == "phonemes"
+
+        def symbols(b):
+            out = {k: v for k, v in b.items() if k not in ("phonemes", "phoneme_lengths")}
+            out["text_tokens"], out["text_token_lengths"] = b["tokens"], b["token_lengths"]
+            if phonemes:
+                out["tokens"], out["token_lengths"] = b["phonemes"], b["phoneme_lengths"]
+            return out
+
+        batches = batches.map(symbols)
         if not self.config.multi_speaker:
             return batches
         names, rows = zip(*self.voices(shards, split).items())
@@ -159,7 +192,7 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
     `lengths` int32 [B] and `voices` [B] (the voice each sentence was spoken in)."""
     config = model.config
     ids = tts.speaker_ids(config, voices)
-    tokens, lengths = text.encode_batch(texts, data["vocabulary"], data.get("lowercase", True))
+    tokens, lengths = encode_input(config, data, texts)
     out = model.compiled_infer()(
         tf.constant(tokens), tf.constant(lengths), tf.constant(max_steps, tf.int32), tf.constant(0.5), tf.constant(ids)
     )
@@ -168,6 +201,19 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
     mels *= np.arange(mels.shape[1])[None, :, None] < mel_lengths[:, None, None]  # [B, T, D], 0 after each
     names = list(config.speakers) if config.multi_speaker else [""]
     return {"mels": mels.astype(np.float32), "lengths": mel_lengths, "voices": [names[i] for i in ids]}
+
+
+def encode_input(config: tts.TtsConfig, data: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences -> the model's input as its shards wrote it: (ids int32 [B, N] 0-padded, lengths
+    [B]); characters, or for `input: phonemes` espeak-ng's phonemes in the voice the shards used."""
+    if config.input != "phonemes":
+        return text.encode_batch(texts, data["vocabulary"], data.get("lowercase", True))
+    from pipeline import phonemes
+
+    normalized = [text.normalize_transcript(t, data.get("lowercase", True)) for t in texts]
+    return text.pad_batch(
+        [text.encode(p, data["phoneme_vocabulary"]) for p in phonemes.phonemize(normalized, data["phonemes"])]
+    )
 
 
 def _speaker_means(part: records.SplitShards) -> dict[str, np.ndarray]:
