@@ -103,3 +103,14 @@ def test_a_new_test_set_for_a_phoneme_model_gets_its_phonemes_and_ids(phoneme_sh
     )
     made = records.open_shard_set(out)
     assert made.phonemes == "en-us" and made.phoneme_vocabulary == shard_set.phoneme_vocabulary
+
+
+def test_a_phoneme_model_will_not_serve_without_espeak_ng(monkeypatch, tmp_path):
+    from models.tts.server import TtsServer
+
+    config = TrainConfig(model="tts", tts=tts.TtsConfig(input="phonemes"))
+    TtsServer(None, config, {})  # espeak-ng is here
+    monkeypatch.setenv("PATH", str(tmp_path))  # and now it is not
+    with pytest.raises(FileNotFoundError, match="apt-get install espeak-ng"):
+        TtsServer(None, config, {})
+    TtsServer(None, TrainConfig(model="tts"), {})  # characters need nothing

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 
 from models.serving.policy import ENV_PREFIX, RequestError, bounded_param, check_rows, texts_and_voices
@@ -14,6 +16,12 @@ class TtsServer:
 
     def __init__(self, model, config, data: dict):
         self.model, self.config, self.data = model, config, data
+        if config.tts.input == "phonemes" and shutil.which("espeak-ng") is None:
+            # fail when the server starts, not at its first request
+            raise FileNotFoundError(
+                "this synthesis model reads phonemes, which espeak-ng makes from the typed text, and espeak-ng is "
+                "not on PATH: install it where the model serves (`apt-get install espeak-ng`; the training image has it)"
+            )
 
     def predict(self, model_input, params: dict, settings) -> dict:
         from models.tts import audio
