@@ -47,27 +47,32 @@ class TtsTask:
     @classmethod
     def create(cls, config, shards: records.ShardSet, eval_config=None) -> TtsTask:
         """The task of TrainConfig `config`, sized from `shards`; evaluation speaks in `eval_config.voice`."""
-        task = cls(resolve_tts(config.tts, shards), eval_config.voice if eval_config is not None else "")
-        if task.config.input == "phonemes":
-            task._phonemes = {"phonemes": shards.phonemes, "phoneme_vocabulary": list(shards.phoneme_vocabulary)}
-        return task
+        resolved = resolve_tts(config.tts, shards)
+        phonemes = (
+            {"phonemes": shards.phonemes, "phoneme_vocabulary": list(shards.phoneme_vocabulary)}
+            if resolved.input == "phonemes"
+            else {}
+        )
+        return cls(resolved, eval_config.voice if eval_config is not None else "", phonemes)
 
     def resolved(self, config):
         return dataclasses.replace(config, tts=self.config)
 
     def model_data(self) -> dict:
         # Serving asks for voices by name, and turns text into the model's input as the shards did.
-        return {"voices": list(self.config.speakers), **self._phonemes}
+        return {"voices": list(self.config.speakers), **self.phonemes}
 
-    def __init__(self, config: tts.TtsConfig, voice: str = ""):
+    def __init__(self, config: tts.TtsConfig, voice: str = "", phonemes: dict | None = None):
         """`voice`: a training voice that every utterance is spoken in (evaluation); empty: each
-        utterance's own voice, or for a voice the model never heard, the nearest training voice."""
+        utterance's own voice, or for a voice the model never heard, the nearest training voice.
+        `phonemes`: for phoneme input, the voice and vocabulary the shards' phonemes were written
+        with (`phonemes`, `phoneme_vocabulary`; the model's data.json keeps them for serving)."""
         self.config = config
         self.voice = voice
         if voice:
             tts.speaker_ids(config, [voice])  # ValueError now, naming the voices, for one it lacks
         self._eval_loss = None
-        self._phonemes: dict = {}  # what the shards' phonemes were written with (model_data)
+        self.phonemes = phonemes or {}
 
     def build(self):
         return tts.build_tts(self.config)
