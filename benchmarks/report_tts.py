@@ -158,7 +158,9 @@ def tts_seed_levers(r: dict) -> list[str]:
         f"Seeds {', '.join(first['seeds'])} of each; {first['max_utterances']} sentences per split; the "
         f"listener (the same demo run's acoustic model in every row) has a test CER of "
         f"{pct(first['listener_test_cer'])}. Dev CER by the listener on the model's mels, then on them "
-        "through the vocoder and the feature stage (what a person hears).",
+        "through the vocoder and the feature stage (what a person hears). A row's overrides are set on the "
+        "demo config as it was at the row's commit: the rows named with the refit start from the config "
+        "that refits the duration predictor (`refit30`, kept).",
         "",
     ]
     headers = ["lever", "overrides", "dev CER, mean (each seed)", "dev spread (points)", "test CER", "teacher-forced"]
