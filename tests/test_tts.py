@@ -259,6 +259,14 @@ def test_monotonic_alignment_finds_the_cheapest_path_and_respects_lengths():
     # ends at the last real character even where the cheapest steps lie elsewhere
     short = monotonic_alignment(np.zeros([1, 5, 4]), np.array([5]), np.array([2]))
     assert short[0, 0] == 0 and short[0, 4] == 1 and np.all(np.diff(short[0]) >= 0)
+    # without skips the costly character gets its one step (the cheapest place for it), the rest as before
+    spoken = monotonic_alignment(cost, np.array([6, 4]), np.array([3, 3]), skips=False)
+    assert spoken[0].tolist() == truth[0]
+    assert sorted(set(spoken[1, :4].tolist())) == [0, 1, 2] and np.all(np.diff(spoken[1]) >= 0)
+    assert np.bincount(spoken[1, :4], minlength=3)[1] == 1
+    # more characters than steps: the utterance may still skip, and still ends on its last character
+    crowded = monotonic_alignment(np.zeros([1, 3, 5]), np.array([3]), np.array([5]), skips=False)
+    assert crowded[0].tolist()[-1] == 4 and np.all(np.diff(crowded[0]) >= 0)
 
 
 def test_the_alignment_prior_is_a_diagonal_band_that_steers_an_undecided_search():

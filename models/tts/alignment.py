@@ -30,7 +30,7 @@ def beta_binomial_cost(step_lengths: np.ndarray, token_lengths: np.ndarray, step
 
 
 def monotonic_alignment(
-    cost: np.ndarray, step_lengths: np.ndarray, token_lengths: np.ndarray, prior_weight=0.0
+    cost: np.ndarray, step_lengths: np.ndarray, token_lengths: np.ndarray, prior_weight=0.0, skips=True
 ) -> np.ndarray:
     """Monotonic alignment search: for each utterance, the path of least total `cost` [B, S, N]
     through (decoder step, character) that starts at character 0, ends at the last character, and
@@ -38,18 +38,23 @@ def monotonic_alignment(
     may take no step of its own). Returns int32 [B, S]: each step's character (the last one past
     the utterance's steps). Dynamic programming over steps, every utterance at once: a Python loop
     of S numpy operations (Glow-TTS ships it in Cython; a few milliseconds per batch here).
-    `prior_weight` > 0 adds that many times `beta_binomial_cost` to the cost."""
+    `prior_weight` > 0 adds that many times `beta_binomial_cost` to the cost. `skips=False`: every
+    character gets at least one step (Glow-TTS' search), except in an utterance with more characters
+    than steps, which may still skip."""
     cost = np.asarray(cost, np.float64)
     b, s_max, n_max = cost.shape
     if float(prior_weight) > 0:
         cost = cost + float(prior_weight) * beta_binomial_cost(step_lengths, token_lengths, s_max, n_max)
+    # [B, 1]: whether a move of two characters is allowed
+    skipping = np.ones((b, 1), bool) if bool(skips) else (np.asarray(token_lengths) > np.asarray(step_lengths))[:, None]
     best = np.full((b, n_max), np.inf)
     best[:, 0] = cost[:, 0, 0]
     moves = np.zeros((b, s_max, n_max), np.int8)  # 0, 1 or 2 characters moved to reach (s, n)
     padded = np.full((b, n_max + 2), np.inf)
     for s in range(1, s_max):
         padded[:, 2:] = best
-        options = np.stack([padded[:, 2:], padded[:, 1:-1], padded[:, :-2]])  # stay, +1, +2: [3, B, N]
+        two = np.where(skipping, padded[:, :-2], np.inf)
+        options = np.stack([padded[:, 2:], padded[:, 1:-1], two])  # stay, +1, +2: [3, B, N]
         move = options.argmin(0)
         step = np.take_along_axis(options, move[None], 0)[0] + cost[:, s]
         live = (s < step_lengths)[:, None]

@@ -86,6 +86,9 @@ class TtsConfig:
     # et al. 2021, "One TTS Alignment To Rule Them All"), weight 1 fading linearly to 0 over this many
     # training steps, so that the first paths are near the diagonal whatever the initial weights; 0: none.
     alignment_prior_steps: int = 0
+    # "durations": whether the search may give a character no step of its own (a silent letter, a space);
+    # False: every character (phoneme) is spoken for at least one step, as in Glow-TTS' search.
+    alignment_skips: bool = True
     # "durations": after training, the duration predictor alone is fitted again for this many epochs of the
     # training split on the final weights' alignments (models/tts/refit.py; it lags them otherwise); 0: not.
     duration_refit_epochs: int = 0

@@ -132,7 +132,7 @@ class DurationsTts(SynthesisModel):
             prior_weight = tf.maximum(1.0 - self.trained_batches / float(c.alignment_prior_steps), 0.0)
         path = tf.numpy_function(
             monotonic_alignment,
-            [tf.stop_gradient(cost), step_lengths, token_lengths, prior_weight],
+            [tf.stop_gradient(cost), step_lengths, token_lengths, prior_weight, c.alignment_skips],
             tf.int32,
             stateful=False,
         )
