@@ -75,7 +75,8 @@ def synthetic_shards(
         (root / "utt2spk").write_text("".join(sorted(speakers)))
         splits[split] = root
     out = work / "shards"
-    shards.make_shards(splits, out, shards.ShardConfig(num_shards=num_shards), progress=False)
+    # with the transcripts' phonemes, as the demo's shards: the demo's synthesis model reads them
+    shards.make_shards(splits, out, shards.ShardConfig(num_shards=num_shards, phonemes="en-us"), progress=False)
     return out
 
 

@@ -69,13 +69,13 @@ PARAMS = {
         "them and any other command is rejected, with the reason, in feats_rejected.tsv.",
     ),
     "phonemes": Param(
-        "",
+        "en-us",
         type="string",
         title="Phonemes' accent",
         section=DATA,
         description="An espeak-ng voice (en-us, en-gb, ...): the shards also hold every transcript's "
-        "phonemes in its accent, for a synthesis model that reads phonemes (tts.input: phonemes). "
-        "Empty: characters only (what the demo's models read).",
+        "phonemes in its accent, for a synthesis model that reads phonemes (tts.input: phonemes, "
+        "as the demo's does). Empty: characters only.",
     ),
     "demo_utterances": Param(
         2500,

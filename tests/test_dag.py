@@ -39,7 +39,7 @@ DEFAULTS = {
     "data_dir": "",
     "features_dir": "",
     "allow_pipes": False,
-    "phonemes": "",
+    "phonemes": "en-us",
     "demo_utterances": 2500,
     "demo_engines": ["espeak-ng", "flite"],
     "demo_train_voices": [],
@@ -349,10 +349,10 @@ def test_command_lines_of_the_stages():
         args = commands.plan_train_args(tuned, model, "p")
         assert args[args.index("--set") + 1] == "optim.learning_rate=0.002"
     assert "--set" not in commands.plan_train_args(allreduce, "asr", "p")
-    # The shards hold the phonemes in the form's accent (for a synthesis model that reads them), or none.
-    assert "--phonemes" not in commands.shards_args(allreduce)
-    shards = commands.shards_args(make_plan({**DEFAULTS, **TINY, "phonemes": " en-gb "}, "d", "r"))
-    assert shards[shards.index("--phonemes") + 1] == "en-gb"
+    # The shards hold the phonemes in the form's accent (the demo's synthesis model reads them), or none.
+    shards = commands.shards_args(allreduce)
+    assert shards[shards.index("--phonemes") + 1] == "en-us"
+    assert "--phonemes" not in commands.shards_args(make_plan({**DEFAULTS, **TINY, "phonemes": ""}, "d", "r"))
 
 
 def test_the_forms_engines_and_voices_reach_the_corpus_stage():
