@@ -224,7 +224,7 @@ def make_shards(
     """Validates and shards every split. Returns the manifest; raises ValueError on too many rejections."""
     if cfg.compression not in ("none", "gzip"):
         raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
-    given = load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
+    given = text.load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
     if given is not None:
         # transcripts normalized as the model's were, and phonemes written when it reads them
         cfg = dataclasses.replace(cfg, lowercase=given["lowercase"], phonemes=cfg.phonemes or given["phonemes"])
@@ -327,7 +327,7 @@ def make_shards(
         "lowercase": cfg.lowercase,
         "phonemes": cfg.phonemes,
         "phoneme_vocabulary": phoneme_vocabulary,
-        "num_targets": _num_targets(plans),
+        "num_targets": split_validation.num_targets(plans),
         "splits": {
             name: {
                 "data_dir": str(plan.data_dir.resolve()),
@@ -369,37 +369,6 @@ def _phonemes(plans: dict, cfg: ShardConfig, given: dict | None) -> tuple[list[s
     for (name, utt), phones in symbols.items():
         ids[name][utt] = text.encode(phones, vocabulary)
     return vocabulary, dict(ids)
-
-
-def load_vocabulary(path: str | Path) -> dict:
-    """{"vocabulary": [...], "lowercase": bool, "phonemes": voice, "phoneme_vocabulary": [...] ("" and
-    empty: none)} of a trained
-    model or of shards: `path` is a training workdir, its model/ directory or model/data.json, a
-    shards directory or its manifest.json."""
-    path = Path(path)
-    tried = [path] if path.is_file() else [path / records.MANIFEST, path / "data.json", path / "model" / "data.json"]
-    for candidate in tried:
-        value = fsutil.read_json(candidate) if candidate.is_file() else None
-        if isinstance(value, dict) and isinstance(value.get("vocabulary"), list):
-            return {
-                "vocabulary": list(value["vocabulary"]),
-                "lowercase": bool(value.get("lowercase", True)),
-                "phonemes": str(value.get("phonemes", "")),
-                "phoneme_vocabulary": list(value.get("phoneme_vocabulary", [])),
-            }
-    raise FileNotFoundError(
-        f"--vocabulary-from {path}: none of {[str(t) for t in tried]} holds a vocabulary; name a training "
-        "workdir, its model/data.json, a shards directory or its manifest.json"
-    )
-
-
-def _num_targets(plans: dict[str, split_validation.SplitPlan]) -> int:
-    highest = -1
-    for plan in plans.values():
-        if plan.targets is not None:
-            for utt in plan.entries:
-                highest = max(highest, int(split_validation.load_targets(plan.targets[utt]).max(initial=-1)))
-    return highest + 1
 
 
 def main(argv: list[str] | None = None) -> int:

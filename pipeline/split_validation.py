@@ -151,3 +151,13 @@ def _speaker_stats(data_dir: Path, computed: dict[str, np.ndarray], dim: int | N
             f"{cmvn} lacks speakers {sorted(missing)[:5]}; re-run `python -m pipeline.features --data-dir {data_dir}`"
         )
     return stats
+
+
+def num_targets(plans: dict[str, SplitPlan]) -> int:
+    """Frame-target classes of the splits' plans (the highest pdf id + 1; 0 without targets)."""
+    highest = -1
+    for plan in plans.values():
+        if plan.targets is not None:
+            for utt in plan.entries:
+                highest = max(highest, int(load_targets(plan.targets[utt]).max(initial=-1)))
+    return highest + 1

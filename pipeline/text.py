@@ -9,7 +9,12 @@ string of characters does.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+
+from common import fsutil
+from pipeline import records
 
 BLANK, UNK = "<blank>", "<unk>"
 
@@ -48,3 +53,24 @@ def pad_batch(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     for i, x in enumerate(ids):
         tokens[i, : len(x)] = x
     return tokens, lengths
+
+
+def load_vocabulary(path: str | Path) -> dict:
+    """{"vocabulary": [...], "lowercase": bool, "phonemes": voice, "phoneme_vocabulary": [...] ("" and
+    empty: none)} of a trained model or of shards (`--vocabulary-from`): `path` is a training workdir,
+    its model/ directory or model/data.json, a shards directory or its manifest.json."""
+    path = Path(path)
+    tried = [path] if path.is_file() else [path / records.MANIFEST, path / "data.json", path / "model" / "data.json"]
+    for candidate in tried:
+        value = fsutil.read_json(candidate) if candidate.is_file() else None
+        if isinstance(value, dict) and isinstance(value.get("vocabulary"), list):
+            return {
+                "vocabulary": list(value["vocabulary"]),
+                "lowercase": bool(value.get("lowercase", True)),
+                "phonemes": str(value.get("phonemes", "")),
+                "phoneme_vocabulary": list(value.get("phoneme_vocabulary", [])),
+            }
+    raise FileNotFoundError(
+        f"--vocabulary-from {path}: none of {[str(t) for t in tried]} holds a vocabulary; name a training "
+        "workdir, its model/data.json, a shards directory or its manifest.json"
+    )

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from pipeline import audio_io, features, kaldi, records, shards, split_validation
+from pipeline import audio_io, features, kaldi, records, shards, split_validation, text
 from pipeline.audio_io import Source
 from tests.conftest import ROOT, quiet_env, shard_set
 from tests.kaldi_fixtures import make_feats_dir, make_recipe_dirs, make_wav_dir, tone, write_table
@@ -386,11 +386,11 @@ def test_shards_of_a_new_test_set_take_a_models_vocabulary(tmp_path, capsys):
         cfg = shards.ShardConfig(num_shards=2, jobs=1, vocabulary_from=str(source))
         manifest = shards.make_shards({"eval": test_dir}, tmp_path / "shards", cfg, progress=False)
         assert manifest["vocabulary"] == vocabulary
-    assert shards.load_vocabulary(tmp_path / "shards")["vocabulary"] == vocabulary  # other shards serve too
+    assert text.load_vocabulary(tmp_path / "shards")["vocabulary"] == vocabulary  # other shards serve too
     assert any("monday" in t for t in texts.values())  # so the test set has a character the model lacks
     assert "'y' are not in the vocabulary" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="holds a vocabulary"):
-        shards.load_vocabulary(tmp_path / "eval")
+        text.load_vocabulary(tmp_path / "eval")
 
 
 def test_evaluation_refuses_shards_made_with_another_vocabulary(tmp_path):
