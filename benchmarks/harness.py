@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -198,8 +199,8 @@ def run_metadata(seeds) -> dict:
 
 
 def command_line() -> str:
-    """sys.argv joined, paths inside the repository relative to it, and other absolute paths (a
-    directory of the machine that ran it) as PATH."""
+    """sys.argv as a shell would take it back (quoted where needed), paths inside the repository
+    relative to it, and other absolute paths (a directory of the machine that ran it) as PATH."""
 
     def shown(arg: str) -> str:
         if not arg.startswith("/"):
@@ -207,7 +208,7 @@ def command_line() -> str:
         path = Path(arg).resolve()
         return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else "PATH"
 
-    return " ".join(shown(a) for a in sys.argv)
+    return shlex.join(shown(a) for a in sys.argv)
 
 
 def write_json(path: Path | None, results: dict, seeds) -> None:

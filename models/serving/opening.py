@@ -81,6 +81,7 @@ def load_model_dir(model_dir: Path):
     data = json.loads((model_dir / "data.json").read_text())
     # What a task reads of a shard set, as the model recorded it (no splits: its voices are its own).
     sizes = SimpleNamespace(
+        root=None,
         feature_dim=data["feature_dim"],
         vocabulary=data["vocabulary"],
         phonemes=data.get("phonemes", ""),

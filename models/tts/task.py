@@ -35,8 +35,7 @@ def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfi
 
 
 def _where(shards) -> str:
-    root = getattr(shards, "root", None)
-    return f" in {root}" if root is not None else ""
+    return f" in {shards.root}" if shards.root is not None else ""
 
 
 class TtsTask:
@@ -103,22 +102,23 @@ class TtsTask:
         hear); and for a model with voices `speaker_ids` [B] int32, each utterance's row of the
         speaker table (see `voices`)."""
         phonemes = self.config.input == "phonemes"
+        table = None
+        if self.config.multi_speaker:
+            names, rows = zip(*self.voices(shards, split).items())
+            table = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(tf.constant(names), tf.constant(rows, tf.int32)), default_value=0
+            )
 
-        def symbols(b):
+        def model_input(b):
             out = {k: v for k, v in b.items() if k not in ("phonemes", "phoneme_lengths")}
             out["text_tokens"], out["text_token_lengths"] = b["tokens"], b["token_lengths"]
             if phonemes:
                 out["tokens"], out["token_lengths"] = b["phonemes"], b["phoneme_lengths"]
+            if table is not None:
+                out["speaker_ids"] = table.lookup(b["speaker"])
             return out
 
-        batches = batches.map(symbols)
-        if not self.config.multi_speaker:
-            return batches
-        names, rows = zip(*self.voices(shards, split).items())
-        table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(tf.constant(names), tf.constant(rows, tf.int32)), default_value=0
-        )
-        return batches.map(lambda b: {**b, "speaker_ids": table.lookup(b["speaker"])})
+        return batches.map(model_input)
 
     def voices(self, shards: records.ShardSet, split: str) -> dict[str, int]:
         """Each speaker of `split` -> the speaker-table row it is spoken with: `self.voice` for all
@@ -211,11 +211,11 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
 def encode_input(config: tts.TtsConfig, data: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Sentences -> the model's input as its shards wrote it: (ids int32 [B, N] 0-padded, lengths
     [B]); characters, or for `input: phonemes` espeak-ng's phonemes in the voice the shards used."""
+    normalized = [text.normalize_transcript(t, data.get("lowercase", True)) for t in texts]
     if config.input != "phonemes":
-        return text.encode_batch(texts, data["vocabulary"], data.get("lowercase", True))
+        return text.pad_batch([text.encode(t, data["vocabulary"]) for t in normalized])
     from pipeline import phonemes
 
-    normalized = [text.normalize_transcript(t, data.get("lowercase", True)) for t in texts]
     return text.pad_batch(
         [text.encode(p, data["phoneme_vocabulary"]) for p in phonemes.phonemize(normalized, data["phonemes"])]
     )
