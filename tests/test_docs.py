@@ -53,6 +53,7 @@ def test_every_results_file_says_where_its_figures_come_from():
 
 def test_write_json_records_commit_date_machine_command_and_seeds(tmp_path, monkeypatch):
     argv = [str(ROOT / "benchmarks" / "straggler.py"), "--epochs", "2", "--shards", "/data/elsewhere"]
+    argv += ["--lever", "no skips (with the refit)"]
     monkeypatch.setattr(sys, "argv", [*argv, "--json", str(ROOT / "benchmarks" / "results" / "x.json")])
     out = tmp_path / "straggler.json"
     harness.write_json(out, {"epochs": 2}, seeds={"synthetic_shards": 0, "training": 0})
@@ -60,8 +61,12 @@ def test_write_json_records_commit_date_machine_command_and_seeds(tmp_path, monk
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", meta["commit"])
     assert meta["date"].endswith("+00:00")
     assert meta["machine"]["cores"] == os.cpu_count() and isinstance(meta["machine"]["avx512"], bool)
-    # the program and the repository's files as repository paths, the machine's other paths hidden
-    assert meta["command"] == "benchmarks/straggler.py --epochs 2 --shards PATH --json benchmarks/results/x.json"
+    # the program and the repository's files as repository paths, the machine's other paths hidden,
+    # quoted as a shell would need (an argument with spaces reads back as one)
+    assert meta["command"] == (
+        "benchmarks/straggler.py --epochs 2 --shards PATH --lever 'no skips (with the refit)' "
+        "--json benchmarks/results/x.json"
+    )
     assert meta["seeds"] == {"synthetic_shards": 0, "training": 0}
     # A file written this way renders with its machine, not "not recorded".
     line = report.provenance(meta, {})[0]
