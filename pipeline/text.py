@@ -41,11 +41,6 @@ def decode(ids: list[int], vocabulary: list[str]) -> str:
     return "".join(vocabulary[i] for i in ids if 1 < i < len(vocabulary))
 
 
-def encode_batch(texts: list[str], vocabulary: list[str], lowercase: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Normalizes and encodes `texts`: (tokens int32 [B, L] 0-padded, lengths int32 [B])."""
-    return pad_batch([encode(normalize_transcript(t, lowercase), vocabulary) for t in texts])
-
-
 def pad_batch(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Id lists -> (ids int32 [B, L] 0-padded, lengths int32 [B])."""
     lengths = np.asarray([len(x) for x in ids], np.int32)
