@@ -54,15 +54,19 @@ def text_table(data_dir):
         yield utt, transcript
 
 
-def test_the_shards_hold_the_phonemes_and_the_model_reads_them_as_served_text_gives_them(phoneme_shards):
+@pytest.mark.parametrize("boundaries", [False, True])
+def test_the_shards_hold_the_phonemes_and_the_model_reads_them_as_served_text_gives_them(phoneme_shards, boundaries):
     shard_set, transcripts = phoneme_shards
     assert shard_set.phonemes == "en-us" and shard_set.phoneme_vocabulary[:2] == (text.BLANK, text.UNK)
-    config = TrainConfig(model="tts", tts=tts.TtsConfig(alignment="durations", input="phonemes", speaker_dim=0))
+    settings = tts.TtsConfig(alignment="durations", input="phonemes", speaker_dim=0, boundaries=boundaries)
+    config = TrainConfig(model="tts", tts=settings)
     task = TtsTask.create(config, shard_set)
-    assert task.config.vocab_size == len(shard_set.phoneme_vocabulary)
+    symbols = len(shard_set.phoneme_vocabulary)
+    unframed = dataclasses.replace(task.config, boundaries=False)
+    assert task.config.vocab_size == symbols + (2 if boundaries else 0)
     data = {"vocabulary": list(shard_set.vocabulary), "lowercase": True, **task.model_data()}
     characters = TtsTask.create(
-        dataclasses.replace(config, tts=dataclasses.replace(config.tts, input="characters")), shard_set
+        dataclasses.replace(config, tts=dataclasses.replace(settings, input="characters", boundaries=False)), shard_set
     )
     cfg = dataset.InputConfig(frames_per_batch=4000, max_batch_size=8)
     seen = 0
@@ -75,6 +79,12 @@ def test_the_shards_hold_the_phonemes_and_the_model_reads_them_as_served_text_gi
             ids, lengths = encode_input(task.config, data, sentences)
             np.testing.assert_array_equal(batch["token_lengths"], lengths)
             np.testing.assert_array_equal(batch["tokens"][:, : ids.shape[1]], ids)
+            if boundaries:  # the start symbol, the sentence's phonemes as the shards hold them, the end symbol
+                for row, n, plain_ids in zip(ids, lengths, encode_input(unframed, data, sentences)[0]):
+                    assert row[0] == symbols and row[n - 1] == symbols + 1 and not row[n:].any()
+                    inner = row[1 : n - 1]
+                    np.testing.assert_array_equal(inner, plain_ids[: n - 2])
+                    assert inner.all() and inner.max() < symbols
             # what the listener should hear: the characters, as a character model reads them
             np.testing.assert_array_equal(batch["text_tokens"], chars["tokens"])
             np.testing.assert_array_equal(chars["text_tokens"], chars["tokens"])

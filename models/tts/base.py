@@ -44,6 +44,11 @@ class TtsConfig:
     # written with `--phonemes VOICE`; served text is turned into them by pipeline/phonemes.py).
     input: Literal["characters", "phonemes"] = "characters"
     vocab_size: int = 64  # token ids 1..vocab_size-1; id 0 is padding
+    # Each sentence framed by two symbols of its own, a start and an end (ids vocab_size - 2 and
+    # vocab_size - 1, after the vocabulary's): the silence before and after the speech gets its own
+    # symbol and duration instead of lengthening the first and last sound. Where the input is made:
+    # models/tts/task.py `frame_sentences`, for training, evaluation and serving alike.
+    boundaries: bool = False
     embedding_dim: int = 128  # character embedding width
     encoder_conv_layers: int = 3  # conv + layer norm + ReLU + dropout blocks before the BLSTM
     encoder_conv_filters: int = 128  # channels of each encoder convolution

@@ -31,7 +31,23 @@ def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfi
                 "`python -m pipeline.shards ... --phonemes en-us` (the DAG's `phonemes` parameter), or "
                 "train on characters (tts.input=characters)"
             )
-    return dataclasses.replace(config, vocab_size=len(vocabulary), n_mels=shards.feature_dim, speakers=speakers)
+    vocab_size = len(vocabulary) + (2 if config.boundaries else 0)  # the start and end symbols after the rest
+    return dataclasses.replace(config, vocab_size=vocab_size, n_mels=shards.feature_dim, speakers=speakers)
+
+
+def frame_sentences(config: tts.TtsConfig, tokens, lengths):
+    """With `config.boundaries`, each sentence between a start and an end symbol: tokens [B, N] int
+    0-padded, lengths [B] -> tokens [B, N + 2] (start, the sentence, end, padding), lengths + 2.
+    Without, the input unchanged. The one place the model's input is framed: `prepare` (training,
+    evaluation) and `encode_input` (synthesis, serving) both call it."""
+    if not config.boundaries:
+        return tokens, lengths
+    tokens, lengths = tf.convert_to_tensor(tokens), tf.convert_to_tensor(lengths)
+    start, end = tf.cast(config.vocab_size - 2, tokens.dtype), tf.cast(config.vocab_size - 1, tokens.dtype)
+    b = tf.shape(tokens)[0]
+    framed = tf.concat([tf.fill([b, 1], start), tokens, tf.zeros([b, 1], tokens.dtype)], 1)  # [B, N + 2]
+    at_end = tf.range(tf.shape(framed)[1])[None, :] == tf.cast(lengths, tf.int32)[:, None] + 1  # [B, N + 2]
+    return tf.where(at_end, end, framed), lengths + 2
 
 
 def _where(shards) -> str:
@@ -114,6 +130,7 @@ class TtsTask:
             out["text_tokens"], out["text_token_lengths"] = b["tokens"], b["token_lengths"]
             if phonemes:
                 out["tokens"], out["token_lengths"] = b["phonemes"], b["phoneme_lengths"]
+            out["tokens"], out["token_lengths"] = frame_sentences(self.config, out["tokens"], out["token_lengths"])
             if table is not None:
                 out["speaker_ids"] = table.lookup(b["speaker"])
             return out
@@ -210,15 +227,17 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
 
 def encode_input(config: tts.TtsConfig, data: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Sentences -> the model's input as its shards wrote it: (ids int32 [B, N] 0-padded, lengths
-    [B]); characters, or for `input: phonemes` espeak-ng's phonemes in the voice the shards used."""
+    [B]); characters, or for `input: phonemes` espeak-ng's phonemes in the voice the shards used;
+    framed as `prepare` frames them (`frame_sentences`)."""
     normalized = [text.normalize_transcript(t, data.get("lowercase", True)) for t in texts]
     if config.input != "phonemes":
-        return text.pad_batch([text.encode(t, data["vocabulary"]) for t in normalized])
-    from pipeline import phonemes
+        ids = [text.encode(t, data["vocabulary"]) for t in normalized]
+    else:
+        from pipeline import phonemes
 
-    return text.pad_batch(
-        [text.encode(p, data["phoneme_vocabulary"]) for p in phonemes.phonemize(normalized, data["phonemes"])]
-    )
+        ids = [text.encode(p, data["phoneme_vocabulary"]) for p in phonemes.phonemize(normalized, data["phonemes"])]
+    tokens, lengths = frame_sentences(config, *text.pad_batch(ids))
+    return np.asarray(tokens, np.int32), np.asarray(lengths, np.int32)
 
 
 def _speaker_means(part: records.SplitShards) -> dict[str, np.ndarray]:
