@@ -130,7 +130,9 @@ def compiled(model: AcousticModel, feature_dim: int | None = None):
         dim = feature_dim or model.config.feature_dim
         signature = [tf.TensorSpec([None, None, dim], tf.float32), tf.TensorSpec([None], tf.int32)]
         held = weakref.ref(model)  # the cache must not keep the model alive
-        fn = _COMPILED[model] = tf.function(lambda feats, lengths: held()(feats, lengths), input_signature=signature)
+        fn = _COMPILED[model] = tf.function(
+            lambda feats, lengths: held()(feats, lengths), input_signature=signature, autograph=False
+        )
     return fn
 
 

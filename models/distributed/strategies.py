@@ -67,7 +67,7 @@ class Allreduce:
 
         codec = hvd_compat.codec(config.compression)
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def reduce(grads):
             # Horovod: average the gradients over all ranks (ring-allreduce; tensors fused in batches).
             return hvd.grouped_allreduce(list(grads), op=hvd.Average, compression=codec)

@@ -40,7 +40,7 @@ class Stepper:
             return loss, aux, task.frames(batch)
 
         self._compute_fn, self._compute = compute, None
-        self._apply = tf.function(apply, reduce_retracing=True)  # the gradients' shapes never change
+        self._apply = tf.function(apply, reduce_retracing=True, autograph=False)  # the gradients' shapes never change
         self._fused_fn, self._fused = fused, None
 
     def _traced(self, fn, batch):
@@ -50,7 +50,7 @@ class Stepper:
         LSTM gradient's loops."""
         tf = self.s.tf
         spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
-        return tf.function(fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)])
+        return tf.function(fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)], autograph=False)
 
     def _seed(self, step: int):
         """The stateless seed of this step's random input augmentation: another on every rank and step."""
