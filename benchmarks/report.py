@@ -52,7 +52,7 @@ SECTIONS: dict[str, Section] = {
         "`benchmarks/tts_seeds.py`: the demo's synthesis config trained alone at `horovodrun -np 2` with each "
         "seed on the demo run's shards, each evaluated as the DAG evaluates it (dev: held-out sentences in "
         "training voices; test: voices never heard in training), heard by the demo run's acoustic model. The "
-        "demo run's own synthesis model is one of the seeds.",
+        "demo run's own synthesis model is the first seed when the demo trained this config (the table's `from`).",
         tts_seeds,
         "The model's figure is the mean; one seed is not the model's figure.",
     ),
