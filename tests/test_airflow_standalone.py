@@ -126,7 +126,7 @@ def wait_for(what: str, check, timeout: float, every: float = 2, log: Path | Non
 @pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(), reason=".venv-airflow is missing (make setup builds it)")
 @pytest.mark.slow
 @pytest.mark.airflow
-def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
+def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path, sqlite_store):
     port, home = free_port(), tmp_path / "home"
     base = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="sf-"))  # short: see test_dag's end-to-end test
@@ -134,7 +134,7 @@ def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path):
         home,
         AIRFLOW_PORT=str(port),
         AIRFLOW__CORE__PARALLELISM="2",
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        MLFLOW_TRACKING_URI=sqlite_store,
         SPEECHFLOW_WORK_ROOT=str(work),
     )
     log = tmp_path / "standalone.log"

@@ -80,10 +80,11 @@ EXPECTED = {
 }
 
 
-def run_tiny(name: str, tmp_path) -> dict:
-    """Runs `benchmarks/NAME.py --tiny`; checks its table and the keys of its JSON, and returns the JSON."""
+def run_tiny(name: str, tmp_path, store: str) -> dict:
+    """Runs `benchmarks/NAME.py --tiny` tracked in MLflow `store`; checks its table and the keys of its
+    JSON, and returns the JSON."""
     out = tmp_path / f"{name}.json"
-    env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env = quiet_env(MLFLOW_TRACKING_URI=store)
     proc = subprocess.run(
         [PYTHON, f"benchmarks/{name}.py", "--tiny", "--json", str(out)],
         cwd=ROOT,
@@ -105,14 +106,14 @@ def run_tiny(name: str, tmp_path) -> dict:
 
 # The faults benchmark's tiny run is also the test of the faults it injects: tests/test_faults.py.
 @pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"faults", "time_to_accuracy"}))
-def test_benchmark_runs_on_tiny_inputs(name, tmp_path):
-    run_tiny(name, tmp_path)
+def test_benchmark_runs_on_tiny_inputs(name, tmp_path, sqlite_store):
+    run_tiny(name, tmp_path, sqlite_store)
 
 
-def test_time_to_accuracy_curves_run_from_launch(tmp_path):
+def test_time_to_accuracy_curves_run_from_launch(tmp_path, sqlite_store):
     """Both arms train under horovodrun and evaluate on dev; each curve's minutes start after the
     launch and grow, the job ends after its last point, and the plot is written."""
-    results = run_tiny("time_to_accuracy", tmp_path)
+    results = run_tiny("time_to_accuracy", tmp_path, sqlite_store)
     assert set(results["arms"]) == {"before", "after"}
     for arm in results["arms"].values():
         for run in arm["runs"]:

@@ -62,10 +62,10 @@ def service(tmp_path):
         yield f"grpc://127.0.0.1:{port}"
 
 
-def test_two_ranks_train_through_a_dispatcher_and_two_workers(service, tiny_shards, tmp_path):
+def test_two_ranks_train_through_a_dispatcher_and_two_workers(service, tiny_shards, tmp_path, sqlite_store):
     import mlflow
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store
     workdir = tmp_path / "w"
     horovodrun(
         [

@@ -51,8 +51,8 @@ def evaluate(shards, workdir, env: dict, *args: str) -> dict:
 
 
 @pytest.fixture
-def uri(tmp_path):
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def uri(sqlite_store):
+    return sqlite_store
 
 
 def test_the_plan_and_command_lines_know_the_extensions_without_tensorflow(tmp_path):

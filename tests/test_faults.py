@@ -15,8 +15,8 @@ from tests.test_benchmarks import run_tiny
 
 
 @pytest.mark.slow
-def test_injected_faults_end_as_they_should(tmp_path):
-    faults = run_tiny("faults", tmp_path)
+def test_injected_faults_end_as_they_should(tmp_path, sqlite_store):
+    faults = run_tiny("faults", tmp_path, sqlite_store)
     assert faults["clean_exit"] == 0
     # Rank 1 killed, not elastic: the launcher exits at once and names the rank; the rerun (the
     # Airflow retry) resumes from the last checkpoint (every 2 steps in the tiny run) and finishes.

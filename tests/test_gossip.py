@@ -46,8 +46,8 @@ def train(tiny_shards, workdir, uri, model="asr", np_=2, hosts=None, extra=()):
 
 
 @pytest.fixture
-def uri(tmp_path):
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def uri(sqlite_store):
+    return sqlite_store
 
 
 def check_gossip_run(summary: dict, uri: str) -> None:

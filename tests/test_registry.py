@@ -14,8 +14,8 @@ from tests.conftest import PYTHON, ROOT, quiet_env
 
 
 @pytest.fixture
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def mlflow_uri(sqlite_store, monkeypatch):
+    uri = sqlite_store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
     return uri
@@ -277,9 +277,9 @@ def test_finish_ends_the_parent_and_writes_the_summary(mlflow_uri, tmp_path, cap
         registry.main(["finish", "--parent-run-id", parent, "--status", "DONE"])
 
 
-def test_cli_prints_one_json_line_and_writes_the_json_file(tmp_path):
+def test_cli_prints_one_json_line_and_writes_the_json_file(tmp_path, sqlite_store):
     out = tmp_path / "xcom" / "return.json"
-    env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env = quiet_env(MLFLOW_TRACKING_URI=sqlite_store)
     proc = subprocess.run(
         [
             PYTHON,

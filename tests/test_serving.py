@@ -408,11 +408,11 @@ def _post(url: str, body: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path):
+def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path, sqlite_store):
     """Corpus (espeak-ng voices), fbank, float32 shards, a tiny model trained with per-utterance
     CMVN, evaluation, registration; then `mlflow models serve -m models:/NAME@champion` answers
     WAV files posted as paths and as base64, and waveforms, with evaluation's hypotheses."""
-    env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env = quiet_env(MLFLOW_TRACKING_URI=sqlite_store)
     data, shard_dir, workdir = tmp_path / "data", tmp_path / "shards", tmp_path / "asr"
     _run([PYTHON, "-m", "pipeline.corpus", "--out", str(data), "--num-utterances", "60", "--jobs", "2"], env, ROOT)
     for split in ("train", "test"):

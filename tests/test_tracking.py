@@ -14,13 +14,14 @@ import models.tracking.spool
 from models.tracking import runs as tracking
 from models.tracking.spool import RunLog, spool_path
 from models.training import system_metrics
+from tests.conftest import copy_store
 from tests.mlflow_server import MlflowServer, free_port
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, mlflow_template):
     root = tmp_path_factory.mktemp("mlflow_server")
-    with MlflowServer(f"sqlite:///{root / 'mlflow.db'}", root / "artifacts", root / "server.log") as running:
+    with MlflowServer(copy_store(mlflow_template, root), root / "artifacts", root / "server.log") as running:
         yield running
 
 

@@ -17,8 +17,8 @@ from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
 
 
 @pytest.fixture
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def mlflow_uri(sqlite_store, monkeypatch):
+    uri = sqlite_store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)  # `runs:/` URIs resolve against the process-wide setting
     return uri

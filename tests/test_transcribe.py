@@ -164,14 +164,14 @@ def test_synthesize_writes_one_wav_per_sentence(tmp_path):
 
 
 @pytest.mark.slow  # logging a pyfunc model into a registry: about 20 s
-def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, monkeypatch):
+def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_store, monkeypatch):
     import mlflow
 
     from models.serving import pyfunc as serving
 
     root, data, evaluated = decoded
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
+    mlflow.set_tracking_uri(sqlite_store)
     try:
         _, config, info = serving.load_model_dir(root / "work" / "model")
         experiment = mlflow.create_experiment("transcribe", artifact_location=(tmp_path / "artifacts").as_uri())

@@ -41,8 +41,7 @@ def why_no_browser_test() -> str | None:
     return None
 
 
-def use_store(tmp_path: Path, monkeypatch) -> str:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def use_store(uri: str, monkeypatch) -> str:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 
@@ -63,8 +62,8 @@ def register_champion(path: Path, name: str) -> None:
     tracking.client().set_registered_model_alias(name, registry.ALIAS, version.version)
 
 
-def test_a_missing_champion_names_the_command_that_makes_one(tmp_path, monkeypatch):
-    use_store(tmp_path, monkeypatch)
+def test_a_missing_champion_names_the_command_that_makes_one(tmp_path, sqlite_store, monkeypatch):
+    use_store(sqlite_store, monkeypatch)
     missing = try_models.champion("nobody-asr", "asr")
     assert "`make demo` trains and registers one" in missing["error"] and "uri" not in missing
     assert try_page.header("asr", missing).startswith("**No acoustic model to try.**")
@@ -130,12 +129,12 @@ PLAYABLE = """async (el) => {
 
 @pytest.mark.slow
 @pytest.mark.skipif(why_no_browser_test() is not None, reason=why_no_browser_test() or "")
-def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_path, monkeypatch):
+def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_path, sqlite_store, monkeypatch):
     """The transcript on the page is the acoustic champion's for the uploaded file, and the <audio>
     the page plays holds the synthesis champion's WAV in the voice picked, byte for byte."""
     from playwright.sync_api import expect, sync_playwright
 
-    uri = use_store(tmp_path, monkeypatch)
+    uri = use_store(sqlite_store, monkeypatch)
     monkeypatch.chdir(tmp_path)
     asr_dir = model_dir(tmp_path / "asr", "asr")
     tts_dir = model_dir(tmp_path / "tts", "tts", voices=("alice", "bob"))
