@@ -142,6 +142,10 @@ class Trainer:
                 return self._run_rank0()
             # Every rank logs its system metrics (and, should it become rank 0 in an elastic job,
             # the training metrics) into rank 0's MLflow run, through a log that outlasts an outage.
+            # MLflow is imported before waiting for the run's id, while rank 0 opens the run: after
+            # it, every rank waited for this one's import (~3.5 s) at the weights' broadcast.
+            import mlflow  # noqa: F401
+
             log = RunLog(self.report.shared_run_id(None), spool_path(self.workdir, s.rank))
             with SystemMetrics(log, s.rank, s.hvd.local_rank()):
                 summary = self._loop(log=log, bar=None)
