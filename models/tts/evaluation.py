@@ -48,7 +48,7 @@ def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Itera
     mean, std = np.asarray(data["mel_mean"], np.float32), np.asarray(data["mel_std"], np.float32)
     r = config.tts.reduction_factor
     voices = list(config.tts.speakers) if config.tts.multi_speaker else [""]
-    forced_pass = tf.function(lambda b: model.teacher_forced(b, training=False), reduce_retracing=True)
+    forced_pass = teacher_forced_graph(model, dataset)
     infer = model.compiled_infer()
     count = 0
     for batch in dataset:
@@ -207,10 +207,13 @@ def write_samples(
             s.free_alignment, out_dir / f"{stem(s)}_attention_synthesis.png", f"{title}: while synthesizing"
         )
         audio.plot_mels(s.synthesized, s.reference, out_dir / f"{stem(s)}_mels.png", title)
-    for s in ordered[:num_audio]:
+    sampled = ordered[:num_audio]
+    # one batch: the synthesized and the recorded mels of every sample
+    waves = audio.griffin_lim_batch([s.synthesized for s in sampled] + [s.reference for s in sampled])
+    for s, synthesized, reference in zip(sampled, waves[: len(sampled)], waves[len(sampled) :]):
         text = "".join(vocabulary[t] for t in s.tokens)
-        audio.write_wav(out_dir / f"{stem(s)}_synthesized.wav", audio.griffin_lim(s.synthesized))
-        audio.write_wav(out_dir / f"{s.utt_id}_reference_griffin_lim.wav", audio.griffin_lim(s.reference))
+        audio.write_wav(out_dir / f"{stem(s)}_synthesized.wav", synthesized)
+        audio.write_wav(out_dir / f"{s.utt_id}_reference_griffin_lim.wav", reference)
         rows += [
             f"{stem(s)}_synthesized.wav\t{s.speaker}\t{s.voice}\t{text}",
             f"{s.utt_id}_reference_griffin_lim.wav\t{s.speaker}\t{s.speaker}\t{text}",
@@ -249,12 +252,19 @@ def teacher_forced_l1(model, dataset) -> float:
     import tensorflow as tf
 
     total = count = 0.0
-    forced = tf.function(
-        lambda b: model.teacher_forced(b, training=False), reduce_retracing=True
-    )  # a graph, not a Python step per frame
+    forced = teacher_forced_graph(model, dataset)
     for batch in dataset:
         out = forced(batch)
         mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mels"])[1], tf.float32)[..., None]
         total += float(tf.reduce_sum(tf.abs(out["mel_after"] - batch["mels"]) * mask))
         count += float(tf.reduce_sum(mask)) * int(batch["mels"].shape[-1])
     return total / max(count, 1.0)
+
+
+def teacher_forced_graph(model, dataset):
+    """The model's teacher-forced pass over `dataset`'s batches as one graph, not a Python step per
+    frame; traced once, for the batches' element spec (their batch and time axes free), where
+    tracing for each new shape traced it again for most of the evaluation's batches."""
+    import tensorflow as tf
+
+    return tf.function(lambda b: model.teacher_forced(b, training=False), input_signature=[dataset.element_spec])
