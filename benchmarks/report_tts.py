@@ -144,6 +144,7 @@ def tts_seed_levers(r: dict) -> list[str]:
             [
                 f"`{name}`",
                 ", ".join(f"`{o}`" for o in run["overrides"]) or "the demo config",
+                " / ".join(str(n) for n in sorted({s["steps"] for s in run["seeds"].values()})),
                 f"**{pct(m['dev_intelligibility_cer'])}** ({per_seed})",
                 num(100 * spread["dev_intelligibility_cer"], 1),
                 pct(m["test_intelligibility_cer"]),
@@ -163,7 +164,8 @@ def tts_seed_levers(r: dict) -> list[str]:
         "that refits the duration predictor (`refit30`, kept).",
         "",
     ]
-    headers = ["lever", "overrides", "dev CER, mean (each seed)", "dev spread (points)", "test CER", "teacher-forced"]
+    headers = ["lever", "overrides", "training steps", "dev CER, mean (each seed)", "dev spread (points)"]
+    headers += ["test CER", "teacher-forced"]
     headers += ["through the vocoder", "mel L1", "measured at"]
     return out + table(headers, rows)
 
