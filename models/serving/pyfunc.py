@@ -144,14 +144,17 @@ def transcribe_features(model, config, data: dict, feats: list[np.ndarray], beam
 # ---- synthesis model: text -> log-mel -> Griffin-Lim audio ----------------------------------------
 
 
-def wav_base64(log_mel: np.ndarray, iterations: int) -> str:
-    """Griffin-Lim audio of one sentence's log-mel [T, D] as a base64-encoded 16-bit WAV file."""
+def wavs_base64(log_mels: list[np.ndarray], iterations: int) -> list[str]:
+    """Griffin-Lim audio of each sentence's log-mel [T_i, D] (one batch) as base64-encoded 16-bit WAV files."""
     from models.tts import audio
 
+    encoded = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "synthesized.wav"
-        audio.write_wav(path, audio.griffin_lim(log_mel, n_iter=iterations))
-        return base64.b64encode(path.read_bytes()).decode("ascii")
+        for wave in audio.griffin_lim_batch(log_mels, n_iter=iterations):
+            audio.write_wav(path, wave)
+            encoded.append(base64.b64encode(path.read_bytes()).decode("ascii"))
+    return encoded
 
 
 class SpeechModel(mlflow.pyfunc.PythonModel):

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 
 from models.serving.policy import ENV_PREFIX, RequestError, bounded_param, check_rows, texts_and_voices
-from models.serving.pyfunc import wav_base64
+from models.serving.pyfunc import wavs_base64
 
 
 class TtsServer:
@@ -43,7 +43,9 @@ class TtsServer:
             raise RequestError(str(err)) from err
         mels, lengths = out["mels"], out["lengths"]
         return {
-            "audio": [wav_base64(m[:n], iterations) if iterations > 0 else "" for m, n in zip(mels, lengths)],
+            "audio": wavs_base64([m[:n] for m, n in zip(mels, lengths)], iterations)
+            if iterations > 0
+            else [""] * len(mels),
             "voices": out["voices"],
             "sample_rate": audio.SAMPLE_RATE,
             "mels": mels,

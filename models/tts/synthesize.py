@@ -56,8 +56,9 @@ def synthesize(model_spec: str, text_file: Path, out_dir: Path, cfg: SynthesizeC
         texts = [s for _, s in chunk]
         # ValueError naming the model's voices for one it lacks
         out = speak(model, data, texts, [cfg.voice] * len(texts), max_steps=cfg.max_steps)
-        for (line, sentence), mel, length, voice in zip(chunk, out["mels"], out["lengths"], out["voices"]):
-            wave = audio.griffin_lim(mel[:length], n_iter=cfg.griffin_lim_iters)
+        mels = [mel[:length] for mel, length in zip(out["mels"], out["lengths"])]
+        waves = audio.griffin_lim_batch(mels, n_iter=cfg.griffin_lim_iters)  # one batch, each as alone
+        for (line, sentence), wave, voice in zip(chunk, waves, out["voices"]):
             path = out_dir / f"line-{line:04d}.wav"
             audio.write_wav(path, wave)
             rows.append(
