@@ -13,14 +13,6 @@ from models.tracking import runs as tracking
 from tests.conftest import PYTHON, ROOT, quiet_env
 
 
-@pytest.fixture
-def mlflow_uri(sqlite_store, monkeypatch):
-    uri = sqlite_store
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
-    return uri
-
-
 def cli(capsys, *argv: str) -> dict:
     """Runs the entry point in-process; returns the JSON line it printed."""
     assert registry.main(list(argv)) == 0

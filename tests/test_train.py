@@ -16,14 +16,6 @@ from models.training import config as train_config
 from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
 
 
-@pytest.fixture
-def mlflow_uri(sqlite_store, monkeypatch):
-    uri = sqlite_store
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)  # `runs:/` URIs resolve against the process-wide setting
-    return uri
-
-
 def tiny(name: str, *overrides: str) -> train_config.TrainConfig:
     return configlib.load(train_config.TrainConfig, CONFIGS / f"tiny_{name}.yaml", list(overrides))
 

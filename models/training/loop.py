@@ -143,7 +143,7 @@ class Trainer:
             # Every rank logs its system metrics (and, should it become rank 0 in an elastic job,
             # the training metrics) into rank 0's MLflow run, through a log that outlasts an outage.
             # MLflow is imported before waiting for the run's id, while rank 0 opens the run: after
-            # it, every rank waited for this one's import (~3.5 s) at the weights' broadcast.
+            # it, every rank waited for this one's import (seconds) at the weights' broadcast.
             import mlflow  # noqa: F401
 
             log = RunLog(self.report.shared_run_id(None), spool_path(self.workdir, s.rank))

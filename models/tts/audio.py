@@ -125,8 +125,9 @@ def griffin_lim_batch(log_mels, n_iter: int = 48, momentum: float = 0.99, seed: 
 @functools.cache
 def _griffin_lim_graph():
     """Fast Griffin-Lim's iterations as one graph (a `tf.while_loop`, traced once per process for
-    every batch, length and number of iterations): as eager ops, the STFT pair's two dozen small ops per iteration were
-    dispatched one by one from Python. magnitude, start phase [B, T, 257] -> waveforms [B, samples]."""
+    every batch, length and number of iterations): as eager ops, the STFT pair's two dozen small
+    ops per iteration were dispatched one by one from Python.
+    magnitude, start phase [B, T, 257] -> waveforms [B, samples]."""
     import tensorflow as tf
 
     window = tf.constant(povey_window(), tf.float32)

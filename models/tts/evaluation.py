@@ -40,15 +40,15 @@ class Spoken:
     free_alignment: np.ndarray  # [ceil(T' / r), N] attention weights, free-running
 
 
-def synthesize(model, config, data: dict, dataset, max_utterances: int) -> Iterator[Spoken]:
+def synthesize(model, config, data: dict, dataset, max_utterances: int, forced_pass) -> Iterator[Spoken]:
     """Speaks the sentences of `dataset` (`TtsTask.dataset` in evaluation mode: its `speaker_ids`
-    say in which voice) with compiled functions: the decoder loops run as graphs."""
+    say in which voice) with compiled functions: the decoder loops run as graphs; `forced_pass`:
+    `teacher_forced_graph` of the model for `dataset`."""
     import tensorflow as tf
 
     mean, std = np.asarray(data["mel_mean"], np.float32), np.asarray(data["mel_std"], np.float32)
     r = config.tts.reduction_factor
     voices = list(config.tts.speakers) if config.tts.multi_speaker else [""]
-    forced_pass = teacher_forced_graph(model, dataset)
     infer = model.compiled_infer()
     count = 0
     for batch in dataset:
@@ -230,10 +230,11 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     for split in splits:
         dataset = batches(split, cfg.tts_frames_per_batch)
         # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
-        spoken = list(synthesize(model, config, data, dataset, cfg.max_utterances))
+        forced = teacher_forced_graph(model, dataset)
+        spoken = list(synthesize(model, config, data, dataset, cfg.max_utterances, forced))
         metrics.update(tts_metrics(spoken, split))
         if split == "dev":  # selection: the teacher-forced mel L1 of all of dev
-            metrics["dev_mel_l1"] = teacher_forced_l1(model, dataset)
+            metrics["dev_mel_l1"] = teacher_forced_l1(forced, dataset)
         if listener is not None:
             metrics.update(intelligibility(spoken, data["vocabulary"], listener, split, out_dir))
         write_samples(spoken, data["vocabulary"], out_dir, split, cfg.num_plots, cfg.num_audio)
@@ -247,12 +248,12 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     return metrics
 
 
-def teacher_forced_l1(model, dataset) -> float:
-    """Mean absolute error of the post-net's normalized mels, teacher-forced, over real frames."""
+def teacher_forced_l1(forced, dataset) -> float:
+    """Mean absolute error of the post-net's normalized mels, teacher-forced (`forced`:
+    `teacher_forced_graph` of the model for `dataset`), over real frames."""
     import tensorflow as tf
 
     total = count = 0.0
-    forced = teacher_forced_graph(model, dataset)
     for batch in dataset:
         out = forced(batch)
         mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mels"])[1], tf.float32)[..., None]
