@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report_format import provenance  # noqa: E402
-from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy  # noqa: E402
+from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy, voice_warp  # noqa: E402
 from benchmarks.report_speed import input_pipeline, serving, speedup_model, straggler, throughput  # noqa: E402
 from benchmarks.report_tts import tts_durations, tts_levers, tts_seed_levers, tts_seeds  # noqa: E402
 
@@ -86,6 +86,17 @@ SECTIONS: dict[str, Section] = {
         time_to_accuracy,
         "Both arms evaluate on dev the same number of times. The minutes to a target are those of the first "
         "evaluation at or below it, so they are as coarse as the evaluations are apart.",
+    ),
+    "voice_warp.json": (
+        "Held-out voices: vocal-tract length",
+        "`benchmarks/voice_warp.py` (inference only): the demo run's acoustic model hears the test sentences in "
+        "the held-out espeak-ng voices (`test`) and in flite's held-out voices (`test_engine`) with every "
+        "utterance's mel axis warped by one factor (the training step's vocal tract length perturbation, its "
+        "factor fixed); below one a voice's formants are lowered.",
+        voice_warp,
+        "A voice whose CER falls far at some warp speaks with formants that training did not cover, and a "
+        "perturbation in training that reaches that warp is the lever; what is left at a voice's best warp is "
+        "not a matter of vocal-tract length, and no warp brings flite's held-out voices near the espeak-ng ones.",
     ),
     "input_pipeline.json": (
         "Input pipeline",

@@ -270,3 +270,25 @@ def time_to_accuracy(r: dict) -> list[str]:
         "test_engine CER",
     ]
     return table(headers, rows)
+
+
+def voice_warp(r: dict) -> list[str]:
+    """benchmarks/voice_warp.py: per split, each voice's greedy CER at each warp, its best warp."""
+    warps = r["warps"]
+    out = [
+        f"The demo run's acoustic model (training seed {r['meta']['seeds']['training']}); greedy CER of each "
+        "voice with every utterance's mel axis warped by the factor in the column head (1.0: unwarped).",
+        "",
+    ]
+    for split, s in r["splits"].items():
+        rows = []
+        for name, cers, count in [
+            *((f"`{n}`", v["cer"], v["utterances"]) for n, v in s["voices"].items()),
+            ("**all**", s["all"], sum(v["utterances"] for v in s["voices"].values())),
+        ]:
+            best = min(range(len(warps)), key=lambda i: cers[i])
+            cells = [f"**{pct(c)}**" if i == best else pct(c) for i, c in enumerate(cers)]
+            rows.append([name, str(count), *cells, num(warps[best], 2)])
+        out += [f"`{split}`:", ""]
+        out += table(["voice", "utterances", *(num(w, 2) for w in warps), "best warp"], rows)
+    return out

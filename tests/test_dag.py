@@ -946,6 +946,14 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     assert durations["arms"]["searched"]["cer"] == pytest.approx(durations["arms"]["teacher_forced"]["cer"], abs=0.05)
     assert durations["durations"]["characters"] > 0 and "searched" in table
 
+    # benchmarks/voice_warp.py on the run's acoustic model: unwarped, each split's CER is the evaluation's.
+    warped, table = benchmark("voice_warp", "--warps", "0.9,1.1", "--max-utterances", "0")
+    assert warped["warps"] == [0.9, 1.0, 1.1] and set(warped["splits"]) == {"test", "test_engine"}
+    for split, heard in warped["splits"].items():
+        assert heard["all"][1] == pytest.approx(summary["models"]["asr"]["metrics"][f"{split}_cer"]), split
+        assert all(len(v["cer"]) == 3 for v in heard["voices"].values())
+    assert {"flite:kal16", "flite:slt"} <= set(warped["splits"]["test_engine"]["voices"]) and "test_engine" in table
+
     # Each training is two ranks that agree, logged to the server.
     client = mlflow.MlflowClient(dag_run.uri)
     for model, trained in dag_run.trained.items():

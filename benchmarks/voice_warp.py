@@ -1,0 +1,140 @@
+"""How much of the acoustic model's error on voices it never heard is vocal-tract length (inference
+only, a minute): every utterance of a split heard with its mel axis warped by one factor
+(pipeline/frontend.py `vtlp`, the training step's perturbation, with the factor fixed), for a range
+of factors, the greedy CER of each voice.
+
+    python benchmarks/voice_warp.py --demo-run DIR [--model W] [--splits test,test_engine]
+                                    [--warps 0.8,0.85,0.9,0.95,1.0,1.05,1.1,1.15,1.2]
+                                    [--max-utterances N] [--json out.json]
+
+DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
+`shards/`, its corpus' `utt2voice` (each utterance's engine and voice) and its acoustic model `asr/`,
+or the one `--model` names (any form `models.evaluate --model` takes). A warp `a` makes what sounded at
+f Hz sound at a * f: below 1 it lowers a voice's formants. At 1.0 the figures are the evaluation's.
+A voice whose CER falls far at some warp has formants that training did not cover; what is left at
+its best warp is not a matter of vocal-tract length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import print_table, write_json  # noqa: E402
+
+WARPS = (0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2)
+
+
+def voices_of(corpus: Path, split: str) -> dict[str, str]:
+    """utt_id -> "engine:voice" from the corpus' `SPLIT/utt2voice` ({} when it has none)."""
+    table = corpus / split / "utt2voice"
+    if not table.is_file():
+        return {}
+    pairs = (line.split() for line in table.read_text().splitlines() if line.strip())
+    return {fields[0]: fields[1] for fields in pairs if len(fields) >= 2}
+
+
+def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], warps: list[float], limit: int) -> dict:
+    """Per split: each voice's utterances and its greedy CER at each of `warps` (and the split's)."""
+    import tensorflow as tf
+
+    from common import catalog
+    from common.runtime import configure_tensorflow
+    from models.asr import network as asr
+    from models.asr.evaluation import error_rates
+    from models.asr.task import AsrTask
+    from models.evaluate import EvalConfig, check_vocabulary, split_batches
+    from models.serving import opening
+    from pipeline import frontend, text
+    from pipeline.records import open_shard_set
+
+    configure_tensorflow()
+    model, config, data = opening.open_model(model_spec)
+    if config.model != "asr":
+        raise ValueError(f"{model_spec}: not an acoustic model (model: {config.model})")
+    shards = open_shard_set(shards_dir)
+    check_vocabulary(data, shards, model_spec)
+    cfg = EvalConfig()
+    task = catalog.task_class("asr").create(config, shards, cfg)
+    forward = asr.compiled(model)
+    vocabulary = data["vocabulary"]
+    results = {}
+    for split in splits:
+        voices = voices_of(corpus, split)
+        batches = list(split_batches(task, config, shards, split, cfg.asr_frames_per_batch))
+        per_warp = []
+        for warp in warps:
+            pairs = defaultdict(lambda: ([], []))  # voice -> (references, hypotheses)
+            heard = 0
+            for batch in batches:
+                feats = AsrTask.features(batch)  # [B, T, D] normalized as the evaluation reads them
+                if warp != 1.0:
+                    feats = frontend.vtlp(feats, (warp, warp), tf.zeros([2], tf.int64))
+                logits, lengths = forward(feats, batch["feat_lengths"])
+                hypotheses = asr.greedy_decode(logits.numpy(), lengths.numpy())
+                tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
+                for i, utt in enumerate(batch["utt_id"].numpy()):
+                    if limit and heard >= limit:
+                        break
+                    utt, heard = utt.decode(), heard + 1
+                    # a corpus without utt2voice: the speaker is the id without its number
+                    references, hyps = pairs[voices.get(utt, utt.rsplit("-", 1)[0])]
+                    references.append("".join(vocabulary[t] for t in tokens[i, : token_lengths[i]]))
+                    hyps.append(text.decode(hypotheses[i], vocabulary))
+            per_warp.append(pairs)
+        names = sorted(per_warp[0])
+        results[split] = {
+            "voices": {
+                name: {
+                    "utterances": len(per_warp[0][name][0]),
+                    "cer": [error_rates(*pairs[name])["cer"] for pairs in per_warp],
+                }
+                for name in names
+            },
+            "all": [
+                error_rates(
+                    [r for name in names for r in pairs[name][0]], [h for name in names for h in pairs[name][1]]
+                )["cer"]
+                for pairs in per_warp
+            ],
+        }
+    return {"warps": list(warps), "splits": results, "training_seed": config.seed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demo-run", type=Path, required=True, help="a finished demo run's directory")
+    parser.add_argument("--model", help="the acoustic model (default: the demo run's asr/)")
+    parser.add_argument("--splits", default="test,test_engine", help="splits of the run's shards, comma-separated")
+    parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="warp factors, comma-separated")
+    parser.add_argument("--max-utterances", type=int, default=0, help="utterances per split (default: all)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    run_dir = args.demo_run.resolve()
+    warps = [float(w) for w in args.warps.split(",")]
+    if 1.0 not in warps:
+        warps.append(1.0)  # the evaluation's own figure, beside the warped ones
+    splits = [s for s in args.splits.split(",") if s]
+    model = args.model or str(run_dir / "asr")
+    results = sweep(model, run_dir / "shards", run_dir / "corpus", splits, sorted(warps), args.max_utterances)
+    results["model"] = "the demo run's" if args.model is None else "--model"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    results["evaluation_cer"] = {
+        split: summary["models"].get("asr", {}).get("metrics", {}).get(f"{split}_cer") for split in splits
+    }
+    for split, r in results["splits"].items():
+        rows = [[name, v["utterances"], *v["cer"]] for name, v in r["voices"].items()]
+        rows.append(["all", sum(v["utterances"] for v in r["voices"].values()), *r["all"]])
+        print(f"{split}: greedy CER at each warp")
+        print_table(["voice", "utterances", *map(str, results["warps"])], rows)
+    write_json(args.json, results, {"demo_corpus": 0, "training": results["training_seed"]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
