@@ -32,11 +32,10 @@ WARPS = (0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2)
 
 def voices_of(corpus: Path, split: str) -> dict[str, str]:
     """utt_id -> "engine:voice" from the corpus' `SPLIT/utt2voice` ({} when it has none)."""
-    table = corpus / split / "utt2voice"
-    if not table.is_file():
-        return {}
-    pairs = (line.split() for line in table.read_text().splitlines() if line.strip())
-    return {fields[0]: fields[1] for fields in pairs if len(fields) >= 2}
+    from pipeline.kaldi import read_optional_table
+
+    table = read_optional_table(corpus / split / "utt2voice")
+    return dict(table.values) if table else {}
 
 
 def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], warps: list[float], limit: int) -> dict:
