@@ -669,6 +669,7 @@ def test_write_wav_and_plots(tmp_path):
     rate, pcm = scipy.io.wavfile.read(tmp_path / "a.wav")
     assert rate == 16000 and pcm.dtype == np.int16 and len(pcm) == 1600
     assert abs(np.abs(pcm).max() / 32767 - 0.9) < 1e-3
+    assert (tmp_path / "a.wav").read_bytes() == audio.wav_bytes(wave)  # what the server sends, base64-encoded
     mels = audio.kaldi_fbank(speech_like(0.5))
     audio.plot_alignment(np.eye(20, 12), tmp_path / "align.png", "step 1")
     audio.plot_mels(mels, mels + 1, tmp_path / "mels.png", "utt1")

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -148,13 +147,8 @@ def wavs_base64(log_mels: list[np.ndarray], iterations: int) -> list[str]:
     """Griffin-Lim audio of each sentence's log-mel [T_i, D] (one batch) as base64-encoded 16-bit WAV files."""
     from models.tts import audio
 
-    encoded = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "synthesized.wav"
-        for wave in audio.griffin_lim_batch(log_mels, n_iter=iterations):
-            audio.write_wav(path, wave)
-            encoded.append(base64.b64encode(path.read_bytes()).decode("ascii"))
-    return encoded
+    waves = audio.griffin_lim_batch(log_mels, n_iter=iterations)
+    return [base64.b64encode(audio.wav_bytes(wave)).decode("ascii") for wave in waves]
 
 
 class SpeechModel(mlflow.pyfunc.PythonModel):

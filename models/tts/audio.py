@@ -12,6 +12,7 @@ normalized ones the model sees: de-normalize model outputs before calling these.
 from __future__ import annotations
 
 import functools
+import io
 import os
 from pathlib import Path
 
@@ -174,13 +175,18 @@ def pcm16(wave, peak: float | None = 0.9) -> np.ndarray:
     return np.round(np.clip(wave, -1.0, 1.0) * 32767).astype(np.int16)
 
 
+def wav_bytes(wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0.9) -> bytes:
+    """`pcm16(wave, peak)` as the bytes of a 16-bit PCM WAV file."""
+    buffer = io.BytesIO()
+    scipy.io.wavfile.write(buffer, sample_rate, pcm16(wave, peak))
+    return buffer.getvalue()
+
+
 def write_wav(path, wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0.9) -> None:
-    """Writes `pcm16(wave, peak)` as a 16-bit PCM WAV (atomically)."""
-    pcm = pcm16(wave, peak)
+    """Writes `wav_bytes(wave, sample_rate, peak)` to `path` (atomically)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        scipy.io.wavfile.write(handle, sample_rate, pcm)
+    tmp.write_bytes(wav_bytes(wave, sample_rate, peak))
     os.replace(tmp, path)
 
 
