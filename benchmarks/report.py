@@ -79,13 +79,15 @@ SECTIONS: dict[str, Section] = {
     "time_to_accuracy.json": (
         "Time to accuracy",
         "`benchmarks/time_to_accuracy.py`: the demo corpus through the real stages, the demo acoustic model "
-        "at `horovodrun -np 2` with two configs in one run, each the file named as of the commit named below (the "
-        "after arm's is kept as `benchmarks/configs/demo_asr_subsample4.yaml`); "
-        "dev CER against minutes from launching horovodrun (start-up, input, evaluations and checkpoints "
-        "included); test CER greedy on voices never heard in training, of the model each run saved.",
+        "at `horovodrun -np 2` with two configs in one run, each the file named as of the commit named below: "
+        "`before` the demo's model on Keras' LSTM path, `after` the same model as the demo trains it (the CPU "
+        "path of `models/layers/lstm.py`); dev CER against minutes from launching horovodrun (start-up, input, "
+        "evaluations and checkpoints included); test CER greedy on the espeak-ng voices never heard in training "
+        "and on flite's (`test_engine`), of the model each run saved.",
         time_to_accuracy,
         "Both arms evaluate on dev the same number of times. The minutes to a target are those of the first "
-        "evaluation at or below it, so they are as coarse as the evaluations are apart.",
+        "evaluation at or below it, so they are as coarse as the evaluations are apart. The dev split holds new "
+        "sentences in the training voices of both engines, espeak-ng's and flite's.",
     ),
     "voice_warp.json": (
         "Held-out voices: vocal-tract length",
