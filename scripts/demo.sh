@@ -37,14 +37,13 @@ airflow db migrate >"$RUNS/airflow-db-migrate.log" 2>&1 \
 LAST=$RUNS/last_demo.json
 .venv/bin/python - "$CONF" "$LAST" benchmarks/results/demo.json <<'EOF' || true
 import json
-import os
 import sys
 from pathlib import Path
 
 conf, last, measured = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 params = json.loads(conf or "{}")
 if last.is_file() and json.loads(last.read_text()).get("params") == params:
-    seconds, source = json.loads(last.read_text())["wall_s"], "this machine's last run with these params"
+    seconds, source, note = json.loads(last.read_text())["wall_s"], "this machine's last run with these params", ""
 elif not params and measured.is_file():
     from benchmarks.harness import machine
 
@@ -53,14 +52,13 @@ elif not params and measured.is_file():
     there, here = record.get("meta", {}).get("machine", {}), machine()
     flags = ", ".join(there.get("flags") or []) or "flags unknown"
     source = f"measured on a {there.get('cores', 2)}-core {there.get('cpu_model') or 'CPU'} with {flags}, benchmarks/results/demo.json"
+    note = f"; this machine has {here['cores']} cores" + (", so expect less" if (here["cores"] or 1) > 2 else "")
+    if "avx512f" in (there.get("flags") or []) and "avx512f" not in here["flags"]:
+        # Narrower vector units: the demo's acoustic training took half again as long on a CPU without AVX-512.
+        note += "; it lacks avx512f, so expect more"
 else:
     print("\033[1m[demo]\033[0m no estimate of its time for these params yet (the next run with them will have one)")
     sys.exit(0)
-cores = os.cpu_count() or 1
-note = "" if "last run" in source else f"; this machine has {cores} cores" + (", so expect less" if cores > 2 else "")
-if "last run" not in source and "avx512f" in (there.get("flags") or []) and "avx512f" not in here["flags"]:
-    # Narrower vector units: the demo's acoustic training took half again as long on a CPU without AVX-512.
-    note += " without avx512f, so expect more"
 print(f"\033[1m[demo]\033[0m this takes about {round(seconds / 60)} minutes ({source}{note})")
 EOF
 started=$(date +%s)
