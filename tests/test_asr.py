@@ -81,6 +81,18 @@ def test_beam_search_agrees_with_greedy_on_a_peaked_path():
     )
 
 
+def test_greedy_and_beam_transcriptions_share_one_forward_pass(monkeypatch):
+    model = asr.build_asr(CFG)
+    feats, lengths = tf.random.normal([3, 40, 13], seed=1), tf.constant([40, 25, 9])
+    vocabulary = ["<blk>", "a", "b", "c", " ", "d", "e"]
+    alone = [asr.transcribe(model, feats, lengths, vocabulary, width) for width in (0, 4)]
+    passes = []
+    forward = asr.compiled(model, 13)
+    monkeypatch.setattr(asr, "compiled", lambda m, dim=None: lambda *a: passes.append(1) or forward(*a))
+    assert asr.transcriptions(model, feats, lengths, vocabulary, (0, 4)) == alone
+    assert len(passes) == 1
+
+
 def test_ctc_loss_skips_infeasible_utterances():
     tokens = tf.constant([[1, 2, 0, 0], [1, 1, 1, 1], [2, 2, 0, 0]])  # need 2, 7 and 3 frames
     loss, infeasible = asr.ctc_loss(tf.zeros([3, 3, 5]), tf.constant([3, 3, 3]), tokens, tf.constant([2, 4, 2]))

@@ -90,8 +90,7 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
     rows = []
     for batch in dataset:
         feats, lengths = AsrTask.features(batch), batch["feat_lengths"]
-        greedy = asr.transcribe(model, feats, lengths, vocabulary)
-        beam = asr.transcribe(model, feats, lengths, vocabulary, beam_width)
+        greedy, beam = asr.transcriptions(model, feats, lengths, vocabulary, (0, beam_width))
         tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
         for i, utt in enumerate(batch["utt_id"].numpy()):
             reference = "".join(vocabulary[t] for t in tokens[i, : token_lengths[i]])

@@ -225,12 +225,19 @@ def beam_decode(logits, lengths, beam_width: int = 16) -> list[list[int]]:
 def transcribe(model, feats, lengths, vocabulary: list[str], beam_width: int = 0) -> list[str]:
     """Texts of a batch: feats float32 [B, T, D] normalized as in training, lengths [B] in frames;
     greedy decoding, or CTC beam search with `beam_width` > 0."""
+    return transcriptions(model, feats, lengths, vocabulary, (beam_width,))[0]
+
+
+def transcriptions(model, feats, lengths, vocabulary: list[str], beam_widths=(0,)) -> list[list[str]]:
+    """`transcribe` with each of `beam_widths` (0: greedy) from one forward pass of the batch: one
+    list of texts per width. The forward pass is most of a transcription's time, so an evaluation
+    that reports greedy and beam search runs it once."""
     logits, out_lengths = compiled(model, feats.shape[-1])(feats, tf.cast(lengths, tf.int32))
-    if beam_width:
-        ids = beam_decode(logits, out_lengths, beam_width)
-    else:
-        ids = greedy_decode(logits.numpy(), out_lengths.numpy())
-    return [text.decode(h, vocabulary) for h in ids]
+    decoded = []
+    for width in beam_widths:
+        ids = beam_decode(logits, out_lengths, width) if width else greedy_decode(logits.numpy(), out_lengths.numpy())
+        decoded.append([text.decode(h, vocabulary) for h in ids])
+    return decoded
 
 
 def flops_per_frame(config: AsrConfig) -> float:
