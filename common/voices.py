@@ -22,8 +22,8 @@ ENGINES = ("espeak-ng", "flite")
 # speakers are new people from the same dialect regions; the variants (the voice timbre) m3, f4,
 # m7 and klatt3 are never heard in training and make the test voices. Fifteen variants (these and
 # m5 m8 f5 klatt2 klatt4 klatt5 klatt6, flite's share kept at a quarter) made the demo's acoustic
-# model hear the held-out espeak-ng voices a little better (about 0.2 points of CER) and flite's
-# held-out voices about 1.8 points worse, so training keeps these eight.
+# model hear the held-out espeak-ng voices a little better (about 0.3 points of CER) and flite's
+# held-out voices about 1.4 points worse, so training keeps these eight.
 ESPEAK_ACCENTS = ("en", "en-us", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan", "en-gb-x-gbcwmd")
 ESPEAK_TRAIN_VARIANTS = ("m1", "m2", "m4", "m6", "f1", "f2", "f3", "klatt")
 TRAIN_VOICES = (
