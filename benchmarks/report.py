@@ -79,9 +79,9 @@ SECTIONS: dict[str, Section] = {
     "time_to_accuracy.json": (
         "Time to accuracy",
         "`benchmarks/time_to_accuracy.py`: the demo corpus through the real stages, the demo acoustic model "
-        "at `horovodrun -np 2` with two configs in one run, each the file named as of the commit named below: "
-        "`before` the demo's model on Keras' LSTM path, `after` the same model as the demo trains it (the CPU "
-        "path of `models/layers/lstm.py`); dev CER against minutes from launching horovodrun (start-up, input, "
+        "at `horovodrun -np 2` with two configs in one run, each the file named as of the commit named below "
+        "(its first comment lines say what it is; by default `before` is the demo's model on Keras' LSTM path "
+        "and `after` the demo's config); dev CER against minutes from launching horovodrun (start-up, input, "
         "evaluations and checkpoints included); test CER greedy on the espeak-ng voices never heard in training "
         "and on flite's (`test_engine`), of the model each run saved.",
         time_to_accuracy,
