@@ -1,5 +1,5 @@
 """The acoustic front end that runs inside the training step (on the accelerator), not in the input
-pipeline: CMVN, SpecAugment, vocal tract length perturbation and frame stacking.
+pipeline: CMVN, SpecAugment, vocal tract length perturbation, cepstra and frame stacking.
 
 The input pipeline hands over the stored features (8-bit codes or float16 log-mel, padded) with
 each utterance's affine map to normalized features beside them (dequantization merged with speaker
@@ -12,6 +12,8 @@ normalization function.
 
 from __future__ import annotations
 
+import numpy as np
+import scipy.fft
 import tensorflow as tf
 
 
@@ -42,6 +44,12 @@ def utterance_normalize(x, lengths):
     centered = (x - mean) * mask
     var = tf.reduce_sum(centered * centered, axis=1, keepdims=True) / count  # [B, 1, D]
     return centered * tf.math.rsqrt(tf.maximum(var, 1e-8))
+
+
+def cepstral_basis(dim: int, count: int) -> np.ndarray:
+    """float32 [dim, count]: the first `count` basis vectors of the orthonormal DCT-II over `dim` bins,
+    so `feats @ basis` are each frame's first cepstral coefficients (MFCCs of log-mel features)."""
+    return scipy.fft.dct(np.eye(dim), norm="ortho", axis=0)[:count].T.astype(np.float32)
 
 
 def stack_and_subsample(feats, lengths, stack: int, subsample: int):

@@ -52,6 +52,22 @@ def test_conv_frontend_subsamples_by_its_strides_and_ignores_padding():
         asr.build_asr(asr.AsrConfig(feature_dim=13, vocab_size=7, frontend="conv", subsample=3))
 
 
+def test_cepstra_keep_the_envelope_and_drop_the_fine_structure():
+    cfg = asr.AsrConfig(feature_dim=40, vocab_size=7, num_layers=1, units=8, projection=0, cepstra=12)
+    model = asr.build_asr(cfg)
+    assert model.lstms[0].forward.cell.kernel.shape[0] == 12 * cfg.stack_frames  # [cepstra * stack, 4 * units]
+    x = tf.random.normal([2, 9, 40])
+    lengths = tf.constant([9, 5])
+    ripple = np.cos(np.pi * 30 * (np.arange(40) + 0.5) / 40).astype(np.float32)  # the 31st DCT-II basis
+    base, _ = model(x, lengths)
+    rippled, _ = model(x + 3.0 * ripple, lengths)  # harmonics: fine structure across the bins
+    np.testing.assert_allclose(rippled.numpy(), base.numpy(), atol=1e-4)
+    tilted, _ = model(x + 3.0 * np.linspace(-1, 1, 40, dtype=np.float32), lengths)  # an envelope change
+    assert np.abs(tilted.numpy() - base.numpy()).max() > 1e-2
+    with pytest.raises(ValueError, match="asr.cepstra"):
+        asr.build_asr(asr.AsrConfig(feature_dim=40, vocab_size=7, cepstra=41))
+
+
 def test_frame_ce_model_outputs_pdf_ids():
     cfg = asr.AsrConfig(
         feature_dim=13, vocab_size=7, num_targets=11, loss="frame_ce", num_layers=1, units=4, subsample=2

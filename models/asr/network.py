@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from models.layers import lstm
 from pipeline import text
-from pipeline.frontend import stack_and_subsample
+from pipeline.frontend import cepstral_basis, stack_and_subsample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +31,10 @@ class AsrConfig:
     # front-end: the first LSTM's input kernel); "conv": two strided 1-D convolutions over time
     # (ReLU, `conv_channels` each; strides 2 and subsample/2), a learned front-end of few FLOPs
     frontend: str = "stack"
+    # 0: the normalized log-mel spectrum as it is; N: each frame as its first N cepstral coefficients
+    # (a fixed DCT, MFCCs), which keep the spectral envelope (formants) and drop its fine structure
+    # (the harmonics of the pitch, the excitation of a synthesizer)
+    cepstra: int = 0
     stack_frames: int = 3  # "stack": neighbouring frames stacked into one input vector
     subsample: int = 3  # input frames per LSTM step (frame rate 100 Hz -> 33 Hz); "conv": even
     conv_channels: int = 256  # "conv": channels of both convolutions
@@ -69,6 +73,10 @@ class AcousticModel(keras.Model):
             raise ValueError(
                 f"the model needs its output size: vocab_size={config.vocab_size}, num_targets={config.num_targets}"
             )
+        if not 0 <= config.cepstra <= config.feature_dim:
+            raise ValueError(f"asr.cepstra must be 0 (off) to feature_dim={config.feature_dim}, got {config.cepstra}")
+        # [feature_dim, cepstra], a constant of the graph; None: the spectrum as it is
+        self.cepstral = cepstral_basis(config.feature_dim, config.cepstra) if config.cepstra else None
         if config.frontend not in ("stack", "conv"):
             raise ValueError(f"asr.frontend must be 'stack' or 'conv', got {config.frontend!r}")
         if config.frontend == "conv" and (config.subsample < 2 or config.subsample % 2):
@@ -92,6 +100,8 @@ class AcousticModel(keras.Model):
         """feats [batch, frames, feature_dim], lengths [batch] -> (logits [batch, frames', outputs] float32,
         lengths' [batch]) with frames' = ceil(frames / subsample)."""
         c = self.config
+        if self.cepstral is not None:
+            feats = tf.einsum("btd,dc->btc", feats, self.cepstral)  # [B, T, cepstra]
         if self.convs:
             x = feats
             for conv in self.convs:
@@ -246,9 +256,11 @@ def flops_per_frame(config: AsrConfig) -> float:
     An LSTM step costs 2 * 4 * units * (inputs + units) FLOPs per direction; the recurrence runs at
     the subsampled rate, so each input frame accounts for 1/subsample of a step.
     """
-    inputs, forward = config.feature_dim * config.stack_frames, 0.0
+    dim = config.cepstra or config.feature_dim  # what the front-end reads per frame
+    inputs = dim * config.stack_frames
+    forward = 2.0 * config.feature_dim * config.cepstra * config.subsample  # the DCT, per LSTM step
     if config.frontend == "conv":  # kernel 3: the first at half the input rate, the second at the LSTM's
-        first = 2 * 3 * config.feature_dim * config.conv_channels * (config.subsample // 2)
+        first = 2 * 3 * dim * config.conv_channels * (config.subsample // 2)
         forward, inputs = first + 2 * 3 * config.conv_channels**2, config.conv_channels
     for _ in range(config.num_layers):
         forward += 2 * 2 * 4 * config.units * (inputs + config.units)
