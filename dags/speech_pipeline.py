@@ -282,9 +282,11 @@ def _parent_run_id() -> str:
     return get_current_context()["ti"].xcom_pull(task_ids="start_mlflow_run")
 
 
-def _record(plan: Plan, stage: str, path: str, name: str, **params: str) -> dict:
-    args = commands.record_stage_args(_parent_run_id(), stage, path, name, params)
-    return runner.registry(plan, get_current_context(), f"record-{name}", args)
+def _record(plan: Plan, records: list[dict]) -> dict[str, dict]:
+    """Child runs of the data stages in `records` (`commands.stage_record`), by name."""
+    args = commands.record_stages_args(_parent_run_id(), records)
+    recorded = runner.registry(plan, get_current_context(), "record-stages", args)["records"]
+    return {r["name"]: r for r in recorded}
 
 
 @dag(
@@ -320,12 +322,11 @@ def speech_pipeline():
         if not p.make_corpus:
             raise AirflowSkipException(f"data_dir is given ({p.data_root}): no demo corpus")
         runner.run_stage(p, get_current_context(), "corpus", commands.CORPUS, commands.corpus_args(p))
-        record = _record(p, "corpus", p.data_root, "corpus")
         get_current_context()["outlet_events"][CORPUS].extra = {
             "data_root": p.data_root,
             "dag_run_id": p.dag_run_id,
         }
-        return {"data_root": p.data_root, "mlflow_run_id": record["run_id"], "counts": record["metrics"]}
+        return {"data_root": p.data_root}
 
     @task(trigger_rule="none_failed", outlets=[FEATURES])
     def features(split: str) -> dict:
@@ -335,28 +336,34 @@ def speech_pipeline():
         context = get_current_context()
         data_dir = p.features_dir(split)
         runner.run_stage(p, context, f"features-{split}", commands.FEATURES, commands.features_args(p, split))
-        record = _record(p, "features", data_dir, f"features-{split}", split=split)
         context["outlet_events"][FEATURES].extra = {"split": split, "data_dir": data_dir}
-        return {
-            "split": split,
-            "data_dir": data_dir,
-            "mlflow_run_id": record["run_id"],
-            "counts": record["metrics"],
-        }
+        return {"split": split, "data_dir": data_dir}
 
     @task(trigger_rule="none_failed", outlets=[SHARDS])
     def make_shards(featurized: list[dict | None]) -> dict:
+        """Shards of the featurized splits; records the corpus, the features and the shards in MLflow
+        (one child run each), all in one process: see `commands.stage_record`."""
         p = _plan()
         context = get_current_context()
-        runner.run_stage(p, context, "shards", commands.SHARDS, commands.shards_args(p))
-        record = _record(p, "shards", p.shards_dir, "shards")
+        made = [commands.stage_record("corpus", p.data_root, "corpus")] if p.make_corpus else []
+        made += [
+            commands.stage_record("features", f["data_dir"], f"features-{f['split']}", split=f["split"])
+            for f in featurized
+            if f
+        ]
+        try:
+            runner.run_stage(p, context, "shards", commands.SHARDS, commands.shards_args(p))
+        except Exception:
+            _record(p, made)  # what the stages before made is in MLflow even when the shards fail
+            raise
+        recorded = _record(p, [*made, commands.stage_record("shards", p.shards_dir, "shards")])
         manifest = f"{p.shards_dir}/manifest.json"
         context["outlet_events"][SHARDS].extra = {"shards_dir": p.shards_dir, "manifest": manifest}
         return {
             "shards_dir": p.shards_dir,
             "manifest": manifest,
-            "mlflow_run_id": record["run_id"],
-            "counts": record["metrics"],
+            "mlflow_run_id": recorded["shards"]["run_id"],
+            "counts": {name: r["metrics"] for name, r in recorded.items()},
             "data_dirs": {f["split"]: f["data_dir"] for f in featurized if f},
         }
 

@@ -702,8 +702,10 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
                           "mounts": [m["mountPath"] for m in c["volumeMounts"]], "xcom": self.do_xcom_push}})
             if not self.do_xcom_push:
                 return None
-            sub = next(a for a in c["args"] if a in ("start-parent", "record-stage", "register", "finish"))
-            return {{"start-parent": {{"parent_run_id": "p" * 32}}, "record-stage": {{"run_id": "c", "metrics": {{}}}},
+            sub = next(a for a in c["args"] if a in ("start-parent", "record-stages", "register", "finish"))
+            records = [json.loads(v) for k, v in zip(c["args"], c["args"][1:]) if k == "--record"]
+            return {{"start-parent": {{"parent_run_id": "p" * 32}},
+                    "record-stages": {{"records": [{{"name": r["name"], "run_id": "c", "metrics": {{}}}} for r in records]}},
                     "register": {{"name": "n", "version": 1, "promoted": True, "champion_version": 1,
                                   "metric": "test_cer", "value": 0.1}},
                     "finish": {{"models": {{}}}}}}[sub]
@@ -778,6 +780,15 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
     registry = [p for p in result["pods"] if p["command"][-1] == "models.registry"]
     assert all(p["xcom"] and p["args"][:2] == ["--json-file", "/airflow/xcom/return.json"] for p in registry)
     assert sorted(p["task"] for p in registry if "register" in p["args"]) == ["register_asr", "register_tts"]
+    # The data stages are recorded in one pod, where the shards are made.
+    (recording,) = [p for p in registry if "record-stages" in p["args"]]
+    recorded = [json.loads(v) for k, v in zip(recording["args"], recording["args"][1:]) if k == "--record"]
+    assert recording["task"] == "make_shards" and [r["name"] for r in recorded] == [
+        "corpus",
+        *(f"features-{s}" for s in ("train", "dev", "test", "test_noisy", "test_engine")),
+        "shards",
+    ]
+    assert recorded[1]["params"] == {"split": "train"} and recorded[-1]["path"] == f"{run_dir}/shards"
 
     jobs = {j["metadata"]["name"].split("-")[1]: j for j in result["jobs"]}
     assert sorted(jobs) == ["asr", "tts"] and len(result["jobs"]) == 2

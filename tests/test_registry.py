@@ -165,6 +165,36 @@ def test_record_stage_logs_counts_and_small_files_once_per_stage(mlflow_uri, tmp
     assert {f.path for f in tracking.client().list_artifacts(feats["run_id"])} == {"feats_rejected.tsv"}
 
 
+def test_record_stages_records_each_stage_in_one_process_as_record_stage_would(mlflow_uri, tmp_path, capsys):
+    from workflow import commands
+
+    parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")["parent_run_id"]
+    corpus, train, _, shards = stage_dirs(tmp_path)
+    made = [
+        commands.stage_record("corpus", str(corpus), "corpus"),
+        commands.stage_record("features", str(train), "features-train", split="train"),
+    ]
+    first = cli(capsys, *commands.record_stages_args(parent, made))["records"]
+    assert [r["name"] for r in first] == ["corpus", "features-train"] and not any(r["reused"] for r in first)
+    assert first[1]["metrics"]["frames"] == 9000
+    # The DAG's make_shards records them again with the shards: what is recorded is reused.
+    again = cli(
+        capsys, *commands.record_stages_args(parent, [*made, commands.stage_record("shards", str(shards), "shards")])
+    )
+    assert [r["reused"] for r in again["records"]] == [True, True, False]
+    assert again["records"][0]["run_id"] == first[0]["run_id"]
+    runs = children(parent)
+    assert (
+        set(runs) == {"corpus", "features-train", "shards"} and runs["features-train"].data.params["split"] == "train"
+    )
+    # A record without a path names the keys it needs; a missing output names the stage that makes it.
+    assert registry.main(["record-stages", "--parent-run-id", parent, "--record", '{"stage": "corpus"}']) == 1
+    assert "stage and path" in capsys.readouterr().err
+    missing = json.dumps(commands.stage_record("shards", str(tmp_path / "nothing"), "shards"))
+    assert registry.main(["record-stages", "--parent-run-id", parent, "--record", missing]) == 1
+    assert "python -m pipeline.shards" in capsys.readouterr().err
+
+
 def test_record_stage_names_the_missing_output(mlflow_uri, tmp_path, capsys):
     parent = cli(capsys, "start-parent", "--experiment", "reg", "--dag-id", "d", "--dag-run-id", "r")["parent_run_id"]
     assert registry.main(["record-stage", "--parent-run-id", parent, "--stage", "shards", "--path", str(tmp_path)]) == 1

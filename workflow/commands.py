@@ -7,6 +7,7 @@ arguments after `python -m MODULE`; `module_command` and `horovodrun_local` put 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -171,14 +172,19 @@ def start_parent_args(plan: Plan) -> list[str]:
     return registry_args("start-parent", experiment=plan.experiment, dag_id=plan.dag_id, dag_run_id=plan.dag_run_id)
 
 
-def record_stage_args(parent_run_id: str, stage: str, path: str, name: str, params: Mapping[str, str]) -> list[str]:
+def stage_record(stage: str, path: str, name: str, **params: str) -> dict:
+    """One data stage's output for `record-stages` (a child run of the DAG run's parent in MLflow).
+
+    The DAG records the corpus, the features and the shards together, where the shards are made:
+    `models.registry` imports MLflow, which takes seconds a process (about 4 s on a 2-core CPU),
+    and a split's features take less than one."""
+    return {"stage": stage, "path": path, "name": name, "params": params}
+
+
+def record_stages_args(parent_run_id: str, records: Sequence[Mapping]) -> list[str]:
+    """`record-stages`: each of `records` ({"stage", "path", "name", "params"}) as one `--record` JSON."""
     return registry_args(
-        "record-stage",
-        parent_run_id=parent_run_id,
-        stage=stage,
-        path=path,
-        name=name,
-        param=[f"{k}={v}" for k, v in params.items()],
+        "record-stages", parent_run_id=parent_run_id, record=[json.dumps(dict(r), sort_keys=True) for r in records]
     )
 
 
