@@ -191,6 +191,17 @@ def record_stages(parent_run_id: str, records: list[dict]) -> dict:
     }
 
 
+def _record_arg(text: str) -> dict:
+    """One `--record` of record-stages: a JSON object."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err}): {text}") from err
+    if not isinstance(record, dict):
+        raise argparse.ArgumentTypeError(f'a JSON object {{"stage": ..., "path": ...}} is needed, got {text}')
+    return record
+
+
 def lower_is_better(metric: str) -> bool:
     if any(part in metric.split("_") for part in LOWER_IS_BETTER):
         return True
@@ -373,7 +384,7 @@ def parser() -> argparse.ArgumentParser:
         "--record",
         required=True,
         action="append",
-        type=json.loads,
+        type=_record_arg,
         metavar="JSON",
         help='one stage: {"stage": "features", "path": DIR, "name": "features-train", "params": {"split": "train"}}',
     )

@@ -190,6 +190,10 @@ def test_record_stages_records_each_stage_in_one_process_as_record_stage_would(m
     # A record without a path names the keys it needs; a missing output names the stage that makes it.
     assert registry.main(["record-stages", "--parent-run-id", parent, "--record", '{"stage": "corpus"}']) == 1
     assert "stage and path" in capsys.readouterr().err
+    for bad in ("{stage: corpus}", '["corpus"]'):
+        with pytest.raises(SystemExit):
+            registry.main(["record-stages", "--parent-run-id", parent, "--record", bad])
+        assert "--record" in capsys.readouterr().err
     missing = json.dumps(commands.stage_record("shards", str(tmp_path / "nothing"), "shards"))
     assert registry.main(["record-stages", "--parent-run-id", parent, "--record", missing]) == 1
     assert "python -m pipeline.shards" in capsys.readouterr().err
