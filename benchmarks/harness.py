@@ -155,16 +155,9 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 def machine() -> dict:
     """The CPU this process runs on: its model name, its cores, which of CPU_FLAGS it has, and
     TensorFlow's oneDNN setting (TF_ENABLE_ONEDNN_OPTS; unset: TensorFlow's default, on for x86)."""
-    cpu_model, flags = None, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and cpu_model is None:
-                cpu_model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:  # not Linux: the model name is all that is lost
-        pass
+    from common import runtime  # the benchmarks put the repository on sys.path before they import this
+
+    cpu_model, flags = runtime.cpu_info()
     return {
         "cpu_model": cpu_model,
         "cores": os.cpu_count(),

@@ -14,6 +14,7 @@ horovodrun with Gloo has no binding option, hence the few lines here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 
@@ -34,6 +35,25 @@ def launcher_env() -> dict[str, int]:
         value = next((os.environ[n] for n in names if os.environ.get(n)), None)
         facts[key] = int(value) if value is not None else defaults[key]
     return facts
+
+
+@functools.cache
+def cpu_info() -> tuple[str | None, frozenset[str]]:
+    """This machine's CPU model name and the flags its first processor lists (/proc/cpuinfo; None and
+    no flags where there is none): which kernels oneDNN can run, e.g. `avx512_bf16`."""
+    model, flags = None, frozenset()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            lines = cpuinfo.read().splitlines()
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = frozenset(value.split())
+    except OSError:  # not Linux
+        pass
+    return model, flags
 
 
 def default_threads(local_size: int, cpu_count: int | None = None) -> tuple[int, int]:

@@ -82,6 +82,35 @@ def test_loss_and_gradients_equal_the_keras_path():
         np.testing.assert_allclose(got.numpy() / scale, want.numpy() / scale, atol=1e-5, err_msg=variable.path)
 
 
+def test_bfloat16_gradient_matmuls_keep_the_loss_and_round_the_gradients():
+    # The CPU path with its two large gradient matmuls per direction in bfloat16 (8 bits of
+    # mantissa, float32 sums) against the same path in float32: one model's weights, one batch.
+    base = twin(CONFIG, "fused")
+    bf16 = twin(dataclasses.replace(CONFIG, lstm_grad_matmuls="bfloat16"), "fused", base)
+    data = batch(seed=1)
+    want_loss, want_grads = loss_and_grads(base, asr._ctc_sparse, *data)
+    got_loss, got_grads = loss_and_grads(bf16, asr._ctc_sparse, *data)
+    np.testing.assert_allclose(got_loss.numpy(), want_loss.numpy(), rtol=1e-6)  # the forward pass is float32
+    rounded = 0
+    for variable, got, want in zip(base.trainable_variables, got_grads, want_grads):
+        assert got.dtype == tf.float32, variable.path
+        error = float(tf.norm(got - want) / tf.norm(want))
+        assert error < 2e-2, (variable.path, error)  # bfloat16 rounds to 2^-9 relative
+        rounded += error > 1e-5
+    assert rounded, "no gradient was computed in bfloat16"
+
+
+def test_the_gradient_matmul_setting_follows_the_cpu(monkeypatch):
+    from common import runtime
+
+    assert lstm.grad_matmul_dtype("float32") == tf.float32 and lstm.grad_matmul_dtype("bfloat16") == tf.bfloat16
+    for flags, want in (({"avx2", "avx512f"}, tf.float32), ({"avx512f", "avx512_bf16"}, tf.bfloat16)):
+        monkeypatch.setattr(runtime, "cpu_info", lambda flags=flags: ("a CPU", frozenset(flags)))
+        assert lstm.grad_matmul_dtype("auto") == want
+    with pytest.raises(ValueError, match="unknown lstm_grad_matmuls 'fp8'"):
+        asr.build_asr(dataclasses.replace(CONFIG, lstm_grad_matmuls="fp8"))
+
+
 def test_padding_does_not_reach_the_valid_outputs():
     model = twin(CONFIG, "fused")
     feats, lengths, _, _ = batch()

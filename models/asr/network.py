@@ -46,22 +46,26 @@ class AsrConfig:
         "auto"  # "auto": models/layers/lstm.py's CPU path without a GPU, Keras' (cuDNN) with one; "keras"; "fused"
     )
     ctc_labels: str = "auto"  # "auto": "sparse" (TensorFlow's C++ CTC kernel) without a GPU, "dense" with one
+    # The CPU path's two large gradient matmuls per LSTM direction (models/layers/lstm.py GRAD_MATMULS):
+    # "float32"; "bfloat16" (float32 sums); "auto": bfloat16 where the CPU has avx512_bf16 or amx_bf16
+    lstm_grad_matmuls: str = "float32"
 
 
 class BiLSTM(keras.layers.Layer):
     """A bidirectional LSTM for right-padded batches, without masks (models/layers/lstm.py: the backward
     LSTM reads each sequence reversed within its own length; Keras' masked path steps the padding
-    too and is slower). `kernel`: which path computes it (models/layers/lstm.py's KERNELS)."""
+    too and is slower). `kernel`: which path computes it (models/layers/lstm.py's KERNELS); `grad_matmuls`: the
+    dtype of that path's large gradient matmuls (its GRAD_MATMULS)."""
 
-    def __init__(self, units: int, kernel: str = "auto", **kwargs):
+    def __init__(self, units: int, kernel: str = "auto", grad_matmuls: str = "float32", **kwargs):
         super().__init__(**kwargs)
-        self.kernel = kernel
+        self.kernel, self.grad_matmuls = kernel, grad_matmuls
         self.forward = keras.layers.LSTM(units, return_sequences=True, name="fw")
         self.backward = keras.layers.LSTM(units, return_sequences=True, name="bw")
 
     def call(self, x, lengths):
         # x: [batch, frames, in]; lengths: [batch] -> [batch, frames, 2*units]
-        return lstm.bidirectional(self.forward, self.backward, x, lengths, self.kernel)
+        return lstm.bidirectional(self.forward, self.backward, x, lengths, self.kernel, grad_matmuls=self.grad_matmuls)
 
 
 class AcousticModel(keras.Model):
@@ -91,7 +95,11 @@ class AcousticModel(keras.Model):
                 keras.layers.Conv1D(config.conv_channels, 3, strides=s, activation="relu", name=f"conv{i}")
                 for i, s in enumerate(strides)
             ]
-        self.lstms = [BiLSTM(config.units, config.lstm, name=f"blstm{i}") for i in range(config.num_layers)]
+        lstm.grad_matmul_dtype(config.lstm_grad_matmuls)  # ValueError naming the choices
+        self.lstms = [
+            BiLSTM(config.units, config.lstm, config.lstm_grad_matmuls, name=f"blstm{i}")
+            for i in range(config.num_layers)
+        ]
         self.drop = keras.layers.Dropout(config.dropout)
         self.bottleneck = keras.layers.Dense(config.projection, name="projection") if config.projection else None
         self.classifier = keras.layers.Dense(outputs, name="output")

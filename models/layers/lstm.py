@@ -11,6 +11,10 @@ at every timestep. The CPU path here computes the same function from the same va
   the weights' gradients are one large matmul each after the loop. (`BlockLSTM`'s own gradient op
   does those as small matmuls at every step, and `BlockLSTMV2`, which has Keras' gate order, is
   registered with the gradient of the other gate order.)
+- those two large matmuls may run in bfloat16 (`grad_matmuls`): inputs rounded to bfloat16, products
+  summed in float32 by oneDNN, the result rounded to bfloat16 and cast back, as a mixed-precision
+  step computes every gradient. On a CPU with native bfloat16 dot products (`avx512_bf16`,
+  `amx_bf16`) oneDNN runs them about twice as fast as float32; everything else stays float32.
 
 Nothing about the layers changes: the variables, their names and their initial values are Keras'
 (a checkpoint trained on either path loads into the other), and with a GPU the layers are called
@@ -22,8 +26,15 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from common import runtime
+
 # `lstm` settings of the model configs: which path runs the LSTMs.
 KERNELS = ("auto", "keras", "fused")
+# `lstm_grad_matmuls` settings: the dtype of the CPU path's two large gradient matmuls. "auto":
+# bfloat16 where the CPU has native bfloat16 dot products (BF16_FLAGS), float32 elsewhere (oneDNN
+# would emulate them, slower than float32).
+GRAD_MATMULS = ("auto", "float32", "bfloat16")
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def has_gpu() -> bool:
@@ -40,6 +51,15 @@ def use_fused(kernel: str) -> bool:
     return kernel == "fused" or (kernel == "auto" and not has_gpu())
 
 
+def grad_matmul_dtype(setting: str) -> tf.DType:
+    """The dtype of the CPU path's large gradient matmuls for a `lstm_grad_matmuls` setting."""
+    if setting not in GRAD_MATMULS:
+        raise ValueError(f"unknown lstm_grad_matmuls {setting!r}: choose one of {', '.join(GRAD_MATMULS)}")
+    if setting == "auto":
+        return tf.bfloat16 if runtime.cpu_info()[1] & BF16_FLAGS else tf.float32
+    return tf.as_dtype(setting)
+
+
 def _fusable(layer: keras.layers.LSTM) -> bool:
     """The configurations the CPU path computes exactly (the ones that are cuDNN-eligible)."""
     cell = layer.cell
@@ -54,12 +74,21 @@ def _fusable(layer: keras.layers.LSTM) -> bool:
     )
 
 
-def bidirectional(fw: keras.layers.LSTM, bw: keras.layers.LSTM, x, lengths, kernel: str = "auto", training=False):
+def bidirectional(
+    fw: keras.layers.LSTM,
+    bw: keras.layers.LSTM,
+    x,
+    lengths,
+    kernel: str = "auto",
+    training=False,
+    grad_matmuls="float32",
+):
     """Both directions of a right-padded batch: x [B, T, in], lengths [B] -> [B, T, 2 * units].
 
     The backward LSTM reads each sequence reversed within its own length (`tf.reverse_sequence`),
     so padding is never read first and no mask is needed; the forward outputs past a length are
     garbage that later layers and losses ignore. Both paths compute the same function.
+    `grad_matmuls` (GRAD_MATMULS): the CPU path's large gradient matmuls' dtype.
     """
     reverse = lambda t: tf.reverse_sequence(t, lengths, seq_axis=1, batch_axis=0)  # noqa: E731
     # TensorFlow's LSTM cell gradient has float32 and float16 kernels (bfloat16 runs Keras' path).
@@ -81,6 +110,7 @@ def bidirectional(fw: keras.layers.LSTM, bw: keras.layers.LSTM, x, lengths, kern
         biases.append(icfo(tf.split(tf.cast(cell.bias, x.dtype), 4)))
     reverse_t = lambda t: tf.reverse_sequence(t, lengths, seq_axis=0, batch_axis=1)  # noqa: E731
     x_t = tf.transpose(x, [1, 0, 2])  # [T, B, in]
+    recurrence = RECURRENCE[grad_matmul_dtype(grad_matmuls)]
     h_fw, h_bw = recurrence(x_t, reverse_t(x_t), *weights, *biases)  # [T, B, u] each
     return tf.transpose(tf.concat([h_fw, reverse_t(h_bw)], axis=-1), [1, 0, 2])  # [B, T, 2u]
 
@@ -100,14 +130,23 @@ def _forward(x, w, b):
     return dict(zip(("i", "cs", "f", "o", "ci", "co", "h"), outputs))
 
 
-def _backward(x, w, saved, dh_out):
+def _matmul(a, b, dtype: tf.DType | None, **kwargs):
+    """a @ b computed in `dtype` (None: a's) and returned in a's dtype (bfloat16: oneDNN sums the
+    products in float32)."""
+    if dtype is None or dtype == a.dtype:
+        return tf.matmul(a, b, **kwargs)
+    return tf.cast(tf.matmul(tf.cast(a, dtype), tf.cast(b, dtype), **kwargs), a.dtype)
+
+
+def _backward(x, w, saved, dh_out, matmul_dtype: tf.DType | None):
     """The gradients of one direction (see _forward) given dh_out [T, B, u], the loss' gradient with
     respect to every output h_t -> dx [T, B, in], dw [in + u, 4u], db [4u].
 
     The loop carries only the recurrence: per step TensorFlow's fused LSTM cell gradient
     (`LSTMBlockCellGrad`: the gates' and the previous cell's gradients in one op) and one matmul back
     through the recurrent kernel. The input's and the weights' gradients are one large matmul each
-    after it (TensorFlow's whole-sequence gradient op does those as small matmuls at every step).
+    after it (TensorFlow's whole-sequence gradient op does those as small matmuls at every step),
+    computed in `matmul_dtype` (None: x's).
     """
     frames, batch = tf.shape(x)[0], tf.shape(x)[1]
     units = w.shape[1] // 4
@@ -132,23 +171,34 @@ def _backward(x, w, saved, dh_out):
     _, _, _, dzs = tf.while_loop(lambda t, *_: t >= 0, step, [frames - 1, zeros, zeros, dzs])
     dz = tf.reshape(dzs.stack(), [-1, 4 * units])  # [T*B, 4u]
     xh = tf.concat([tf.reshape(x, [-1, inputs]), tf.reshape(h_prev, [-1, units])], axis=1)  # [T*B, in + u]
-    dw = tf.matmul(xh, dz, transpose_a=True)  # [in + u, 4u]
-    dx = tf.reshape(tf.matmul(dz, w[:inputs], transpose_b=True), [frames, batch, inputs])  # [T, B, in]
+    dw = _matmul(xh, dz, matmul_dtype, transpose_a=True)  # [in + u, 4u]
+    dx = tf.reshape(_matmul(dz, w[:inputs], matmul_dtype, transpose_b=True), [frames, batch, inputs])  # [T, B, in]
     return dx, dw, tf.reduce_sum(dz, axis=0)
 
 
-@tf.custom_gradient
-def recurrence(x_fw, x_bw, w_fw, w_bw, b_fw, b_bw):
-    """Two directions of an LSTM, each over its own time-major input from zero states, gates
-    ordered i, c, f, o: x_* [T, B, in], w_* [in + u, 4u] (input kernel over recurrent kernel),
-    b_* [4u] -> h_fw, h_bw [T, B, u]."""
-    directions = ((x_fw, w_fw, b_fw), (x_bw, w_bw, b_bw))
-    saved = [_forward(*d) for d in directions]
+def _recurrence(matmul_dtype: tf.DType | None):
+    """`recurrence` whose gradient computes its large matmuls in `matmul_dtype` (None: the inputs'
+    dtype). A traced custom_gradient function takes tensors only, so there is one per dtype."""
 
-    def grad(dh_fw, dh_bw):
-        (dx_fw, dw_fw, db_fw), (dx_bw, dw_bw, db_bw) = [
-            _backward(x, w, part, dh) for (x, w, _), part, dh in zip(directions, saved, (dh_fw, dh_bw))
-        ]
-        return dx_fw, dx_bw, dw_fw, dw_bw, db_fw, db_bw
+    @tf.custom_gradient
+    def recurrence(x_fw, x_bw, w_fw, w_bw, b_fw, b_bw):
+        """Two directions of an LSTM, each over its own time-major input from zero states, gates
+        ordered i, c, f, o: x_* [T, B, in], w_* [in + u, 4u] (input kernel over recurrent kernel),
+        b_* [4u] -> h_fw, h_bw [T, B, u]."""
+        directions = ((x_fw, w_fw, b_fw), (x_bw, w_bw, b_bw))
+        saved = [_forward(*d) for d in directions]
 
-    return (saved[0]["h"], saved[1]["h"]), grad
+        def grad(dh_fw, dh_bw):
+            (dx_fw, dw_fw, db_fw), (dx_bw, dw_bw, db_bw) = [
+                _backward(x, w, part, dh, matmul_dtype)
+                for (x, w, _), part, dh in zip(directions, saved, (dh_fw, dh_bw))
+            ]
+            return dx_fw, dx_bw, dw_fw, dw_bw, db_fw, db_bw
+
+        return (saved[0]["h"], saved[1]["h"]), grad
+
+    return recurrence
+
+
+# grad_matmul_dtype's answer -> the recurrence (float32: every matmul in the inputs' dtype, float16 too).
+RECURRENCE = {tf.float32: _recurrence(None), tf.bfloat16: _recurrence(tf.bfloat16)}
