@@ -123,13 +123,16 @@ SECTIONS: dict[str, Section] = {
     "lstm_paths.json": (
         "The acoustic model's LSTM path on a CPU",
         "`benchmarks/throughput.py --only asr --np 2 --precision float32`: the demo's acoustic model on "
-        "synthetic demo-shaped shards at two ranks, the same batches on three paths: the default on a CPU "
-        "(`models/layers/lstm.py`'s LSTMs, the C++ CTC kernel), Keras' LSTM loop with the CTC loss from dense labels "
-        "(`_keras`: the path before `models/layers/lstm.py`), and Keras' loop with the C++ CTC kernel "
-        "(`_keras_sparse_ctc`). Threads per rank: the trainer's default, its share of the cores.",
+        "synthetic demo-shaped shards at two ranks, the same batches on the paths a CPU can take: the default "
+        "(`models/layers/lstm.py`'s LSTMs, the C++ CTC kernel, and the two large gradient matmuls of each LSTM "
+        "direction in bfloat16 where the CPU has `avx512_bf16` or `amx_bf16`), the same with those matmuls in "
+        "float32 (`_fp32_grads`), Keras' LSTM loop with the CTC loss from dense labels (`_keras`: the path "
+        "before `models/layers/lstm.py`), and Keras' loop with the C++ CTC kernel (`_keras_sparse_ctc`). "
+        "Threads per rank: the trainer's default, its share of the cores.",
         throughput,
-        "Both paths compute the same loss and gradients (`tests/test_lstm.py`). The difference between the "
-        "last two rows is the CTC kernel's; between the first two, both levers'.",
+        "The float32 paths compute the same loss and gradients (`tests/test_lstm.py`; the bfloat16 matmuls "
+        "round the gradients to about three significant digits). The difference between the last two rows "
+        "is the CTC kernel's; between `_fp32_grads` and `_keras`, both levers' of the float32 path.",
     ),
     "throughput_tts.json": (
         "Synthesis throughput and batch-size curve",
