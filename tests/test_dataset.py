@@ -264,3 +264,18 @@ def test_epochs_chain_with_the_next_one_produced_before_the_current_one_is_consu
         time.sleep(0.01)
     assert 10 in produced and 3 not in taken, (produced, taken)
     assert taken + [int(x) for x in iterator] == [1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]
+
+
+def test_the_batches_run_without_tf_datas_autotuning_thread(sharded):
+    """tf.data's tuning thread made a rank's iterator take 5-50 s to be destroyed after its last
+    training step (the other ranks waiting in the next collective): every dataset the trainer and
+    the evaluation iterate, and the chain of epochs over them, has autotuning off."""
+    out, _, _ = sharded
+    training, _ = dataset.asr_dataset(out, "train", CFG, rank=0, size=2, epoch=0)
+    evaluation, _ = dataset.asr_dataset(out, "test", CFG, training=False)
+    chained = dataset.chain_epochs(
+        lambda e: dataset.asr_dataset(out, "train", CFG, rank=1, size=2, epoch=e)[0], 0, 2, prefetch=2
+    )
+    for ds in (training, evaluation, chained):
+        assert ds.options().autotune.enabled is False
+    assert sum(1 for _ in chained) > 0
