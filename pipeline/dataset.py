@@ -263,12 +263,12 @@ def without_autotuner(dataset):
     """`dataset` with tf.data's autotuning off: every AUTOTUNE parallelism is tf.data's starting
     value (the smaller of 16 and its thread pool's size) and no tuning thread runs.
 
-    Why: TensorFlow 2.17's tuning thread sleeps until its next optimization (a period that doubles
-    as the iterator lives) and an iterator's destructor waits for it to wake. A rank that finished
-    its training steps waited there 5-50 s while the other ranks waited for it in the next
-    collective (a py-spy stack: `~RootDataset::Iterator` waiting on `Model::OptimizeLoop`). The
-    batches here cost milliseconds, so a tuned parallelism buys nothing. The option is set on every
-    epoch's dataset; the chain of epochs and its prefetch inherit it."""
+    Why: with TensorFlow 2.17 an iterator's destructor waits for the tuning thread, which sleeps in
+    a timed wait for its next optimization. A rank that finished its training steps waited there
+    5-50 s while the other ranks waited for it in the next collective (its stack:
+    `~RootDataset::Iterator` waiting for the thread in `Model::OptimizeLoop`). The batches here cost
+    milliseconds, so a tuned parallelism buys nothing. The option is set on every epoch's dataset;
+    the chain of epochs and its prefetch inherit it."""
     import tensorflow as tf
 
     options = tf.data.Options()
