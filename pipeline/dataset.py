@@ -265,7 +265,7 @@ def without_autotuner(dataset):
 
     Why: with TensorFlow 2.17 an iterator's destructor waits for the tuning thread, which sleeps in
     a timed wait for its next optimization. A rank that finished its training steps waited there
-    5-50 s while the other ranks waited for it in the next collective (its stack:
+    5-55 s while the other ranks waited for it in the next collective (its stack:
     `~RootDataset::Iterator` waiting for the thread in `Model::OptimizeLoop`). The batches here cost
     milliseconds, so a tuned parallelism buys nothing. The option is set on every epoch's dataset;
     the chain of epochs and its prefetch inherit it."""

@@ -267,7 +267,7 @@ def test_epochs_chain_with_the_next_one_produced_before_the_current_one_is_consu
 
 
 def test_the_batches_run_without_tf_datas_autotuning_thread(sharded):
-    """tf.data's tuning thread made a rank's iterator take 5-50 s to be destroyed after its last
+    """tf.data's tuning thread made a rank's iterator take 5-55 s to be destroyed after its last
     training step (the other ranks waiting in the next collective): every dataset the trainer and
     the evaluation iterate, and the chain of epochs over them, has autotuning off."""
     out, _, _ = sharded
