@@ -42,15 +42,17 @@ def test_default_threads_share_cores_between_local_ranks():
     assert runtime.default_threads(local_size=4, cpu_count=2) == (1, 1)
 
 
-def test_core_shares_are_disjoint_and_wrap_when_ranks_outnumber_cores():
+def test_core_shares_are_disjoint_and_empty_when_ranks_outnumber_cores():
     assert [runtime.core_share(r, 2, [0, 1]) for r in range(2)] == [[0], [1]]
     assert [runtime.core_share(r, 2, [0, 1, 2, 3, 4]) for r in range(2)] == [[0, 1], [2, 3]]
-    assert [runtime.core_share(r, 3, [4, 5]) for r in range(3)] == [[4], [5], [4]]
+    assert [runtime.core_share(r, 3, [4, 5]) for r in range(3)] == [[], [], []]
 
 
-def test_bind_cores_binds_every_thread_of_a_rank_to_its_share():
+@pytest.mark.parametrize("extra_ranks", [0, 1], ids=["a share each", "more ranks than cores"])
+def test_bind_cores_binds_every_thread_of_a_rank_to_its_share(extra_ranks):
     # A fresh interpreter as local rank 1 of 2: after configure_tensorflow every thread it has
     # (TensorFlow's included, and one started afterwards) is bound to the second half of the cores.
+    # As local rank 1 of one more rank than there are cores it is not bound: its threads keep them all.
     script = """
 import os, threading
 from common import runtime
@@ -64,10 +66,12 @@ print(applied["cores"], sorted(masks))
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("needs two cores")
-    env = {**os.environ, "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2", "CUDA_VISIBLE_DEVICES": ""}
+    size = len(cores) + 1 if extra_ranks else 2
+    env = {**os.environ, "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": str(size), "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([PYTHON, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
-    mine = runtime.core_share(1, 2, cores)
-    assert out.split() and out.strip() == f"{mine} {[tuple(mine)]}"
+    mine = runtime.core_share(1, size, cores)
+    assert bool(mine) != bool(extra_ranks)
+    assert out.split() and out.strip() == f"{mine} {[tuple(mine or cores)]}"
 
 
 def test_launcher_env_reads_horovodrun_variables(monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 
 import mlflow
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from common import config as configlib
+from common import runtime
 from models import train
 from models.training import config as train_config
 from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
@@ -114,6 +116,9 @@ def _check_horovod_run(workdir, mlflow_uri, model: str):
     summary = json.loads((workdir / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["ranks_agree"], summary["per_rank_weights_digest"]
     assert len(summary["per_rank_frames_per_s"]) == 2 and min(summary["per_rank_peak_memory_mb"]) > 0
+    # Each CPU rank bound to its own share of the cores by default (common/runtime.py).
+    cores = sorted(os.sched_getaffinity(0))
+    assert summary["per_rank_cores"] == [runtime.core_share(r, 2, cores) for r in range(2)], summary["per_rank_cores"]
     client = mlflow.MlflowClient(mlflow_uri)
     run = client.get_run(summary["run_id"])
     assert run.data.params["world_size"] == "2" and run.data.params["model"] == model

@@ -63,9 +63,11 @@ class TrainConfig:
     seed: int = 0  # weight initialization and data order, the same on every rank
     intra_op_threads: int = 0  # 0: this rank's share of the host's cores
     inter_op_threads: int = 0  # 0: 1
-    # CPU ranks: bind each to its own share of the host's cores (common/runtime.py), so a slow or
-    # waiting rank does not lend its cores to the others (the straggler benchmark's ranks)
-    bind_cores: bool = False
+    # CPU ranks: bind each to its own share of the host's cores (common/runtime.py), as
+    # `mpirun --bind-to core` does: its threads keep their core and caches, and a slow or waiting rank
+    # does not lend its cores to the others (the straggler benchmark's ranks). Not with more ranks than
+    # cores, nor on a GPU. A deployment setting, free to change between runs.
+    bind_cores: bool = True
     experiment: str = "speechflow"  # MLflow experiment
     log_model: bool = True  # log the final model to MLflow (benchmarks turn it off)
 

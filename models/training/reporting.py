@@ -63,9 +63,11 @@ class Reporting:
         run.history.append({"step": step, **record})
 
     def gather(self, summary: dict) -> dict:
-        """Every rank's throughput and peak memory (a collective: all ranks call it once, at the end)."""
+        """Every rank's throughput, peak memory and bound cores (a collective: all ranks call it once,
+        at the end)."""
         mine = {
             "frames_per_s": summary.get("frames_per_s", 0.0),
+            "cores": self.s.threads["cores"],  # common/runtime.py; empty: not bound
             "peak_memory_mb": self._peak_memory_mb(),
             "steps": summary["steps"],
             "trained": {k: summary[f"trained_{k}"] for k in ("batches", "utterances", "frames")},
@@ -80,6 +82,7 @@ class Reporting:
             "per_rank_steps": [r["steps"] for r in everyone],
             "per_rank_trained": [r["trained"] for r in everyone],
             "per_rank_peak_memory_mb": [r["peak_memory_mb"] for r in everyone],
+            "per_rank_cores": [r["cores"] for r in everyone],
             "per_rank_weights_digest": [r["weights_digest"] for r in everyone],
             "ranks_agree": len({r["weights_digest"] for r in everyone}) == 1,
             **(
