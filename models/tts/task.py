@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -283,12 +284,12 @@ def _profile_tts(model, batch) -> dict:
             grads = tape.gradient(loss, [before, *model.trainable_variables]) if backward else []
             return after, _done([after, *grads])
 
+        # A partial, not a lambda: TensorFlow counts traces per code object, so six lambdas of one
+        # line read as one function traced six times and logged a retracing warning.
         compiled = {}
         for name, fn in (("encoder", encoder), ("decoder", decoder), ("postnet", postnet)):
             for backward in (False, True):
-                compiled[name, backward] = tf.function(
-                    lambda *args, fn=fn, backward=backward: fn(*args, backward), reduce_retracing=True
-                )
+                compiled[name, backward] = tf.function(functools.partial(fn, backward=backward), reduce_retracing=True)
         _PROFILE_FNS[model] = compiled
     fns = _PROFILE_FNS[model]
     memory = fns["encoder", False](batch)[0]
