@@ -128,7 +128,7 @@ SECTIONS: dict[str, Section] = {
         "direction in bfloat16 where the CPU has `avx512_bf16` or `amx_bf16`), the same with those matmuls in "
         "float32 (`_fp32_grads`), Keras' LSTM loop with the CTC loss from dense labels (`_keras`: the path "
         "before `models/layers/lstm.py`), and Keras' loop with the C++ CTC kernel (`_keras_sparse_ctc`). "
-        "Threads per rank: the trainer's default, its share of the cores.",
+        "Threads per rank: the trainer's default, its share of the cores, each rank bound to its own (`bind_cores`).",
         throughput,
         "The float32 paths compute the same loss and gradients (`tests/test_lstm.py`; the bfloat16 matmuls "
         "round the gradients to about three significant digits). The difference between the last two rows "
