@@ -11,8 +11,9 @@ cores and their caches, instead of being moved between cores and preempting the 
 compute, and a rank that waits or sleeps leaves its cores idle instead of lending them to the
 others, so each rank's cores behave as its own device would. On the demo's 2-core machine at
 `-np 2` a step of either model took 10-13% less (docs/training.md). With more ranks than cores no
-rank is bound (the scheduler spreads them better than any fixed placement). horovodrun with Gloo
-has no binding option, hence the few lines here.
+rank is bound (a fixed placement would give some ranks a core of their own and others half of one,
+and allreduce waits for the slowest). horovodrun with Gloo has no binding option, hence the few
+lines here.
 """
 
 from __future__ import annotations
