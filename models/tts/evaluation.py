@@ -147,10 +147,8 @@ class Listener:
         return hyps
 
 
-def intelligibility(
-    spoken: list[Spoken], vocabulary: list[str], asr_model: str | Path, split: str, out_dir: Path
-) -> dict:
-    """CER of an acoustic model (`Listener`) on the synthesized log-mels (`SPLIT_intelligibility_cer`),
+def intelligibility(spoken: list[Spoken], vocabulary: list[str], listener: Listener, split: str, out_dir: Path) -> dict:
+    """CER of an acoustic model (`listener`) on the synthesized log-mels (`SPLIT_intelligibility_cer`),
     and, to say where what it misses is lost, on two more sources of the same sentences: the model's
     teacher-forced output (`..._cer_teacher_forced`: the frames it predicts when it is fed the
     recording, so free-running drift is left out) and the recordings themselves
@@ -159,7 +157,6 @@ def intelligibility(
     stage, `audio.vocoded`)."""
     from models.asr.evaluation import error_rates
 
-    listener = Listener(asr_model)
     refs = ["".join(vocabulary[t] for t in s.tokens) for s in spoken]
     hyps = listener.transcribe([s.synthesized for s in spoken], [s.voice for s in spoken])
     # teacher-forced frames follow the recording they are fed, so they are normalized by its speaker
@@ -227,6 +224,7 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     workdir, for intelligibility. The champion is chosen on dev's teacher-forced mel L1; without dev,
     on the first split's intelligibility CER (or cepstral distance without a listener)."""
     metrics = {}
+    judge = Listener(listener) if listener is not None else None  # opened once, for every split
     for split in splits:
         dataset = batches(split, cfg.tts_frames_per_batch)
         # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
@@ -235,8 +233,8 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
         metrics.update(tts_metrics(spoken, split))
         if split == "dev":  # selection: the teacher-forced mel L1 of all of dev
             metrics["dev_mel_l1"] = teacher_forced_l1(forced, dataset)
-        if listener is not None:
-            metrics.update(intelligibility(spoken, data["vocabulary"], listener, split, out_dir))
+        if judge is not None:
+            metrics.update(intelligibility(spoken, data["vocabulary"], judge, split, out_dir))
         write_samples(spoken, data["vocabulary"], out_dir, split, cfg.num_plots, cfg.num_audio)
     if "dev" in splits:
         metrics["primary_metric"] = "dev_mel_l1"
