@@ -314,6 +314,7 @@ def asr_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
             "tokens": chunk["tokens"].to_tensor(),  # [N, L] 0-padded
             "token_lengths": tf.cast(chunk["tokens"].row_lengths(), tf.int32),
             "utt_id": chunk["utt_id"],
+            "speaker": chunk["speaker"],
         }
         if with_targets:
             out["targets"] = chunk["targets"].to_tensor(default_value=-1, shape=[None, padded[keys[0]]])
@@ -339,9 +340,9 @@ def asr_dataset(
     `feat_offset` float32 [B, D] (feats * scale + offset = the speaker-normalized log-mel: the
     training step applies it with pipeline/frontend.py), `utterance_cmvn` bool [B] (cmvn="utterance":
     the step then normalizes each utterance by its own statistics), `tokens` int32 [B, L] (0-padded),
-    `token_lengths` int32 [B], `utt_id` string [B], and `targets` int32 [B, T] (-1-padded) when the
-    shards carry frame targets. `training=False`: this rank's share of the shards in order,
-    unshuffled (evaluation).
+    `token_lengths` int32 [B], `utt_id` and `speaker` string [B], and `targets` int32 [B, T]
+    (-1-padded) when the shards carry frame targets. `training=False`: this rank's share of the
+    shards in order, unshuffled (evaluation).
     """
     part = shards.split(split)
     return _batches(shards, part, cfg, rank, size, epoch, training, _traced_once(asr_assembler, shards, part, cfg))

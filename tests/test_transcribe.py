@@ -60,6 +60,25 @@ def test_transcripts_of_a_data_dir_are_the_evaluations_hypotheses(decoded):
     assert text == evaluated
 
 
+def test_the_evaluation_scores_each_speaker_of_the_data_dir_apart(decoded):
+    from models.asr.evaluation import error_rates
+
+    root, data, _ = decoded
+    utt2spk = kaldi.read_table(data / "utt2spk").values
+    with open(root / "work" / "eval" / "test_hypotheses.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    with open(root / "work" / "eval" / "test_speakers.tsv") as f:
+        table = list(csv.DictReader(f, delimiter="\t"))
+    assert sorted(r["speaker"] for r in table) == sorted(set(utt2spk.values())) and len(table) == 2
+    for entry in table:  # each speaker's rates are those of its own utterances (the data dir's utt2spk)
+        own = [r for r in rows if utt2spk[r["utt_id"]] == entry["speaker"]]
+        rates = error_rates([r["reference"] for r in own], [r["greedy"] for r in own])
+        assert int(entry["utterances"]) == len(own) and int(entry["chars"]) == rates["chars"]
+        assert float(entry["cer"]) == pytest.approx(rates["cer"], abs=1e-4)
+        assert float(entry["wer"]) == pytest.approx(rates["wer"], abs=1e-4)
+    assert [float(e["cer"]) for e in table] == sorted((float(e["cer"]) for e in table), reverse=True)
+
+
 def test_ctm_words_are_the_transcripts_in_order_within_each_utterance(decoded):
     root, data, _ = decoded
     text = dict(line.split(" ", 1) for line in (root / "out" / "text").read_text().splitlines())

@@ -84,18 +84,21 @@ def compute_wer_lines(rates: dict) -> list[str]:
 
 def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Path, beam_width: int) -> dict:
     """Transcribes every utterance of `dataset` (the acoustic input pipeline in evaluation mode),
-    writes `OUT/{split}_hypotheses.tsv` and `OUT/{split}_wer.txt` (Kaldi's `compute-wer` lines), and
-    returns the split's CER and WER, greedy and beam, with the substitution, deletion and insertion
-    counts behind them (`{split}_word_sub`, ..., `_beam` for beam search)."""
-    rows = []
+    writes `OUT/{split}_hypotheses.tsv`, `OUT/{split}_wer.txt` (Kaldi's `compute-wer` lines) and
+    `OUT/{split}_speakers.tsv` (each speaker's error rates, `speaker_rows`), and returns the split's
+    CER and WER, greedy and beam, with the substitution, deletion and insertion counts behind them
+    (`{split}_word_sub`, ..., `_beam` for beam search)."""
+    rows, speakers = [], {}
     for batch in dataset:
         feats, lengths = AsrTask.features(batch), batch["feat_lengths"]
         greedy, beam = asr.transcriptions(model, feats, lengths, vocabulary, (0, beam_width))
         tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
-        for i, utt in enumerate(batch["utt_id"].numpy()):
+        for i, (utt, speaker) in enumerate(zip(batch["utt_id"].numpy(), batch["speaker"].numpy())):
             reference = "".join(vocabulary[t] for t in tokens[i, : token_lengths[i]])
             rows.append((utt.decode(), reference, greedy[i], beam[i]))
+            speakers[utt.decode()] = speaker.decode()
     rows.sort()
+    (out_dir / f"{split}_speakers.tsv").write_text("\n".join(speaker_rows(rows, speakers)) + "\n", encoding="utf-8")
     refs = [r[1] for r in rows]
     greedy_rates = error_rates(refs, [r[2] for r in rows])
     beam_rates = error_rates(refs, [r[3] for r in rows])
@@ -114,6 +117,23 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
         **{f"{split}_{key}": greedy_rates[key] for key in counts},
         **{f"{split}_{key}_beam": beam_rates[key] for key in counts if key not in ("words", "chars")},
     }
+
+
+def speaker_rows(rows: list[tuple[str, str, str, str]], speakers: dict[str, str]) -> list[str]:
+    """`{split}_speakers.tsv`'s lines: each speaker's utterances, characters and greedy and beam CER
+    and WER, the worst greedy CER first (a held-out voice the split's total hides shows here).
+    `rows`: (utt_id, reference, greedy, beam); `speakers`: utt_id -> speaker."""
+    by_speaker: dict[str, list[tuple[str, str, str, str]]] = {}
+    for row in rows:
+        by_speaker.setdefault(speakers[row[0]], []).append(row)
+    table = []
+    for speaker, own in by_speaker.items():
+        refs = [r[1] for r in own]
+        greedy, beam = error_rates(refs, [r[2] for r in own]), error_rates(refs, [r[3] for r in own])
+        table.append((speaker, len(own), greedy["chars"], greedy["cer"], beam["cer"], greedy["wer"], beam["wer"]))
+    table.sort(key=lambda t: (-t[3], t[0]))
+    lines = ["speaker\tutterances\tchars\tcer\tcer_beam\twer\twer_beam"]
+    return lines + ["\t".join([s, str(n), str(c), *(f"{v:.4f}" for v in rates)]) for s, n, c, *rates in table]
 
 
 def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None) -> dict:
