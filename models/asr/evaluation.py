@@ -95,8 +95,9 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
         tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
         for i, (utt, speaker) in enumerate(zip(batch["utt_id"].numpy(), batch["speaker"].numpy())):
             reference = "".join(vocabulary[t] for t in tokens[i, : token_lengths[i]])
-            rows.append((utt.decode(), reference, greedy[i], beam[i]))
-            speakers[utt.decode()] = speaker.decode()
+            name = utt.decode()
+            rows.append((name, reference, greedy[i], beam[i]))
+            speakers[name] = speaker.decode()
     rows.sort()
     (out_dir / f"{split}_speakers.tsv").write_text("\n".join(speaker_rows(rows, speakers)) + "\n", encoding="utf-8")
     refs = [r[1] for r in rows]
