@@ -47,7 +47,8 @@ class Task(Protocol):
         """Input frames in a batch (what frames/s counts): a scalar tensor."""
 
     def loss(self, model, batch, training: bool, seed=None) -> tuple[Any, dict]:
-        """(scalar loss, auxiliary metrics); `seed` int64 [2]: this step's stateless augmentation seed."""
+        """(scalar loss, auxiliary metrics); `seed` int64 [2]: this step's stateless augmentation seed
+        (the rank's stream, then the step, 1-based)."""
 
     def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
         """Only a task whose `selection_metric` is "dev_cer": (loss, greedy transcripts) of a dev batch."""

@@ -49,6 +49,10 @@ class InputConfig:
     # utterance's spectrum stretched along frequency by its own factor drawn from this range (>1:
     # formants move up, as for a shorter vocal tract); (1.0, 1.0): off.
     vtlp_range: tuple[float, float] = (1.0, 1.0)
+    # The training step from which SpecAugment and VTLP apply (1-based, as the trainer counts; 0 or 1:
+    # every step). Unaugmented, a model's first steps learn the alignment sooner; augmented from
+    # then on, it goes on learning voices it has not heard (configs/demo_asr.yaml has the figures).
+    augment_from_step: int = 0
     prefetch_batches: int = 8  # batches kept ready, across epoch boundaries too
     seed: int = 0  # shuffling; every rank must use the same seed
 
@@ -56,6 +60,8 @@ class InputConfig:
         low, high = self.vtlp_range
         if not 0.5 <= low <= high <= 2.0:
             raise ValueError(f"vtlp_range {tuple(self.vtlp_range)}: two warp factors, low <= high, in 0.5-2.0")
+        if self.augment_from_step < 0:
+            raise ValueError(f"augment_from_step {self.augment_from_step}: a training step, 0 or more")
 
 
 # ----------------------------------------------------------------------------------------------

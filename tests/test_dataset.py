@@ -240,6 +240,39 @@ def test_the_acoustic_task_augments_in_training_steps_only(sharded):
         dataset.InputConfig(vtlp_range=(1.2, 1.1))
 
 
+def test_augmentation_starts_at_its_step_in_one_traced_graph(sharded):
+    """`augment_from_step`: the training step's features as they are before that step, and from it
+    on what the task augmenting from the first step gives for the same seed; the step comes in the
+    seed, so one trace serves every step."""
+    import tensorflow as tf
+
+    from models.asr import network as asr
+    from models.asr.task import AsrTask
+
+    out, _, _ = sharded
+    batch = next(iter(dataset.asr_dataset(out, "train", CFG)[0]))
+    augment = dataclasses.replace(CFG, spec_augment=True, freq_masks=2, freq_mask_width=6, vtlp_range=(0.9, 1.1))
+    config = asr.AsrConfig(feature_dim=13, vocab_size=40, num_layers=1, units=4, projection=0)
+    always, later = AsrTask(config, augment), AsrTask(config, dataclasses.replace(augment, augment_from_step=3))
+    spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
+
+    def features_of(task):
+        def fn(b, seed):
+            return task._augmented(task.features(b), b, seed)
+
+        return tf.function(fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)], autograph=False)
+
+    traced_always, traced_later = features_of(always), features_of(later)
+    clean = AsrTask.features(batch).numpy()
+    for step in (1, 2, 3, 7):
+        seed = tf.constant([5, step], tf.int64)
+        got, augmented = traced_later(batch, seed).numpy(), traced_always(batch, seed).numpy()
+        assert not np.array_equal(augmented, clean)
+        np.testing.assert_array_equal(got, clean if step < 3 else augmented, err_msg=f"step {step}")
+    with pytest.raises(ValueError, match="augment_from_step"):
+        dataset.InputConfig(augment_from_step=-1)
+
+
 def test_epochs_chain_with_the_next_one_produced_before_the_current_one_is_consumed():
     """No bubble at epoch boundaries: the next epoch's first batch exists (was produced into the
     prefetch buffer) while the current epoch's last batch has not been taken yet."""

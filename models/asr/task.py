@@ -90,13 +90,26 @@ class AsrTask:
         """`seed`: int64 [2], the stateless seed of this step's augmentation (training only)."""
         feats = self.features(batch)
         if training and self.augment is not None and seed is not None:
-            if tuple(self.augment.vtlp_range) != (1.0, 1.0):
-                warp_seed = tf.random.experimental.stateless_fold_in(seed, 1)  # SpecAugment's masks keep theirs
-                feats = frontend.vtlp(feats, self.augment.vtlp_range, warp_seed)
-            if self.augment.spec_augment:
-                feats = frontend.spec_augment(feats, batch["feat_lengths"], self.augment, seed)
+            feats = self._augmented(feats, batch, seed)
         logits, lengths = model(feats, batch["feat_lengths"], training=training)
         return self._loss_of(logits, lengths, batch)
+
+    def _augmented(self, feats, batch, seed):
+        """feats [B, T, D] with VTLP, then SpecAugment; as they are before `augment_from_step`. One
+        graph for both (the training step is traced once): the step is the seed's second element."""
+
+        def augment():
+            out = feats
+            if tuple(self.augment.vtlp_range) != (1.0, 1.0):
+                warp_seed = tf.random.experimental.stateless_fold_in(seed, 1)  # SpecAugment's masks keep theirs
+                out = frontend.vtlp(out, self.augment.vtlp_range, warp_seed)
+            if self.augment.spec_augment:
+                out = frontend.spec_augment(out, batch["feat_lengths"], self.augment, seed)
+            return out
+
+        if self.augment.augment_from_step <= 1:
+            return augment()
+        return tf.cond(seed[1] >= self.augment.augment_from_step, augment, lambda: feats)
 
     def _loss_of(self, logits, lengths, batch) -> tuple[tf.Tensor, dict]:
         if self.config.loss == "frame_ce":

@@ -53,7 +53,8 @@ class Stepper:
         return tf.function(fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)], autograph=False)
 
     def _seed(self, step: int):
-        """The stateless seed of this step's random input augmentation: another on every rank and step."""
+        """The stateless seed of this step's random input augmentation: another on every rank and step;
+        its second element is the step (a task may start augmenting at a step: models/interfaces.py)."""
         return self.s.tf.constant([self.s.config.seed * 7919 + self.s.rank, step], self.s.tf.int64)
 
     def step(self, batch, step: int) -> tuple[float, dict, int, int, dict]:
