@@ -54,9 +54,9 @@ def model_dir(path: Path, config_file: Path) -> Path:
     vocabulary = text.build_vocabulary([VOCABULARY_TEXT])
     config = configlib.load(TrainConfig, config_file)
     config = dataclasses.replace(
-        config, asr=dataclasses.replace(config.asr, feature_dim=80, vocab_size=len(vocabulary))
+        config, settings=dataclasses.replace(config.settings, feature_dim=80, vocab_size=len(vocabulary))
     )
-    model = asr.build_asr(config.asr)
+    model = asr.build_asr(config.settings)
     checkpoint.save(path, 1, model.weights, [], {"final": True}, 1, (model.name,))
     configlib.save(config, path / "config.yaml")
     data = {

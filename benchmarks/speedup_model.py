@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work, config, shards, common = asr_setup(args, "speedup_model-", tiny_steps=8)
     common.append("intra_op_threads=1")
-    model_cfg = resolve_asr(configlib.load(TrainConfig, config).asr, open_shard_set(shards))
+    model_cfg = resolve_asr(configlib.load(TrainConfig, config).settings, open_shard_set(shards))
     parameters = int(sum(np.prod(v.shape) for v in asr.build_asr(model_cfg).trainable_variables))
     one = run_training(shards, work / "np1", 1, config, common)
     # Tiny (the tests): the gossip run only; allreduce's np=2 run goes through the same lines.

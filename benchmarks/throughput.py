@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         if model == "asr":
             from models.training.config import TrainConfig
 
-            cfg = resolve_asr(configlib.load(TrainConfig, configs[model]).asr, open_shard_set(shards))
+            cfg = resolve_asr(configlib.load(TrainConfig, configs[model]).settings, open_shard_set(shards))
             flops = asr.flops_per_frame(cfg) * summary["frames_per_s_total"]
             peak = results["matmul_peak_flops_float32"]
             results[f"{key}_flops"] = flops

@@ -28,7 +28,8 @@ def diagnose(model_spec: str, shards_dir: Path, listener_spec: str, split: str, 
     """The arms' CER and WER (models/tts/diagnosis.py) of `model_spec` on `split`, heard by `listener_spec`."""
     from common import catalog
     from common.runtime import configure_tensorflow
-    from models.evaluate import EvalConfig, check_vocabulary, split_batches
+    from models.evaluate import check_vocabulary, split_batches
+    from models.tts.config import TtsEvalConfig
     from models.serving import opening
     from models.tts import diagnosis
     from models.tts.evaluation import Listener
@@ -36,13 +37,13 @@ def diagnose(model_spec: str, shards_dir: Path, listener_spec: str, split: str, 
 
     configure_tensorflow()
     model, config, data = opening.open_model(model_spec)
-    if config.model != "tts" or config.tts.alignment != "durations":
+    if config.model != "tts" or config.settings.alignment != "durations":
         raise ValueError(f"{model_spec}: not a synthesis model with durations (alignment: durations)")
     shards = open_shard_set(shards_dir)
     check_vocabulary(data, shards, model_spec)
-    cfg = EvalConfig(max_utterances=max_utterances)
+    cfg = TtsEvalConfig(max_utterances=max_utterances)
     task = catalog.task_class(config.model).create(config, shards, cfg)
-    dataset = split_batches(task, config, shards, split, cfg.tts_frames_per_batch)
+    dataset = split_batches(task, config, shards, split, cfg.frames_per_batch)
     arms = diagnosis.speak_arms(model, config, data, dataset, max_utterances)
     rates = diagnosis.heard(arms, data["vocabulary"], Listener(listener_spec))
     return {

@@ -47,7 +47,8 @@ def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], wa
     from models.asr import network as asr
     from models.asr.evaluation import error_rates
     from models.asr.task import AsrTask
-    from models.evaluate import EvalConfig, check_vocabulary, split_batches
+    from models.asr.config import AsrEvalConfig
+    from models.evaluate import check_vocabulary, split_batches
     from models.serving import opening
     from pipeline import frontend, text
     from pipeline.records import open_shard_set
@@ -58,14 +59,14 @@ def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], wa
         raise ValueError(f"{model_spec}: not an acoustic model (model: {config.model})")
     shards = open_shard_set(shards_dir)
     check_vocabulary(data, shards, model_spec)
-    cfg = EvalConfig()
+    cfg = AsrEvalConfig()
     task = catalog.task_class("asr").create(config, shards, cfg)
     forward = asr.compiled(model)
     vocabulary = data["vocabulary"]
     results = {}
     for split in splits:
         voices = voices_of(corpus, split)
-        batches = list(split_batches(task, config, shards, split, cfg.asr_frames_per_batch))
+        batches = list(split_batches(task, config, shards, split, cfg.frames_per_batch))
         per_warp = []
         for warp in warps:
             pairs = defaultdict(lambda: ([], []))  # voice -> (references, hypotheses)

@@ -7,7 +7,10 @@ with an acoustic model, whether its input can come from the tf.data service, whe
 counts its budget in data or survives lost workers. Nothing here imports TensorFlow, so the DAG
 parser, the plan and the command lines read the same registry as the trainer.
 
-The code behind an entry implements models/interfaces.py `Task`, `Evaluation`, `Server`, `Strategy`.
+The code behind an entry implements models/interfaces.py `Task`, `Evaluation`, `Server`, `Strategy`;
+an entry also names the frozen dataclasses of its settings (a model's section of the training
+config and its evaluation options, a strategy's options), in modules without TensorFlow, so a
+run's settings are checked against them before any work starts (workflow/plan.py).
 
 Extensions: every process that reads the registry (training ranks, `models.evaluate`, the pyfunc
 server, the DAG parser) first imports the modules named in the environment variable
@@ -36,9 +39,12 @@ class ModelEntry:
     server: str  # "module:attribute" of its server class (models/interfaces.py `Server` says what one has)
     title: str  # the DAG form's label
     config_file: str  # the DAG form's default training config (a YAML file of TrainConfig fields)
-    # the TrainConfig field that holds its settings; a model added by an extension keeps its own in
-    # `extension` (a mapping its task reads)
-    section: str = "extension"
+    # "module:attribute" of its settings' frozen dataclass (a module without TensorFlow): the section
+    # of a training config named after the model (`asr:`), TrainConfig.settings; saved with the model
+    settings: str
+    # "module:attribute" of its evaluation options' frozen dataclass (TF-free too): models.evaluate's
+    # EvalConfig.options, given beside `splits`
+    eval_settings: str
     # the model whose trained copy listens to what this one makes in its evaluation (`--asr-model-dir`;
     # the synthesis model's: "asr"); empty: none
     listener: str = ""
@@ -59,7 +65,9 @@ class StrategyEntry:
     # every rank holds the same weights after each step, so the ranks share the dev evaluation
     replicas_equal: bool = False
     dynamic_process_sets: bool = False  # Horovod: registers process sets at run time
-    options: tuple[str, ...] = ()  # the StrategyConfig fields it reads, besides `name` and `extension`
+    # "module:attribute" of its options' frozen dataclass (TF-free), given beside `strategy.name`
+    # (StrategyConfig.options); empty: it has none
+    options: str = ""
 
 
 _MODELS: dict[str, ModelEntry] = {}
@@ -85,7 +93,8 @@ register_model(
         "models.asr.server:AsrServer",
         "asr: acoustic model (speech recognition)",
         "configs/demo_asr.yaml",
-        section="asr",
+        "models.asr.config:AsrConfig",
+        "models.asr.config:AsrEvalConfig",
         data_service=True,
         eval_splits=("dev", "test", "test_noisy", "test_engine"),
     )
@@ -98,7 +107,8 @@ register_model(
         "models.tts.server:TtsServer",
         "tts: synthesis model (text to speech)",
         "configs/demo_tts.yaml",
-        section="tts",
+        "models.tts.config:TtsConfig",
+        "models.tts.config:TtsEvalConfig",
         listener="asr",
     )
 )
@@ -109,7 +119,7 @@ register_strategy(
         "allreduce (synchronous ring-allreduce)",
         supports_elastic=True,
         replicas_equal=True,
-        options=("compression", "fused_step"),
+        options="models.distributed.strategies:AllreduceOptions",
     )
 )
 register_strategy(
@@ -119,7 +129,7 @@ register_strategy(
         "adpsgd (asynchronous decentralized gossip)",
         budget_in_data=True,
         dynamic_process_sets=True,
-        options=("gossip", "hierarchical", "gossip_compression", "consensus_every", "seed", "gossip_scale_lr"),
+        options="models.distributed.gossip_config:GossipOptions",
     )
 )
 
@@ -160,6 +170,16 @@ def resolve(target: str) -> Any:
     """The object a "module:attribute" string names (importing the module)."""
     module, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def settings_class(name: str) -> type:
+    """The settings dataclass of model `name` (TF-free)."""
+    return resolve(model(name).settings)
+
+
+def eval_settings_class(name: str) -> type:
+    """The evaluation options dataclass of model `name` (TF-free)."""
+    return resolve(model(name).eval_settings)
 
 
 def task_class(name: str):

@@ -1,18 +1,29 @@
 """Frozen-dataclass configuration: defaults, then a YAML file, then `--set key=value` overrides.
 
 Every stage and model has one frozen dataclass. Nested dataclasses are addressed with dotted
-keys (`model.num_layers=2`). Unknown keys are errors that list the valid ones, so a typo never
-silently trains the wrong model. Values are parsed as YAML scalars (`3`, `1e-3`, `true`,
-`[1, 2]`) and checked against the field's declared type.
+keys (`model.num_layers=2`). Unknown keys are errors that name the nearest valid one and list the
+others, so a typo never silently trains the wrong model. Values are parsed as YAML scalars (`3`,
+`1e-3`, `true`, `[1, 2]`) and checked against the field's declared type.
+
+A registered section (`registered_field`) is a field whose dataclass the config's other values
+choose: the training config's model section is the chosen model's own settings class, a
+strategy's options the chosen strategy's (common/catalog.py names them). Its keys sit under a key
+of their own (the model's name) or, `flat`, beside the config's own keys (`strategy.gossip`).
+A class may rename its keys of an earlier release with a classmethod
+`renamed_keys(values, config) -> values`, which warns.
+
+Nothing here imports TensorFlow or numpy: the DAG's plan checks a run's settings with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import types
 import typing
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +32,41 @@ import yaml
 from common.cli import split_assignment
 
 T = TypeVar("T")
+RESOLVE = "speechflow.resolve"  # field metadata: config -> the section's dataclass (or None: no section)
+KEY = "speechflow.key"  # field metadata: config -> the section's key (None: flat, beside the config's own)
+# field metadata: False on a model setting that fixes no weight's shape (a resumed run may change it)
+ARCHITECTURE = "speechflow.architecture"
+
+
+def registered_field(resolve: Callable[[Any], type | None], key: Callable[[Any], str] | None = None) -> Any:
+    """A field whose frozen dataclass `resolve(config)` picks from the config's other values; its keys
+    sit under `key(config)`, or with `key` None beside the config's own keys. Its default (None) is
+    the chosen class' defaults: the owning class' `__post_init__` calls `fill_registered`."""
+    return dataclasses.field(default=None, metadata={RESOLVE: resolve, KEY: key})
+
+
+def fill_registered(config: Any) -> None:
+    """In a frozen dataclass' `__post_init__`: each registered section that is not of the class the
+    other values choose (unset, or left from another model) becomes that class' defaults."""
+    for field in dataclasses.fields(config):
+        if RESOLVE in field.metadata:
+            cls = field.metadata[RESOLVE](config)
+            value = getattr(config, field.name)
+            if cls is None:
+                object.__setattr__(config, field.name, None)
+            elif not isinstance(value, cls):
+                object.__setattr__(config, field.name, cls())
+
+
+def moved(old: str, new: str) -> None:
+    """Warns that config key `old` is spelled `new` now (accepted for one release)."""
+    warnings.warn(f"config key {old!r} is now {new!r}; the old name goes in the next release", FutureWarning, 3)
+
+
+def _unknown(key: str, valid: Sequence[str]) -> ValueError:
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ValueError(f"unknown config key {key!r}{hint}; valid keys here: {', '.join(valid)}")
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -91,22 +137,62 @@ def from_dict(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
 
 
 def apply_overrides(config: T, values: Mapping[str, Any], prefix: str = "") -> T:
-    """Returns a copy of `config` with `values` (nested mapping) applied; unknown keys raise."""
-    hints = _field_types(type(config))
-    names = [f.name for f in dataclasses.fields(config)]
+    """Returns a copy of `config` with `values` (nested mapping) applied; unknown keys raise,
+    naming the nearest valid key."""
+    cls = type(config)
+    if hasattr(cls, "renamed_keys"):
+        values = cls.renamed_keys(dict(values), config)
+    pending = dict(values)
+    hints = _field_types(cls)
+    fields = dataclasses.fields(config)
     changes: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in names:
-            raise ValueError(
-                f"unknown config key '{prefix}{key}'; valid keys here: {', '.join(prefix + n for n in names)}"
-            )
-        annotation = hints[key]
-        current = getattr(config, key)
+    for field in fields:
+        if RESOLVE in field.metadata or field.name not in pending:
+            continue
+        value, current = pending.pop(field.name), getattr(config, field.name)
         if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
-            changes[key] = apply_overrides(current, value, prefix=f"{prefix}{key}.")
+            changes[field.name] = apply_overrides(current, value, prefix=f"{prefix}{field.name}.")
         else:
-            changes[key] = _coerce(value, annotation, prefix + key)
-    return dataclasses.replace(config, **changes)
+            changes[field.name] = _coerce(value, hints[field.name], prefix + field.name)
+    config = dataclasses.replace(config, **changes) if changes else config
+    valid = [prefix + f.name for f in fields if RESOLVE not in f.metadata]
+    for field in fields:
+        if RESOLVE not in field.metadata:
+            continue
+        current = getattr(config, field.name)  # of the class the values above chose (fill_registered)
+        key = field.metadata[KEY](config) if field.metadata[KEY] else None
+        if current is None:
+            section = pending.pop(key, {}) if key else {}
+        elif key:
+            valid.append(prefix + key)
+            section = pending.pop(key, {})
+            if not isinstance(section, Mapping):
+                raise ValueError(f"config key {prefix}{key!r}: expected a mapping of its settings, got {section!r}")
+        else:
+            names = [f.name for f in dataclasses.fields(current)]
+            valid += [prefix + n for n in names]
+            section = {k: pending.pop(k) for k in names if k in pending}
+        if section:
+            if current is None:
+                raise ValueError(f"config keys under {prefix}{key}: this config has no such section")
+            inner = f"{prefix}{key}." if key else prefix
+            config = dataclasses.replace(config, **{field.name: apply_overrides(current, section, prefix=inner)})
+    ignored = cls.ignored_keys(config) if hasattr(cls, "ignored_keys") else ()
+    for key in pending:
+        if key not in ignored:
+            raise _unknown(prefix + key, valid)
+    return config
+
+
+def _merged(base: dict[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `more` laid over it, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in more.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def parse_set(assignments: Sequence[str]) -> dict[str, Any]:
@@ -148,6 +234,7 @@ def load(
     """Resolves a config: `base` (or the dataclass defaults), then the YAML file, then `--set` items,
     then a stage's own flags (`flags`, nested like the config; None means the flag was not given)."""
     config = base if base is not None else cls()
+    values: dict[str, Any] = {}
     if yaml_path:
         path = Path(yaml_path)
         if not path.is_file():
@@ -155,17 +242,42 @@ def load(
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, Mapping):
             raise ValueError(f"config file {path} must hold a mapping at its top level")
-        config = apply_overrides(config, loaded)
+        values = _merged(values, loaded)
     if assignments:
-        config = apply_overrides(config, parse_set(assignments))
+        values = _merged(values, parse_set(assignments))
     if flags:
-        config = apply_overrides(config, _given(flags))
-    return config
+        values = _merged(values, _given(flags))
+    # One pass over the merged values: a section's keys are read once the model (or strategy) that
+    # owns them is known, wherever in the layers it was chosen.
+    return apply_overrides(config, values)
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-friendly nested dict (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(config)))
+    """A JSON-friendly nested dict (tuples become lists), registered sections under their keys."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        else:
+            value = json.loads(json.dumps(value))
+        if RESOLVE not in field.metadata:
+            out[field.name] = value
+        elif value is not None and field.metadata[KEY]:
+            out[field.metadata[KEY](config)] = value
+        elif value is not None:
+            out.update(value)
+    return out
+
+
+def architecture_dict(settings: Any) -> dict[str, Any]:
+    """`to_dict(settings)` without the fields marked `ARCHITECTURE: False`, at any depth."""
+    out = {}
+    for field in dataclasses.fields(settings):
+        if field.metadata.get(ARCHITECTURE, True):
+            value = getattr(settings, field.name)
+            out[field.name] = architecture_dict(value) if dataclasses.is_dataclass(value) else value
+    return json.loads(json.dumps(out))
 
 
 def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -19,32 +19,70 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
-from common import cli
+from common import catalog, cli
 from common import config as configlib
 from common.fsutil import atomic_write_json
 from pipeline.records import ShardSet
 
 
+def _options_class(config) -> type | None:
+    return catalog.eval_settings_class(config.model) if config.model else None
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    # empty: dev (choosing the champion) and test, and test_noisy and test_engine for asr, when the
-    # shards have them
+    """What `models.evaluate` evaluates: the splits every model shares, and beside them the
+    evaluated model's own options (its catalog entry's `eval_settings`: `beam_width` for the
+    acoustic model, `max_utterances`, `voice`, ... for synthesis)."""
+
+    model: str = ""  # the evaluated model, which chooses `options` (set from the model itself)
+    # empty: the model's own (common/catalog.py `eval_splits`: dev, test, and test_noisy and test_engine
+    # for the acoustic model), of those the shards have
     splits: tuple[str, ...] = ()
-    beam_width: int = 16  # asr: CTC beam search width (greedy decoding is always reported too)
-    max_utterances: int = 100  # tts: test sentences to synthesize
-    num_audio: int = 3  # tts: sentences rendered as Griffin-Lim WAVs
-    num_plots: int = 4  # tts: sentences with attention and mel plots
-    asr_frames_per_batch: int = 40000  # padded input frames per evaluation batch
-    # tts: smaller, as free-running synthesis holds up to 1.5 times each reference and an attention
-    # row per decoder step for every sentence of the batch
-    tts_frames_per_batch: int = 12000
-    # tts: a training voice to speak every sentence in; empty: each recording's own voice (dev), or
-    # for voices training never heard (test), the nearest training voice (models/tts/task.py TtsTask.voices)
-    voice: str = ""
+    options: Any = configlib.registered_field(_options_class)  # the model's own options, beside `splits`
+
+    # keys of one EvalConfig for every model until this release, with their defaults
+    FORMER: ClassVar[dict[str, Any]] = {
+        "beam_width": 16,
+        "max_utterances": 100,
+        "num_audio": 3,
+        "num_plots": 4,
+        "asr_frames_per_batch": 40000,
+        "tts_frames_per_batch": 12000,
+        "voice": "",
+    }
+
+    def __post_init__(self):
+        configlib.fill_registered(self)
+
+    @classmethod
+    def renamed_keys(cls, values: dict, config) -> dict:
+        """`asr_frames_per_batch` / `tts_frames_per_batch` -> the model's `frames_per_batch`; a key of
+        the former shared options that this model's do not have -> dropped, with a warning."""
+        model = values.get("model", config.model)
+        for key in ("asr_frames_per_batch", "tts_frames_per_batch"):
+            if key in values and model and key.startswith(model + "_"):
+                configlib.moved(key, "frames_per_batch")
+                values.setdefault("frames_per_batch", values.pop(key))
+        own = catalog.eval_settings_class(model) if model else None
+        names = {f.name for f in dataclasses.fields(own)} if own else set()
+        for key in [k for k in values if k in cls.FORMER and k not in names]:
+            warnings.warn(f"evaluation option {key!r} is not one of model {model!r}'s and is ignored", FutureWarning, 2)
+            del values[key]
+        return values
+
+
+def eval_config(model: str, yaml_path=None, assignments=(), flags=None) -> EvalConfig:
+    """The EvalConfig of model `model` from the dataclass defaults, a YAML file, `--set` items and flags."""
+    return configlib.load(EvalConfig, yaml_path, assignments, base=EvalConfig(model=model), flags=flags)
 
 
 def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
@@ -61,13 +99,17 @@ def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
 
 
 def evaluate(
-    model: str | Path, shards: Path, cfg: EvalConfig, asr_model: str | Path | None = None, out_dir: Path | None = None
+    model: str | Path,
+    shards: Path,
+    cfg: EvalConfig | Callable[[str], EvalConfig] = EvalConfig(),
+    asr_model: str | Path | None = None,
+    out_dir: Path | None = None,
 ) -> dict:
     """Evaluates the trained `model` (any form models/serving/opening.py opens) on `cfg.splits` of
-    `shards` with its model's evaluation (common/catalog.py `ModelEntry.evaluation`). Writes
-    `eval.json` and `eval/` (hypotheses, plots, audio) into `output_dir(model, out_dir)`; returns
-    the metrics."""
-    from common import catalog
+    `shards` with its model's evaluation (common/catalog.py `ModelEntry.evaluation`) and options
+    (`cfg.options`; `cfg` may be a function of the model's name that loads them, or an EvalConfig
+    without a model: its options' defaults). Writes `eval.json` and `eval/` (hypotheses, plots,
+    audio) into `output_dir(model, out_dir)`; returns the metrics."""
     from models.serving import opening
     from pipeline.records import open_shard_set
 
@@ -76,18 +118,26 @@ def evaluate(
     model, config, data = opening.open_model(model_spec)
     shards = open_shard_set(shards)
     check_vocabulary(data, shards, model_spec)
+    cfg = cfg(config.model) if callable(cfg) else cfg
+    if not cfg.model:
+        cfg = dataclasses.replace(cfg, model=config.model)
+    elif cfg.model != config.model:
+        raise ValueError(
+            f"the evaluation options are model {cfg.model!r}'s, but {model_spec} is a {config.model!r} model"
+        )
     entry = catalog.model(config.model)
     splits = list(cfg.splits) or [s for s in entry.eval_splits if s in shards.splits]
     out_dir = root / "eval"
     out_dir.mkdir(parents=True, exist_ok=True)
-    task = catalog.task_class(config.model).create(config, shards, cfg)
+    task = catalog.task_class(config.model).create(config, shards, cfg.options)
 
     def batches(split: str, frames_per_batch: int):
         return split_batches(task, config, shards, split, frames_per_batch)
 
     listener = asr_model if entry.listener else None  # a model whose output is heard
     metrics = {"model": config.model}
-    metrics.update(catalog.resolve(entry.evaluation)(model, config, data, batches, splits, cfg, out_dir, listener))
+    evaluation = catalog.resolve(entry.evaluation)
+    metrics.update(evaluation(model, config, data, batches, splits, cfg.options, out_dir, listener))
     atomic_write_json(root / "eval.json", metrics)
     return metrics
 
@@ -215,8 +265,10 @@ def _main(args: argparse.Namespace) -> None:
         "num_audio": args.num_audio,
         "voice": args.voice,
     }
-    cfg = configlib.load(EvalConfig, args.config, args.set, flags=flags)
     root = output_dir(args.model, args.out_dir)
+    # The options are the evaluated model's own: read once its name is known (the flags of another
+    # model's option are refused then, naming the valid ones).
+    cfg = functools.partial(eval_config, yaml_path=args.config, assignments=args.set, flags=flags)
     metrics = evaluate(args.model, args.shards, cfg, args.asr_model, root)
     if not args.no_mlflow:
         metrics["mlflow_run_id"] = log_to_mlflow(root, metrics, args.mlflow_parent_run_id)

@@ -20,12 +20,15 @@ class Task(Protocol):
     name: ClassVar[str]
     config: Any
     selection_metric: ClassVar[str]  # the dev metric training keeps the best weights by (lower is better)
+    # the keys `dev_counts` returns: every rank sums them in one collective, a rank without dev batches too
+    dev_count_names: ClassVar[tuple[str, ...]]
     profile_every: ClassVar[bool]  # True: the trainer times its modules every TrainConfig.profile_every steps
 
     @classmethod
     def create(cls, config, shards, eval_config=None) -> Task:
-        """The task of a TrainConfig `config`, sized from `shards` (a records.ShardSet, or what a
-        served model recorded of one); `eval_config`: models.evaluate's EvalConfig when evaluating."""
+        """The task of a TrainConfig `config` (its own settings: `config.settings`), sized from `shards`
+        (a records.ShardSet, or what a served model recorded of one); `eval_config`: the model's
+        evaluation options (EvalConfig.options) when evaluating."""
 
     def resolved(self, config):
         """`config` (a TrainConfig) with this task's data-sized settings in place (saved with the model)."""
@@ -50,8 +53,13 @@ class Task(Protocol):
         """(scalar loss, auxiliary metrics); `seed` int64 [2]: this step's stateless augmentation seed
         (the rank's stream, then the step, 1-based)."""
 
-    def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
-        """Only a task whose `selection_metric` is "dev_cer": (loss, greedy transcripts) of a dev batch."""
+    def dev_counts(self, model, batch) -> dict[str, float]:
+        """What one dev batch adds to the dev metrics: sums (a loss' sum, errors, lengths), which the
+        trainer adds over the batches and the ranks; keys `dev_count_names`."""
+
+    def dev_metrics(self, counts: dict[str, float]) -> dict[str, float]:
+        """The dev metrics (named `dev_*`, `selection_metric` among them) of `counts` summed over
+        the split."""
 
     def finish(self, model, shards, config) -> dict[str, Any]:
         """After the last step, on the weights that are saved (rank 0's, the best on dev): what the
@@ -66,6 +74,21 @@ class Task(Protocol):
         """What the saved model's data.json records for serving besides the shards' sizes."""
 
 
+class DevLoss:
+    """Defaults for a task whose dev metric is its loss (the synthesis model's, an extension's): a base
+    class to inherit `dev_counts` and `dev_metrics` from, as Lightning's hooks have no-op defaults."""
+
+    selection_metric: ClassVar[str] = "dev_loss"
+    dev_count_names: ClassVar[tuple[str, ...]] = ("loss_sum", "batches")
+
+    def dev_counts(self, model, batch) -> dict[str, float]:
+        loss, _ = self.loss(model, batch, training=False)  # type: ignore[attr-defined]
+        return {"loss_sum": float(loss), "batches": 1.0}
+
+    def dev_metrics(self, counts: dict[str, float]) -> dict[str, float]:
+        return {"dev_loss": counts["loss_sum"] / max(1.0, counts["batches"])}
+
+
 class Evaluation(Protocol):
     """models.evaluate's evaluation of one model (common/catalog.py `ModelEntry.evaluation`)."""
 
@@ -73,7 +96,8 @@ class Evaluation(Protocol):
         self, model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None
     ) -> dict:
         """Metrics of the trained `model` (its TrainConfig `config`, its data.json `data`) on `splits`;
-        `batches(split, frames_per_batch)`: a split's batches in order; `cfg`: the EvalConfig; files
+        `batches(split, frames_per_batch)`: a split's batches in order; `cfg`: the model's evaluation
+        options (its catalog entry's `eval_settings`, EvalConfig.options); files
         go to `out_dir`; `listener`: the workdir of the model that listens to this one's output.
         Among the metrics `primary_metric`: the name of the one the champion is chosen by (lower wins)."""
 

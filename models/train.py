@@ -1,7 +1,8 @@
 """The trainer: `python -m models.train`, alone or under `horovodrun -np N`.
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m models.train --model asr --strategy allreduce \
-        --shards shards/ --workdir runs/asr [--epochs 10] [--max-steps 500] [--config c.yaml] [--set k=v]
+    horovodrun -np 2 -H localhost:2 --gloo python -m models.train --model asr --strategy adpsgd \
+        --shards shards/ --workdir runs/asr [--epochs 10] [--max-steps 500] [--config c.yaml] \
+        [--set strategy.gossip=delay-by-one] [--set asr.units=256]
 
 Rank 0 writes checkpoints, logs to MLflow and shows the progress bar; every rank trains. A re-run
 with the same workdir resumes from the latest checkpoint (weights, optimizer state, step and data
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from common import catalog, cli
@@ -35,7 +37,26 @@ def train_and_evaluate(
     return Trainer(config, Path(shards), Path(workdir), parent_run_id, run_name, hooks).run()
 
 
+# Flags of strategy options until this release: each is `--set strategy.KEY=VALUE` now (a strategy's
+# options are its own: common/catalog.py), accepted with a warning for one release.
+FORMER_STRATEGY_FLAGS = {
+    "gossip": "--gossip",
+    "gossip_compression": "--gossip-compression",
+    "compression": "--compression",
+    "hierarchical": "--hierarchical-gossip",
+}
+
+
 def build_config(args: argparse.Namespace) -> TrainConfig:
+    strategy: dict = {"name": args.strategy}
+    for key, flag in FORMER_STRATEGY_FLAGS.items():
+        value = getattr(args, key) or None
+        if value is not None:
+            shown = "true" if value is True else value
+            warnings.warn(
+                f"{flag} is now --set strategy.{key}={shown}; the flag goes in the next release", FutureWarning, 2
+            )
+            strategy[key] = value
     flags = {
         "model": args.model,
         "epochs": args.epochs,
@@ -43,13 +64,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
         "experiment": args.experiment,
         "data_service": args.data_service,
         "elastic": args.elastic or None,
-        "strategy": {
-            "name": args.strategy,
-            "gossip": args.gossip,
-            "gossip_compression": args.gossip_compression,
-            "compression": args.compression,
-            "hierarchical": args.hierarchical or None,
-        },
+        "strategy": strategy,
     }
     return configlib.load(TrainConfig, args.config, args.set, flags=flags)
 
@@ -73,19 +88,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="passes over the training split")
     p.add_argument("--max-steps", type=int, help="stop after this many steps (0: no limit)")
     cli.add_config_arguments(p, "TrainConfig")
-    p.add_argument("--compression", choices=["none", "fp16"], help="allreduce: gradient compression")
-    p.add_argument("--gossip", choices=["fixed-ring", "random-ring", "delay-by-one"], help="adpsgd: gossip variant")
-    # horovodrun's own parser takes `--hierarchical` anywhere on its command line as an abbreviation
-    # of its --hierarchical-allreduce/-allgather and stops; under horovodrun, use --hierarchical-gossip.
-    p.add_argument(
+    # A strategy's options are `--set strategy.KEY=VALUE` (e.g. strategy.gossip=delay-by-one); these
+    # spellings of some of them are accepted for one release, with a warning.
+    former = p.add_argument_group("former spellings of strategy options (use --set strategy.KEY=VALUE)")
+    former.add_argument("--compression", help="--set strategy.compression=fp16")
+    former.add_argument("--gossip", help="--set strategy.gossip=random-ring")
+    former.add_argument(
         "--hierarchical",
         "--hierarchical-gossip",
         dest="hierarchical",
         action="store_true",
-        help="adpsgd: average within each host first, one rank per host gossips (H-ADPSGD); "
-        "spell it --hierarchical-gossip under horovodrun",
+        help="--set strategy.hierarchical=true",
     )
-    p.add_argument("--gossip-compression", choices=["none", "fp16"], help="adpsgd: exchange weights as fp16")
+    former.add_argument("--gossip-compression", help="--set strategy.gossip_compression=fp16")
     p.add_argument(
         "--data-service", metavar="grpc://HOST:PORT", help="read batches from this tf.data service dispatcher"
     )

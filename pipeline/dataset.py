@@ -27,41 +27,9 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline import frontend, records
+from pipeline.input_config import InputConfig
 
 AUTOTUNE = -1
-
-
-@dataclasses.dataclass(frozen=True)
-class InputConfig:
-    frames_per_batch: int = 24000  # padded input frames per batch: a class's longest utterance x batch size
-    max_batch_size: int = 64  # cap for classes of short utterances (a batch holds at least one chunk)
-    shuffle_buffer: int = 64  # chunks (of about 8 utterances); also bounds the time to the first batch
-    # "speaker" (Kaldi per-speaker CMVN), "global" (split-wide), "utterance" (each utterance's own
-    # statistics, in the training step: what a served model can compute, see models/serving/pyfunc.py), "none"
-    cmvn: str = "speaker"
-    # SpecAugment (Park et al. 2019), applied in the training step (pipeline/frontend.py):
-    spec_augment: bool = False  # mask random bands of mel bins and runs of frames of each utterance
-    freq_masks: int = 2  # bands of mel bins set to the mean, each up to freq_mask_width wide
-    freq_mask_width: int = 15
-    time_masks: int = 2  # runs of frames set to the mean, each up to time_mask_fraction long
-    time_mask_fraction: float = 0.05
-    # Vocal tract length perturbation (Jaitly and Hinton 2013), in the training step too: each
-    # utterance's spectrum stretched along frequency by its own factor drawn from this range (>1:
-    # formants move up, as for a shorter vocal tract); (1.0, 1.0): off.
-    vtlp_range: tuple[float, float] = (1.0, 1.0)
-    # The training step from which SpecAugment and VTLP apply (1-based, as the trainer counts; 0 or 1:
-    # every step). Unaugmented, a model's first steps learn the alignment sooner; augmented from
-    # then on, it goes on learning voices it has not heard (configs/demo_asr.yaml has the figures).
-    augment_from_step: int = 0
-    prefetch_batches: int = 8  # batches kept ready, across epoch boundaries too
-    seed: int = 0  # shuffling; every rank must use the same seed
-
-    def __post_init__(self):
-        low, high = self.vtlp_range
-        if not 0.5 <= low <= high <= 2.0:
-            raise ValueError(f"vtlp_range {tuple(self.vtlp_range)}: two warp factors, low <= high, in 0.5-2.0")
-        if self.augment_from_step < 0:
-            raise ValueError(f"augment_from_step {self.augment_from_step}: a training step, 0 or more")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ def lstms(model) -> list:
 
 
 def demo_models():
-    asr_config = configlib.load(TrainConfig, ROOT / "configs" / "demo_asr.yaml").asr
-    tts_config = configlib.load(TrainConfig, ROOT / "configs" / "demo_tts.yaml").tts
+    asr_config = configlib.load(TrainConfig, ROOT / "configs" / "demo_asr.yaml").settings
+    tts_config = configlib.load(TrainConfig, ROOT / "configs" / "demo_tts.yaml").settings
     yield "asr", asr.build_asr(dataclasses.replace(asr_config, vocab_size=30)), 2 * asr_config.num_layers
     yield "tts", tts.build_tts(dataclasses.replace(tts_config, vocab_size=30)), 2  # the encoder's two directions
     lstm_decoder = dataclasses.replace(tts_config, vocab_size=30, durations_decoder="lstm")

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from models.asr.config import AugmentConfig
 from pipeline import dataset, frontend, records, shards
 from tests.conftest import horovodrun
 from tests.kaldi_fixtures import make_feats_dir
@@ -170,7 +171,7 @@ def test_spec_augment_masks_each_utterance_within_its_length_reproducibly():
 
     x = tf.ones([3, 200, 80])
     lengths = tf.constant([200, 120, 60])
-    cfg = dataset.InputConfig(freq_masks=2, freq_mask_width=10, time_masks=2, time_mask_fraction=0.05)
+    cfg = AugmentConfig(freq_masks=2, freq_mask_width=10, time_masks=2, time_mask_fraction=0.05)
     masked = frontend.spec_augment(x, lengths, cfg, tf.constant([3, 4], tf.int64)).numpy()
     for i, n in enumerate(lengths.numpy()):
         utt = masked[i, :n]
@@ -217,8 +218,9 @@ def test_the_acoustic_task_augments_in_training_steps_only(sharded):
 
     out, _, _ = sharded
     batch = next(iter(dataset.asr_dataset(out, "train", CFG)[0]))
-    augment = dataclasses.replace(CFG, spec_augment=True, freq_masks=2, freq_mask_width=6)
-    task = AsrTask(asr.AsrConfig(feature_dim=13, vocab_size=40, num_layers=1, units=4, projection=0), augment)
+    augment = AugmentConfig(spec_augment=True, freq_masks=2, freq_mask_width=6)
+    config = asr.AsrConfig(feature_dim=13, vocab_size=40, num_layers=1, units=4, projection=0)
+    task = AsrTask(dataclasses.replace(config, augment=augment))
     seen = []
 
     class Recorder:
@@ -231,13 +233,13 @@ def test_the_acoustic_task_augments_in_training_steps_only(sharded):
             task.loss(Recorder(), batch, training=training, seed=np.asarray([1, 2], np.int64))
     clean = AsrTask.features(batch).numpy()
     assert not np.array_equal(seen[0], clean) and np.array_equal(seen[1], clean)
-    assert AsrTask(task.config, CFG).augment is None  # spec_augment off: nothing to apply
-    warped = AsrTask(task.config, dataclasses.replace(CFG, vtlp_range=(1.1, 1.2)))
+    assert AsrTask(config).augment is None  # spec_augment off: nothing to apply
+    warped = AsrTask(dataclasses.replace(config, augment=AugmentConfig(vtlp_range=(1.1, 1.2))))
     with pytest.raises(StopIteration):
         warped.loss(Recorder(), batch, training=True, seed=np.asarray([1, 2], np.int64))
     assert not np.array_equal(seen[2], clean), "VTLP alone augments too"
     with pytest.raises(ValueError, match="vtlp_range"):
-        dataset.InputConfig(vtlp_range=(1.2, 1.1))
+        AugmentConfig(vtlp_range=(1.2, 1.1))
 
 
 def test_augmentation_starts_at_its_step_in_one_traced_graph(sharded):
@@ -251,9 +253,10 @@ def test_augmentation_starts_at_its_step_in_one_traced_graph(sharded):
 
     out, _, _ = sharded
     batch = next(iter(dataset.asr_dataset(out, "train", CFG)[0]))
-    augment = dataclasses.replace(CFG, spec_augment=True, freq_masks=2, freq_mask_width=6, vtlp_range=(0.9, 1.1))
+    augment = AugmentConfig(spec_augment=True, freq_masks=2, freq_mask_width=6, vtlp_range=(0.9, 1.1))
     config = asr.AsrConfig(feature_dim=13, vocab_size=40, num_layers=1, units=4, projection=0)
-    always, later = AsrTask(config, augment), AsrTask(config, dataclasses.replace(augment, augment_from_step=3))
+    always = AsrTask(dataclasses.replace(config, augment=augment))
+    later = AsrTask(dataclasses.replace(config, augment=dataclasses.replace(augment, augment_from_step=3)))
     spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
 
     def features_of(task):
@@ -270,7 +273,7 @@ def test_augmentation_starts_at_its_step_in_one_traced_graph(sharded):
         assert not np.array_equal(augmented, clean)
         np.testing.assert_array_equal(got, clean if step < 3 else augmented, err_msg=f"step {step}")
     with pytest.raises(ValueError, match="augment_from_step"):
-        dataset.InputConfig(augment_from_step=-1)
+        AugmentConfig(augment_from_step=-1)
 
 
 def test_epochs_chain_with_the_next_one_produced_before_the_current_one_is_consumed():

@@ -59,14 +59,14 @@ def test_the_shards_hold_the_phonemes_and_the_model_reads_them_as_served_text_gi
     shard_set, transcripts = phoneme_shards
     assert shard_set.phonemes == "en-us" and shard_set.phoneme_vocabulary[:2] == (text.BLANK, text.UNK)
     settings = tts.TtsConfig(alignment="durations", input="phonemes", speaker_dim=0, boundaries=boundaries)
-    config = TrainConfig(model="tts", tts=settings)
+    config = TrainConfig(model="tts", settings=settings)
     task = TtsTask.create(config, shard_set)
     symbols = len(shard_set.phoneme_vocabulary)
     unframed = dataclasses.replace(task.config, boundaries=False)
     assert task.config.vocab_size == symbols + (2 if boundaries else 0)
     data = {"vocabulary": list(shard_set.vocabulary), "lowercase": True, **task.model_data()}
     characters = TtsTask.create(
-        dataclasses.replace(config, tts=dataclasses.replace(settings, input="characters", boundaries=False)), shard_set
+        dataclasses.replace(config, settings=dataclasses.replace(settings, input="characters", boundaries=False)), shard_set
     )
     cfg = dataset.InputConfig(frames_per_batch=4000, max_batch_size=8)
     seen = 0
@@ -94,7 +94,7 @@ def test_the_shards_hold_the_phonemes_and_the_model_reads_them_as_served_text_gi
 
 
 def test_phoneme_input_on_shards_without_phonemes_says_how_to_write_them(tiny_shards):
-    config = TrainConfig(model="tts", tts=tts.TtsConfig(input="phonemes"))
+    config = TrainConfig(model="tts", settings=tts.TtsConfig(input="phonemes"))
     with pytest.raises(ValueError, match="--phonemes en-us"):
         TtsTask.create(config, records.open_shard_set(tiny_shards))
     with pytest.raises(ValueError, match="'characters' or 'phonemes'"):
@@ -118,7 +118,7 @@ def test_a_new_test_set_for_a_phoneme_model_gets_its_phonemes_and_ids(phoneme_sh
 def test_a_phoneme_model_will_not_serve_without_espeak_ng(monkeypatch, tmp_path):
     from models.tts.server import TtsServer
 
-    config = TrainConfig(model="tts", tts=tts.TtsConfig(input="phonemes"))
+    config = TrainConfig(model="tts", settings=tts.TtsConfig(input="phonemes"))
     TtsServer(None, config, {})  # espeak-ng is here
     monkeypatch.setenv("PATH", str(tmp_path))  # and now it is not
     with pytest.raises(FileNotFoundError, match="apt-get install espeak-ng"):

@@ -51,14 +51,14 @@ def model_dir(path: Path, model: str, cmvn: str = "utterance", mel_stats=(0.0, 1
     small_asr = asr.AsrConfig(
         feature_dim=80, vocab_size=len(VOCABULARY), num_layers=1, units=16, projection=0, stack_frames=2, subsample=1
     )
-    tiny_tts = configlib.load(TrainConfig, CONFIGS / "tiny_tts.yaml").tts
-    config = TrainConfig(
-        model=model,
-        asr=small_asr,
-        tts=dataclasses.replace(tiny_tts, vocab_size=len(VOCABULARY), n_mels=80, speakers=tuple(voices), **tts_fields),
-        input=dataset.InputConfig(cmvn=cmvn),
+    tiny_tts = configlib.load(TrainConfig, CONFIGS / "tiny_tts.yaml").settings
+    tts_settings = dataclasses.replace(
+        tiny_tts, vocab_size=len(VOCABULARY), n_mels=80, speakers=tuple(voices), **tts_fields
     )
-    built = asr.build_asr(config.asr) if model == "asr" else tts.build_tts(config.tts)
+    config = TrainConfig(
+        model=model, settings=small_asr if model == "asr" else tts_settings, input=dataset.InputConfig(cmvn=cmvn)
+    )
+    built = asr.build_asr(config.settings) if model == "asr" else tts.build_tts(config.settings)
     checkpoint.save(path, 1, built.weights, [], {"final": True}, 1, (built.name,))
     configlib.save(config, path / "config.yaml")
     mean, std = mel_stats

@@ -32,7 +32,7 @@ def decoded(tmp_path_factory):
     model = model_dir(root / "work" / "model", "asr", cmvn="speaker")
     cfg = shards.ShardConfig(num_shards=1, jobs=1, feature_dtype="float32", vocabulary_from=str(model))
     shards.make_shards({"test": data}, root / "shards", cfg, progress=False)
-    evaluate.evaluate(root / "work", root / "shards", evaluate.EvalConfig(splits=("test",), beam_width=4))
+    evaluate.evaluate(root / "work", root / "shards", evaluate.eval_config("asr", assignments=["splits=[test]", "beam_width=4"]))
     with open(root / "work" / "eval" / "test_hypotheses.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     evaluated = {r["utt_id"]: r["greedy"] for r in rows}
@@ -203,7 +203,7 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_st
         uri_eval = evaluate.evaluate(
             "models:/tiny-asr@champion",
             root / "shards",
-            evaluate.EvalConfig(splits=("test",), beam_width=4),
+            evaluate.eval_config("asr", assignments=["splits=[test]", "beam_width=4"]),
             out_dir=tmp_path / "uri-eval",
         )
     finally:

@@ -9,46 +9,16 @@ alignment), the model can be trained with frame cross-entropy instead.
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from models.asr.config import AsrConfig  # noqa: F401 (network.AsrConfig, as before)
 from models.layers import lstm
 from pipeline import text
 from pipeline.frontend import cepstral_basis, stack_and_subsample
-
-
-@dataclasses.dataclass(frozen=True)
-class AsrConfig:
-    feature_dim: int = 80  # input features per frame (read from the manifest at training time)
-    vocab_size: int = 0  # output tokens including the CTC blank (0: from the manifest)
-    num_targets: int = 0  # pdf ids for frame cross-entropy (0: from the manifest)
-    loss: str = "ctc"  # "ctc" over characters, or "frame_ce" over alignment targets
-    # "stack": neighbouring frames stacked into one vector, every `subsample`-th kept (a linear
-    # front-end: the first LSTM's input kernel); "conv": two strided 1-D convolutions over time
-    # (ReLU, `conv_channels` each; strides 2 and subsample/2), a learned front-end of few FLOPs
-    frontend: str = "stack"
-    # 0: the normalized log-mel spectrum as it is; N: each frame as its first N cepstral coefficients
-    # (a fixed DCT, MFCCs), which keep the spectral envelope (formants) and drop its fine structure
-    # (the harmonics of the pitch, the excitation of a synthesizer)
-    cepstra: int = 0
-    stack_frames: int = 3  # "stack": neighbouring frames stacked into one input vector
-    subsample: int = 3  # input frames per LSTM step (frame rate 100 Hz -> 33 Hz); "conv": even
-    conv_channels: int = 256  # "conv": channels of both convolutions
-    num_layers: int = 3  # bidirectional LSTM layers
-    units: int = 192  # LSTM cells per direction
-    projection: int = 256  # linear bottleneck before the output layer (0: none)
-    dropout: float = 0.1  # between layers, training only
-    lstm: str = (
-        "auto"  # "auto": models/layers/lstm.py's CPU path without a GPU, Keras' (cuDNN) with one; "keras"; "fused"
-    )
-    ctc_labels: str = "auto"  # "auto": "sparse" (TensorFlow's C++ CTC kernel) without a GPU, "dense" with one
-    # The CPU path's two large gradient matmuls per LSTM direction (models/layers/lstm.py GRAD_MATMULS):
-    # "float32"; "bfloat16" (float32 sums); "auto": bfloat16 where the CPU has avx512_bf16 or amx_bf16
-    lstm_grad_matmuls: str = "float32"
 
 
 class BiLSTM(keras.layers.Layer):

@@ -8,6 +8,8 @@ import dataclasses
 import tensorflow as tf
 
 from models.asr import network as asr
+from models.asr import scoring
+from models.asr.config import AsrConfig
 from pipeline import dataset, frontend, records, text
 
 
@@ -29,22 +31,25 @@ class AsrTask:
     selection_metric = "dev_cer"
     profile_every = False
 
+    # what a dev batch adds up: the loss and the error counts behind CER and WER
+    dev_count_names = ("loss_sum", "batches", *scoring.COUNTS)
+
     @classmethod
     def create(cls, config, shards: records.ShardSet, eval_config=None) -> AsrTask:
-        """The task of TrainConfig `config`, sized from `shards`, with its SpecAugment settings."""
-        return cls(resolve_asr(config.asr, shards), config.input)
+        """The task of TrainConfig `config`, sized from `shards` (its vocabulary decodes dev batches)."""
+        return cls(resolve_asr(config.settings, shards), list(shards.vocabulary))
 
     def resolved(self, config):
-        return dataclasses.replace(config, asr=self.config)
+        return dataclasses.replace(config, settings=self.config)
 
     def model_data(self) -> dict:
         return {"voices": []}
 
-    def __init__(self, config: asr.AsrConfig, augment: dataset.InputConfig | None = None):
+    def __init__(self, config: AsrConfig, vocabulary: list[str] | None = None):
         self.config = config
+        self.vocabulary = vocabulary or []
         # the training step's augmentation settings (SpecAugment, VTLP); None: none
-        wanted = augment is not None and (augment.spec_augment or tuple(augment.vtlp_range) != (1.0, 1.0))
-        self.augment = augment if wanted else None
+        self.augment = config.augment if config.augment.enabled else None
 
     def build(self):
         return asr.build_asr(self.config)
@@ -120,13 +125,25 @@ class AsrTask:
         )
         return loss, {"infeasible_utterances": infeasible}
 
-    def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
-        """Dev evaluation of a batch: (loss, greedy transcripts), from one compiled forward pass
-        (`asr.compiled`: an eager pass steps every LSTM through time in Python)."""
+    def dev_counts(self, model, batch) -> dict[str, float]:
+        """A dev batch's loss and the error counts of its greedy transcripts, from one compiled forward
+        pass (`asr.compiled`: an eager pass steps every LSTM through time in Python)."""
         logits, lengths = asr.compiled(model, self.config.feature_dim)(self.features(batch), batch["feat_lengths"])
         loss, _ = self._loss_of(logits, lengths, batch)
-        hyps = asr.greedy_decode(logits.numpy(), lengths.numpy())
-        return float(loss), [text.decode(h, vocabulary) for h in hyps]
+        hyps = [text.decode(h, self.vocabulary) for h in asr.greedy_decode(logits.numpy(), lengths.numpy())]
+        tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
+        refs = ["".join(self.vocabulary[t] for t in row[:n]) for row, n in zip(tokens, token_lengths)]
+        rates = scoring.error_rates(refs, hyps)
+        return {"loss_sum": float(loss), "batches": 1.0, **{k: rates[k] for k in scoring.COUNTS}}
+
+    def dev_metrics(self, counts: dict[str, float]) -> dict[str, float]:
+        rates = scoring.rates_of(counts)
+        return {
+            "dev_loss": counts["loss_sum"] / max(1.0, counts["batches"]),
+            "dev_cer": rates["cer"],
+            "dev_wer": rates["wer"],
+            "dev_utterances": int(counts["utterances"]),
+        }
 
     def flops_per_frame(self) -> float:
         return asr.flops_per_frame(self.config)

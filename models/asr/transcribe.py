@@ -114,7 +114,7 @@ def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shif
     else:
         ids = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
     log_probs = tf.nn.log_softmax(logits).numpy()  # [B, T', V]
-    frame_seconds = frame_shift_ms / 1000.0 * config.asr.subsample  # one output frame per `subsample` inputs
+    frame_seconds = frame_shift_ms / 1000.0 * config.settings.subsample  # one output frame per `subsample` inputs
     out = []
     for i, (u, labels) in enumerate(zip(utts, ids)):
         hypothesis = text.decode(labels, data["vocabulary"])

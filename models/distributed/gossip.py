@@ -12,14 +12,14 @@ set; it blocks only the communication threads of that pair. The alternatives in 
 one-sided MPI windows or a parameter-server-like exchange, which Horovod does not offer and which
 would need a second communication stack.
 
-Variants (`--gossip`):
+Variants (`strategy.gossip`; options: models/distributed/gossip_config.py):
 - fixed-ring: rounds alternate between the two perfect matchings of the ring's edges.
 - random-ring: each round a new random perfect matching from a seed all ranks share (a larger
   spectral gap: consensus contracts faster).
 - delay-by-one: the ring, but each exchange carries the weights of the previous step and its
   result is merged at the next step boundary, so communication overlaps a whole step of
   computation and the communication thread never touches the model (a double buffer).
-- hierarchical (`--hierarchical`): the ranks of a host first average by allreduce (a
+- hierarchical (`strategy.hierarchical`): the ranks of a host first average by allreduce (a
   super-learner), then one leader per host gossips with another host's leader and broadcasts
   the result to its host (H-ADPSGD).
 
@@ -57,6 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from models.distributed import gossip_schedule
+from models.distributed.gossip_config import GossipOptions
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +142,13 @@ class GossipStrategy:
         import horovod.tensorflow as hvd
 
         self.hvd = hvd
-        self.config = config
+        self.config: GossipOptions = config.options
         self.optimizer = optimizer
         self.variables = model_vars
         self.weights = FlatWeights(model_vars)
         self.rank, self.size = hvd.rank(), hvd.size()
-        self.scheme = "random-ring" if config.gossip == "random-ring" else "fixed-ring"
-        self.delayed = config.gossip == "delay-by-one"
+        self.scheme = "random-ring" if self.config.gossip == "random-ring" else "fixed-ring"
+        self.delayed = self.config.gossip == "delay-by-one"
         self.lock = threading.Lock()  # held by the training step; the thread snapshots and merges under it
         self.steps_done = 0
         self.training_done = False  # the training thread has taken its last step

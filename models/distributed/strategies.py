@@ -18,36 +18,78 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any
+import warnings
+from typing import Any, ClassVar
 
 from common import catalog
+from common import config as configlib
+
+
+def options_class(name: str) -> type | None:
+    """The options dataclass of strategy `name` (its catalog entry's `options`), None for none."""
+    target = catalog.strategy(name).options
+    return catalog.resolve(target) if target else None
 
 
 @dataclasses.dataclass(frozen=True)
 class StrategyConfig:
+    """The `strategy:` section of a training config: the strategy's name and, beside it, its own
+    options (the dataclass its catalog entry names: `strategy.gossip`, `strategy.compression`, ...)."""
+
     name: str = "allreduce"  # common/catalog.py: "allreduce" (synchronous ring-allreduce), "adpsgd" (gossip), ...
-    compression: str = "none"  # allreduce: gradients travel as "none" (their dtype) or "fp16"
-    fused_step: bool = False  # allreduce: one compiled step with DistributedGradientTape (faster on GPUs, as
-    #                           it overlaps the allreduce with the backward pass; the timings then cannot
-    #                           tell computation from communication)
-    gossip: str = "fixed-ring"  # adpsgd: "fixed-ring", "random-ring" or "delay-by-one"
-    hierarchical: bool = False  # adpsgd: ranks on a host average by allreduce; one rank per host gossips
-    gossip_compression: str = "none"  # adpsgd: exchanges travel as "none" (float32) or "fp16"
-    consensus_every: int = 10  # adpsgd: gossip rounds between consensus-distance measurements
-    seed: int = 0  # adpsgd random-ring: the seed every rank draws the matchings from
-    # adpsgd: scale the learning rate with the number of workers, as allreduce does. Averaging n
-    # workers' models, each stepped by its own gradient, moves the average by lr x the mean gradient
-    # per n batches: the same as one allreduce step, so both need the same rate per sample.
-    gossip_scale_lr: bool = True
-    extension: dict[str, Any] = dataclasses.field(default_factory=dict)  # a strategy an extension adds: its settings
+    options: Any = configlib.registered_field(lambda c: options_class(c.name))  # the strategy's own settings
+
+    # Keys of the one StrategyConfig every strategy shared until this release, with their defaults:
+    # a saved config.yaml holds them all; a strategy that does not read one drops it.
+    FORMER: ClassVar[dict[str, Any]] = {
+        "compression": "none",
+        "fused_step": False,
+        "gossip": "fixed-ring",
+        "hierarchical": False,
+        "gossip_compression": "none",
+        "consensus_every": 10,
+        "seed": 0,
+        "gossip_scale_lr": True,
+    }
 
     def __post_init__(self):
         catalog.strategy(self.name)  # ValueError naming the registered strategies
-        for field, value in (("compression", self.compression), ("gossip_compression", self.gossip_compression)):
-            if value not in ("none", "fp16"):
-                raise ValueError(f"strategy.{field} must be 'none' or 'fp16', got {value!r}")
-        if self.gossip not in ("fixed-ring", "random-ring", "delay-by-one"):
-            raise ValueError(f"strategy.gossip must be fixed-ring, random-ring or delay-by-one, got {self.gossip!r}")
+        configlib.fill_registered(self)
+
+    @classmethod
+    def renamed_keys(cls, values: dict, config) -> dict:
+        """`extension: {...}` (an extension's options until this release) -> its keys beside `name`;
+        a former shared key the chosen strategy does not read -> dropped, with a warning where it
+        was set to something else than its old default (it never had an effect)."""
+        name = values.get("name", config.name)
+        own = options_class(name)
+        names = {f.name for f in dataclasses.fields(own)} if own else set()
+        extension = values.pop("extension", None) or {}
+        for key, value in extension.items():
+            configlib.moved(f"strategy.extension.{key}", f"strategy.{key}")
+            values.setdefault(key, value)
+        for key, default in cls.FORMER.items():
+            if key in values and key not in names:
+                value = values.pop(key)
+                if value != default:
+                    warnings.warn(
+                        f"config key 'strategy.{key}' is not an option of strategy {name!r} and is ignored",
+                        FutureWarning,
+                        2,
+                    )
+        return values
+
+
+@dataclasses.dataclass(frozen=True)
+class AllreduceOptions:
+    compression: str = "none"  # gradients travel as "none" (their dtype) or "fp16"
+    # one compiled step with DistributedGradientTape (faster on GPUs, as it overlaps the allreduce with
+    # the backward pass; the timings then cannot tell computation from communication)
+    fused_step: bool = False
+
+    def __post_init__(self):
+        if self.compression not in ("none", "fp16"):
+            raise ValueError(f"strategy.compression must be 'none' or 'fp16', got {self.compression!r}")
 
 
 class Allreduce:
@@ -57,7 +99,8 @@ class Allreduce:
 
     def __init__(self, config: StrategyConfig, model_vars: list, optimizer):
         self.config = config
-        self.fused_step = config.fused_step
+        self.options: AllreduceOptions = config.options
+        self.fused_step = self.options.fused_step
         self.model_vars = model_vars
         self.optimizer = optimizer
         import horovod.tensorflow as hvd
@@ -65,7 +108,7 @@ class Allreduce:
 
         from models.distributed import hvd_compat
 
-        codec = hvd_compat.codec(config.compression)
+        codec = hvd_compat.codec(self.options.compression)
 
         @tf.function(reduce_retracing=True, autograph=False)
         def reduce(grads):
@@ -84,7 +127,7 @@ class Allreduce:
         """For the fused step: DistributedGradientTape averages inside `tape.gradient`."""
         from models.distributed import hvd_compat
 
-        return hvd_compat.distributed_tape(tape, compression=self.config.compression)
+        return hvd_compat.distributed_tape(tape, compression=self.options.compression)
 
     def start(self) -> None:
         from models.distributed import hvd_compat

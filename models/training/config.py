@@ -2,23 +2,38 @@
 
 `TrainConfig` is what `models.train` resolves from its defaults, `--config FILE.yaml` and
 `--set key=value`; it is saved beside the checkpoints, logged to MLflow as params and read back
-by evaluation and serving. Benchmarks' and tests' knobs (a straggler's delay, an injected fault)
-are not here: they are `models.training.hooks.TrainHooks`, installed from the command line's testing flags.
+by evaluation and serving. It holds what every model and strategy shares; the chosen model's own
+settings are its section (`asr:`, `tts:`, the dataclass its catalog entry names), the chosen
+strategy's options sit beside `strategy.name`. No TensorFlow or numpy is imported here: the DAG's
+plan loads a run's config to reject an unknown key before any work starts. Benchmarks' and tests'
+knobs (a straggler's delay, an injected fault) are not here: they are
+`models.training.hooks.TrainHooks`, installed from the command line's testing flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
 from common import catalog
 from common import config as configlib
-from models.asr import network as asr_model
 from models.distributed.strategies import StrategyConfig
-from models.tts import model as tts_model
-from pipeline.dataset import InputConfig
+from pipeline.input_config import InputConfig
+
+# `input` keys of the acoustic model's augmentation until this release, with their defaults: now the
+# `augment` section of a model's settings that has one (models/asr/config.py AugmentConfig)
+FORMER_INPUT = {
+    "spec_augment": False,
+    "freq_masks": 2,
+    "freq_mask_width": 15,
+    "time_masks": 2,
+    "time_mask_fraction": 0.05,
+    "vtlp_range": [1.0, 1.0],
+    "augment_from_step": 0,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +49,8 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: str = "asr"  # a model of common/catalog.py: "asr" (acoustic model), "tts" (synthesis), ...
-    asr: asr_model.AsrConfig = asr_model.AsrConfig()  # the acoustic model's settings
-    tts: tts_model.TtsConfig = tts_model.TtsConfig()  # the synthesis model's settings
-    # the settings of a model an extension registers (common/catalog.py), read by its own task
-    extension: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the model's own settings (its catalog entry's `settings` class), in YAML the section named after it
+    settings: Any = configlib.registered_field(lambda c: catalog.settings_class(c.model), key=lambda c: c.model)
     input: InputConfig = InputConfig()  # batching, normalization, shuffling
     optim: OptimConfig = OptimConfig()  # optimizer and learning-rate schedule
     strategy: StrategyConfig = StrategyConfig()  # how the workers combine
@@ -73,8 +86,44 @@ class TrainConfig:
 
     def __post_init__(self):
         catalog.model(self.model)  # ValueError naming the registered models
+        configlib.fill_registered(self)
         if self.precision not in ("float32", "mixed_bfloat16"):
             raise ValueError(f"precision must be 'float32' or 'mixed_bfloat16', got {self.precision!r}")
+
+    @classmethod
+    def renamed_keys(cls, values: dict, config) -> dict:
+        """Keys of earlier releases: `extension.X` (an extension model's settings) -> `MODEL.X`;
+        `input.spec_augment`, `input.vtlp_range`, ... -> `MODEL.augment.*` of a model with an
+        `augment` section (the acoustic model); a model without one drops them (warning when set)."""
+        model = values.get("model", config.model)
+        extension = values.pop("extension", None) or {}
+        if extension:
+            configlib.moved("extension", model)
+            values[model] = {**extension, **(values.get(model) or {})}
+        section = values.get("input")
+        moved = {k: section[k] for k in FORMER_INPUT if k in section} if isinstance(section, dict) else {}
+        if moved:
+            values["input"] = {k: v for k, v in section.items() if k not in moved}
+            fields = {f.name for f in dataclasses.fields(catalog.settings_class(model))}
+            if "augment" in fields:
+                for key in moved:
+                    configlib.moved(f"input.{key}", f"{model}.augment.{key}")
+                own = dict(values.get(model) or {})
+                own["augment"] = {**moved, **(own.get("augment") or {})}
+                values[model] = own
+            else:
+                plain = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in moved.items()}
+                changed = [k for k, v in plain.items() if v != FORMER_INPUT[k]]
+                if changed:
+                    message = f"config keys {changed} under 'input': model {model!r} has no augmentation; ignored"
+                    warnings.warn(message, FutureWarning, 2)
+        return values
+
+    @classmethod
+    def ignored_keys(cls, config) -> tuple[str, ...]:
+        """Sections of the other registered models: a config file may hold several models' settings
+        (and one saved by an earlier release holds them all); only the chosen model's are read."""
+        return tuple(name for name in catalog.models() if name != config.model)
 
 
 def learning_rate(step: int, cfg: OptimConfig, workers: int, total_steps: int) -> float:
@@ -90,9 +139,7 @@ def learning_rate(step: int, cfg: OptimConfig, workers: int, total_steps: int) -
 
 def architecture(config: TrainConfig) -> dict:
     """The part of a config that fixes the shapes of the weights."""
-    section = catalog.model(config.model).section
-    settings = getattr(config, section)
-    return {"model": config.model, section: settings if isinstance(settings, dict) else configlib.to_dict(settings)}
+    return {"model": config.model, config.model: configlib.architecture_dict(config.settings)}
 
 
 def check_workdir(workdir: Path, config: TrainConfig) -> None:

@@ -1,5 +1,9 @@
-"""Model selection on the dev split during training: its loss (and CER for the acoustic model)
-every `eval_every` steps, and the best weights kept in `WORKDIR/best/`.
+"""Model selection on the dev split during training: the task's dev metrics every `eval_every`
+steps, and the best weights by its `selection_metric` kept in `WORKDIR/best/`.
+
+The task says what a dev batch counts (`dev_counts`: sums such as a loss' sum or error counts) and
+what the summed counts mean (`dev_metrics`: the acoustic model's CER and WER, the synthesis
+model's loss); the trainer only sums and keeps the step with the lowest `selection_metric`.
 
 Under allreduce every rank holds the same weights, so the ranks share the work: each evaluates its
 shards of dev and the counts behind the loss and the error rates are summed over the ranks (rank 0
@@ -36,7 +40,6 @@ class DevSelection:
         if self.enabled:
             cfg = dataclasses.replace(config.input, frames_per_batch=40000, max_batch_size=64)
             self.dataset, _ = task.dataset(shards, DEV, cfg, self.rank, size, 0, False)  # this rank's shards
-            self.vocabulary = shards.vocabulary
         saved = checkpoint.latest(self.best_dir) if self.rank == 0 else None
         if saved is not None:  # a resumed run keeps the best it had found
             meta = checkpoint.restore_meta(saved)
@@ -47,30 +50,18 @@ class DevSelection:
 
     def evaluate(self, step: int) -> dict:
         """The dev metrics of the current weights; keeps them when they are the best so far."""
-        from models.asr.evaluation import COUNTS, error_rates, rates_of
-
-        losses, refs, hyps = [], [], []
+        names = self.task.dev_count_names
+        totals = dict.fromkeys(names, 0.0)  # this rank's share of the split
         for batch in self.dataset:
-            if self.metric != "dev_cer":
-                loss, _ = self.task.loss(self.model, batch, training=False)
-                losses.append(float(loss))
-                continue
-            loss, batch_hyps = self.task.dev_pass(self.model, batch, self.vocabulary)
-            losses.append(loss)
-            hyps += batch_hyps
-            tokens, lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
-            refs += ["".join(self.vocabulary[t] for t in row[:n]) for row, n in zip(tokens, lengths)]
-        totals = [sum(losses), len(losses)]
-        if self.metric == "dev_cer":
-            rates = error_rates(refs, hyps)
-            totals += [rates[k] for k in COUNTS]  # this rank's share of the split
+            for key, value in self.task.dev_counts(self.model, batch).items():
+                totals[key] += value
         if self.combine is not None:
-            totals = self.combine(totals)
-        metrics = {"dev_loss": totals[0] / max(1, totals[1]), "dev_wall_s": time.perf_counter() - self.started}
-        if self.metric == "dev_cer":
-            counts = dict(zip(COUNTS, totals[2:]))
-            rates = rates_of(counts)
-            metrics.update(dev_cer=rates["cer"], dev_wer=rates["wer"], dev_utterances=int(counts["utterances"]))
+            totals = dict(zip(names, self.combine([totals[k] for k in names])))
+        metrics = {**self.task.dev_metrics(totals), "dev_wall_s": time.perf_counter() - self.started}
+        if self.metric not in metrics:
+            raise ValueError(
+                f"the {self.task.name} task selects by {self.metric!r}, but its dev_metrics gave {sorted(metrics)}"
+            )
         if self.rank == 0 and metrics[self.metric] < self.best:
             self.best, self.best_step = metrics[self.metric], step
             position = {"metric": self.metric, "value": self.best}

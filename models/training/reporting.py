@@ -7,7 +7,6 @@ import json
 import resource
 import time
 
-from common import catalog
 from common import config as configlib
 from models.tracking import runs as tracking
 
@@ -37,10 +36,7 @@ class Reporting:
         """Logs the new run's params (the resolved config of this model, the world size, the steps,
         the shards, the threads and the library versions) and the shards as its input dataset."""
         c = self.s.config
-        params = configlib.flatten(configlib.to_dict(c))
-        own = catalog.model(c.model).section
-        others = {e.section for e in catalog.models().values()} - {own}
-        params = {k: v for k, v in params.items() if k.split(".", 1)[0] not in others}
+        params = configlib.flatten(configlib.to_dict(c))  # the chosen model's section and strategy's options
         params.update(
             world_size=self.s.size,
             steps_per_epoch=self.s.steps_per_epoch,

@@ -43,7 +43,7 @@ def speak_arms(model, config, data: dict, dataset, max_utterances: int, noise=NO
     import tensorflow as tf
 
     mean, std = np.asarray(data["mel_mean"], np.float32), np.asarray(data["mel_std"], np.float32)
-    voices = list(config.tts.speakers) if config.tts.multi_speaker else [""]
+    voices = list(config.settings.speakers) if config.settings.multi_speaker else [""]
     forced_pass = tf.function(lambda b: model.teacher_forced(b, training=False), reduce_retracing=True)
     given = tf.function(model.infer_with_durations, reduce_retracing=True)
     rng = np.random.default_rng(seed)

@@ -47,8 +47,8 @@ def synthesize(model, config, data: dict, dataset, max_utterances: int, forced_p
     import tensorflow as tf
 
     mean, std = np.asarray(data["mel_mean"], np.float32), np.asarray(data["mel_std"], np.float32)
-    r = config.tts.reduction_factor
-    voices = list(config.tts.speakers) if config.tts.multi_speaker else [""]
+    r = config.settings.reduction_factor
+    voices = list(config.settings.speakers) if config.settings.multi_speaker else [""]
     infer = model.compiled_infer()
     count = 0
     for batch in dataset:
@@ -226,7 +226,7 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     metrics = {}
     judge = Listener(listener) if listener is not None else None  # opened once, for every split
     for split in splits:
-        dataset = batches(split, cfg.tts_frames_per_batch)
+        dataset = batches(split, cfg.frames_per_batch)
         # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
         forced = teacher_forced_graph(model, dataset)
         spoken = list(synthesize(model, config, data, dataset, cfg.max_utterances, forced))

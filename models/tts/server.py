@@ -16,7 +16,7 @@ class TtsServer:
 
     def __init__(self, model, config, data: dict):
         self.model, self.config, self.data = model, config, data
-        if config.tts.input == "phonemes" and shutil.which("espeak-ng") is None:
+        if config.settings.input == "phonemes" and shutil.which("espeak-ng") is None:
             # fail when the server starts, not at its first request
             raise FileNotFoundError(
                 "this synthesis model reads phonemes, which espeak-ng makes from the typed text, and espeak-ng is "

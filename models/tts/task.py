@@ -10,6 +10,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from models.interfaces import DevLoss
 from models.tts import model as tts
 from pipeline import dataset, records, text
 
@@ -55,15 +56,15 @@ def _where(shards) -> str:
     return f" in {shards.root}" if shards.root is not None else ""
 
 
-class TtsTask:
+class TtsTask(DevLoss):
     name = "tts"
-    selection_metric = "dev_loss"
     profile_every = True  # the research timed Tacotron's modules apart
 
     @classmethod
     def create(cls, config, shards: records.ShardSet, eval_config=None) -> TtsTask:
-        """The task of TrainConfig `config`, sized from `shards`; evaluation speaks in `eval_config.voice`."""
-        resolved = resolve_tts(config.tts, shards)
+        """The task of TrainConfig `config`, sized from `shards`; evaluation speaks in `eval_config.voice`
+        (`eval_config`: its TtsEvalConfig)."""
+        resolved = resolve_tts(config.settings, shards)
         phonemes = (
             {"phonemes": shards.phonemes, "phoneme_vocabulary": list(shards.phoneme_vocabulary)}
             if resolved.input == "phonemes"
@@ -72,7 +73,7 @@ class TtsTask:
         return cls(resolved, eval_config.voice if eval_config is not None else "", phonemes)
 
     def resolved(self, config):
-        return dataclasses.replace(config, tts=self.config)
+        return dataclasses.replace(config, settings=self.config)
 
     def model_data(self) -> dict:
         # Serving asks for voices by name, and turns text into the model's input as the shards did.

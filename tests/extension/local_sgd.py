@@ -1,20 +1,36 @@
 """Local SGD, a strategy added in one file: every rank steps on its own gradients, and the ranks
-average their weights every `strategy.extension.every` steps (and once at the end).
+average their weights every `strategy.every` steps (and once at the end).
 
 Registered by naming this module in SPEECHFLOW_EXTENSIONS (common/catalog.py); trained with
-`--strategy local_sgd --set strategy.extension.every=4`. tests/test_extension.py runs it.
+`--strategy local_sgd --set strategy.every=4`; its options are its own dataclass, registered with it.
+tests/test_extension.py runs it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 from common import catalog
 
 catalog.register_strategy(
-    catalog.StrategyEntry("local_sgd", f"{__name__}:LocalSgd", "local_sgd (average the weights every k steps)")
+    catalog.StrategyEntry(
+        "local_sgd",
+        f"{__name__}:LocalSgd",
+        "local_sgd (average the weights every k steps)",
+        options=f"{__name__}:LocalSgdOptions",
+    )
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSgdOptions:
+    every: int = 4  # steps between averagings of the weights
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise ValueError(f"strategy.every must be 1 or more, got {self.every}")
 
 
 class LocalSgd:
@@ -26,7 +42,7 @@ class LocalSgd:
 
         from models.distributed import hvd_compat
 
-        self.every = int(config.extension.get("every", 4))
+        self.every = config.options.every
         self.model_vars, self.optimizer, self.averages = model_vars, optimizer, 0
         self._tf_vars = hvd_compat.tf_variables(model_vars)
 

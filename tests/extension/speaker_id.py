@@ -4,7 +4,9 @@ utterance, from the mean of its log-mel frames (one hidden layer).
 Registered by naming this module in SPEECHFLOW_EXTENSIONS (common/catalog.py): the task the trainer
 runs, the evaluation `models.evaluate` runs and the server the pyfunc model answers with. TensorFlow
 is imported inside the functions, as the DAG parser imports this module too. Its settings are
-TrainConfig's `extension` mapping (`--set extension.hidden=16`). tests/test_extension.py runs it.
+its own dataclasses, registered with it: `SpeakerIdConfig` is the `speaker_id:` section of a
+training config (`--set speaker_id.hidden=16`), `SpeakerIdEvalConfig` its evaluation options.
+tests/test_extension.py runs it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ catalog.register_model(
         f"{__name__}:SpeakerIdServer",
         "speaker_id: speaker classifier",
         "tests/configs/tiny_asr.yaml",
+        f"{__name__}:SpeakerIdConfig",
+        f"{__name__}:SpeakerIdEvalConfig",
     )
 )
 
@@ -31,6 +35,11 @@ class SpeakerIdConfig:
     hidden: int = 16  # units of the hidden layer
     feature_dim: int = 0  # from the shards
     speakers: tuple[str, ...] = ()  # the training split's speakers, one class each (from the shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeakerIdEvalConfig:
+    frames_per_batch: int = 12000  # padded frames per evaluation batch
 
 
 def pooled(mels, lengths):
@@ -43,7 +52,10 @@ def pooled(mels, lengths):
 
 class SpeakerIdTask:
     name = "speaker_id"
-    selection_metric = "dev_loss"
+    # A dev metric no built-in model has: the share of dev utterances (of training speakers) whose
+    # speaker it names wrongly. The trainer keeps the step where it is lowest.
+    selection_metric = "dev_error"
+    dev_count_names = ("wrong", "known", "loss_sum", "batches")
     profile_every = False
 
     def __init__(self, config: SpeakerIdConfig):
@@ -51,17 +63,13 @@ class SpeakerIdTask:
 
     @classmethod
     def create(cls, config, shards, eval_config=None) -> SpeakerIdTask:
-        from common import config as configlib
-
-        own = configlib.from_dict(SpeakerIdConfig, config.extension)
+        own = config.settings
         train = shards.splits.get("train")
         speakers = own.speakers or (tuple(train.speakers) if train is not None else ())
         return cls(dataclasses.replace(own, feature_dim=shards.feature_dim, speakers=speakers))
 
     def resolved(self, config):
-        from common import config as configlib
-
-        return dataclasses.replace(config, extension=configlib.to_dict(self.config))
+        return dataclasses.replace(config, settings=self.config)
 
     def build(self):
         import keras
@@ -108,6 +116,26 @@ class SpeakerIdTask:
         count = tf.maximum(tf.reduce_sum(known), 1.0)
         return tf.reduce_sum(losses * known) / count, {"accuracy": tf.reduce_sum(correct * known) / count}
 
+    def dev_counts(self, model, batch) -> dict[str, float]:
+        import tensorflow as tf
+
+        logits = model(pooled(batch["mels"], batch["mel_lengths"]), training=False)  # [B, S]
+        known = batch["label"] >= 0
+        wrong = tf.logical_and(known, tf.argmax(logits, -1, output_type=tf.int32) != batch["label"])
+        loss, _ = self.loss(model, batch, training=False)
+        return {
+            "wrong": float(tf.reduce_sum(tf.cast(wrong, tf.float32))),
+            "known": float(tf.reduce_sum(tf.cast(known, tf.float32))),
+            "loss_sum": float(loss),
+            "batches": 1.0,
+        }
+
+    def dev_metrics(self, counts: dict[str, float]) -> dict[str, float]:
+        return {
+            "dev_error": counts["wrong"] / max(1.0, counts["known"]),
+            "dev_loss": counts["loss_sum"] / max(1.0, counts["batches"]),
+        }
+
     def flops_per_frame(self) -> float:
         return 0.0
 
@@ -125,13 +153,11 @@ def evaluate(model, config, data: dict, batches, splits, cfg, out_dir: Path, lis
     """Loss and accuracy of each split (over the utterances of training speakers)."""
     import numpy as np
 
-    from common import config as configlib
-
-    task = SpeakerIdTask(configlib.from_dict(SpeakerIdConfig, config.extension))  # as trained
+    task = SpeakerIdTask(config.settings)  # as trained
     metrics = {}
     for split in splits:
         losses, accuracies = [], []
-        for batch in batches(split, cfg.tts_frames_per_batch):
+        for batch in batches(split, cfg.frames_per_batch):
             loss, aux = task.loss(model, batch, training=False)
             losses.append(float(loss))
             accuracies.append(float(aux["accuracy"]))
@@ -145,7 +171,7 @@ class SpeakerIdServer:
     """Rows with `mels` (an utterance's normalized log-mel frames, [T, D]) -> the speaker of each."""
 
     def __init__(self, model, config, data: dict):
-        self.model, self.speakers = model, list(config.extension["speakers"])
+        self.model, self.speakers = model, list(config.settings.speakers)
 
     def predict(self, model_input, params: dict, settings) -> list[str]:
         import numpy as np
