@@ -149,14 +149,6 @@ PARAMS = {
         values_display={name: entry.title for name, entry in catalog.strategies().items()},
         description="How the Horovod workers combine their updates.",
     ),
-    "gossip": Param(
-        "fixed-ring",
-        type="string",
-        enum=["fixed-ring", "random-ring", "delay-by-one"],
-        title="Gossip variant",
-        section=TRAINING,
-        description="adpsgd only: whom each worker averages with.",
-    ),
     "num_workers": Param(
         2,
         type="integer",
@@ -213,7 +205,9 @@ PARAMS = {
         title="Training overrides",
         section=TRAINING,
         description="KEY=VALUE settings of the training config for every model, passed on as "
-        "`models.train --set KEY=VALUE` (e.g. optim.learning_rate=0.002).",
+        "`models.train --set KEY=VALUE`: optim.learning_rate=0.002, a strategy's options "
+        "(strategy.gossip=random-ring for adpsgd), a model's own (asr.units=256). Checked by `plan` "
+        "before any work starts.",
     ),
     "eval_utterances": Param(
         100,

@@ -67,7 +67,6 @@ def train_args(
     *,
     model: str | None = None,
     strategy: str | None = None,
-    gossip: str | None = None,
     config: str | Path | None = None,
     epochs: int | None = None,
     max_steps: int | None = None,
@@ -81,7 +80,7 @@ def train_args(
     """Arguments of `python -m models.train`; None leaves a flag out (the config's value holds).
     `data_service` is a tf.data service dispatcher (grpc://HOST:PORT) the ranks read their batches from."""
     args: list[str] = []
-    for flag, value in (("--model", model), ("--strategy", strategy), ("--gossip", gossip)):
+    for flag, value in (("--model", model), ("--strategy", strategy)):
         if value is not None:
             args += [flag, value]
     args += ["--shards", str(shards), "--workdir", str(workdir)]
@@ -117,7 +116,6 @@ def plan_train_args(plan: Plan, model: str, parent_run_id: str, data_service: st
         plan.workdirs[model],
         model=model,
         strategy=plan.strategy,
-        gossip=plan.gossip if "gossip" in catalog.strategy(plan.strategy).options else None,
         config=plan.configs[model],
         epochs=plan.epochs,
         max_steps=plan.max_steps,

@@ -1,7 +1,8 @@
 """A DAG run's plan: every path and choice of the run, resolved once from the DAG's params.
 
-`make_plan` checks the params (naming the one that does not fit) and fixes the run directory, the
-splits, the shards, each model's workdir and config; the tasks pass the plan along as XCom and
+`make_plan` checks the params (naming the one that does not fit) and each model's training config
+with the form's overrides (an unknown key fails the run here, before any work starts), and fixes
+the run directory, the splits, the shards, each model's workdir and config; the tasks pass the plan along as XCom and
 workflow/commands.py turns it into each stage's command line.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,7 @@ class Plan:
     models: tuple[str, ...]  # which models to train, of MODELS
     workdirs: dict[str, str]  # model -> its training workdir
     configs: dict[str, str]  # model -> its training config file
-    strategy: str  # a registered strategy (common/catalog.py): allreduce, adpsgd, ...
-    gossip: str  # adpsgd's gossip variant
+    strategy: str  # a registered strategy (common/catalog.py): allreduce, adpsgd, ...; its options: train_overrides
     num_workers: int  # Horovod processes (local) or worker pods (cluster)
     gpus_per_worker: int | None  # cluster: GPUs per worker pod; None: the cluster settings' value
     epochs: int | None  # None: the config file's value
@@ -80,6 +81,7 @@ class Plan:
         value = dict(value)
         value["splits"], value["models"] = tuple(value["splits"]), tuple(value["models"])
         value["train_overrides"] = tuple(value.get("train_overrides", ()))
+        value.pop("gossip", None)  # a plan of an earlier release: its gossip is in train_overrides now
         value["demo_engines"] = tuple(value.get("demo_engines", voices.ENGINES))
         value["demo_voices"] = {group: tuple(specs) for group, specs in value.get("demo_voices", {}).items()}
         return cls(**value)
@@ -129,10 +131,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
     if unknown or not models:
         raise ValueError(f"models must be a non-empty selection of {list(MODELS)}, got {params['models']!r}")
     catalog.strategy(params["strategy"])  # ValueError naming the registered strategies
-    overrides = tuple(str(item).strip() for item in params.get("train_overrides") or ())
-    malformed = [item for item in overrides if "=" not in item or not item.split("=", 1)[0].strip()]
-    if malformed:
-        raise ValueError(f"train_overrides: each item is KEY=VALUE of the training config, got {malformed}")
+    overrides = _train_overrides(params)
     num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -178,6 +177,8 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         for model in models:
             if not Path(configs[model]).is_file():
                 raise ValueError(f"{model}_config: {configs[model]} does not exist")
+    for model in models:
+        check_training_config(model, params["strategy"], configs[model], overrides)
     return Plan(
         dag_id=dag_id,
         dag_run_id=dag_run_id,
@@ -193,7 +194,6 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         workdirs={m: f"{run_dir}/{m}" for m in MODELS},
         configs=configs,
         strategy=params["strategy"],
-        gossip=params["gossip"],
         num_workers=num_workers,
         gpus_per_worker=params.get("gpus_per_worker"),
         epochs=params.get("epochs"),
@@ -209,6 +209,43 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         demo_engines=demo_engines,
         demo_voices=demo_voices,
     )
+
+
+def _train_overrides(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The form's `train_overrides` (KEY=VALUE items), and the `gossip` param of an earlier release as
+    `strategy.gossip=VARIANT` (with a warning); ValueError naming a malformed item."""
+    overrides = tuple(str(item).strip() for item in params.get("train_overrides") or ())
+    malformed = [item for item in overrides if "=" not in item or not item.split("=", 1)[0].strip()]
+    if malformed:
+        raise ValueError(f"train_overrides: each item is KEY=VALUE of the training config, got {malformed}")
+    if params.get("gossip") and params["strategy"] == "adpsgd":
+        item = f"strategy.gossip={params['gossip']}"
+        warnings.warn(
+            f"the param gossip is now the training override {item}; it goes in the next release", FutureWarning, 2
+        )
+        overrides = (item, *overrides)
+    return overrides
+
+
+def check_training_config(model: str, strategy: str, config_file: str, overrides: tuple[str, ...]) -> None:
+    """Loads `model`'s training config as `models.train` will (its file where this process can read
+    it, then `strategy` and the overrides) and raises ValueError naming the param and the key that
+    does not fit: an unknown key (with the nearest valid one), a wrong type, a value out of range.
+    Imports neither TensorFlow nor numpy: the settings are plain dataclasses (common/config.py)."""
+    from common import config as configlib
+    from models.training.config import TrainConfig
+
+    readable = Path(config_file).is_file()  # cluster mode: the file is in the training image
+    try:
+        configlib.load(
+            TrainConfig,
+            config_file if readable else None,
+            overrides,
+            flags={"model": model, "strategy": {"name": strategy}},
+        )
+    except (ValueError, FileNotFoundError) as err:
+        source = f"{model}_config ({config_file}) with train_overrides" if readable else "train_overrides"
+        raise ValueError(f"{source}: {err}") from err
 
 
 def _demo_voices(params: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:

@@ -59,8 +59,8 @@ class StrategyConfig:
     @classmethod
     def renamed_keys(cls, values: dict, config) -> dict:
         """`extension: {...}` (an extension's options until this release) -> its keys beside `name`;
-        a former shared key the chosen strategy does not read -> dropped, with a warning where it
-        was set to something else than its old default (it never had an effect)."""
+        a former shared key the chosen strategy does not read -> dropped, with a warning where it was
+        set to something else than its old default."""
         name = values.get("name", config.name)
         own = options_class(name)
         names = {f.name for f in dataclasses.fields(own)} if own else set()
@@ -70,13 +70,10 @@ class StrategyConfig:
             values.setdefault(key, value)
         for key, default in cls.FORMER.items():
             if key in values and key not in names:
-                value = values.pop(key)
-                if value != default:
-                    warnings.warn(
-                        f"config key 'strategy.{key}' is not an option of strategy {name!r} and is ignored",
-                        FutureWarning,
-                        2,
-                    )
+                # A saved config.yaml of an earlier release holds every one; set otherwise, it had no effect then either.
+                if values.pop(key) != default:
+                    message = f"config key 'strategy.{key}' is not an option of strategy {name!r}: ignored, as before"
+                    warnings.warn(message, FutureWarning, 2)
         return values
 
 
