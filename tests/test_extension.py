@@ -61,11 +61,12 @@ def test_the_plan_and_command_lines_know_the_extensions_without_tensorflow(tmp_p
         import json, sys
         from workflow import commands, plan
         from common import catalog
-        p = dict(models=["speaker_id"], strategy="local_sgd")
+        # the plan loads the run's training config: the model's and the strategy's own settings
+        plan.check_training_config("speaker_id", "local_sgd", "tests/configs/tiny_asr.yaml", ("strategy.every=3",))
         print(json.dumps({
             "models": list(plan.MODELS), "strategies": list(catalog.strategies()),
             "train": commands.train_args("S", "W", model="speaker_id", strategy="local_sgd"),
-            "heavy": [m for m in ("tensorflow", "keras", "horovod", "mlflow") if m in sys.modules],
+            "heavy": [m for m in ("tensorflow", "keras", "horovod", "mlflow", "numpy") if m in sys.modules],
         }))
         """,
         quiet_env(SPEECHFLOW_EXTENSIONS=EXTENSIONS),
@@ -73,6 +74,43 @@ def test_the_plan_and_command_lines_know_the_extensions_without_tensorflow(tmp_p
     seen = json.loads(out.splitlines()[-1])
     assert seen["models"] == ["asr", "tts", "speaker_id"] and seen["strategies"][-1] == "local_sgd"
     assert seen["train"][:4] == ["--model", "speaker_id", "--strategy", "local_sgd"]
+    assert seen["heavy"] == []
+
+
+def test_an_extensions_settings_are_typed_and_checked_without_tensorflow():
+    """Its own dataclasses: a typo names the nearest key, a wrong type is refused, the keys of the
+    untyped `extension` mappings of an earlier release are accepted with a warning."""
+    out = python(
+        """
+        import json, sys, warnings
+        from common import config as configlib
+        from models.training.config import TrainConfig
+        from workflow import plan
+        seen = {}
+        for sets in (["speaker_id.hiden=8"], ["extension.hiden=8"], ["speaker_id.hidden=eight"],
+                     ["strategy.name=local_sgd", "strategy.evry=2"]):
+            try:
+                configlib.load(TrainConfig, None, ["model=speaker_id", *sets])
+            except ValueError as err:
+                seen[sets[-1]] = str(err)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            old = configlib.load(TrainConfig, None, ["model=speaker_id", "extension.hidden=8",
+                                                     "strategy.name=local_sgd", "strategy.extension.every=2"])
+        seen["old"] = [old.settings.hidden, old.strategy.options.every, [str(w.message) for w in caught]]
+        seen["heavy"] = [m for m in ("tensorflow", "keras", "horovod", "mlflow", "numpy") if m in sys.modules]
+        print(json.dumps(seen))
+        """,
+        quiet_env(SPEECHFLOW_EXTENSIONS=EXTENSIONS),
+    )
+    seen = json.loads(out.splitlines()[-1])
+    for typo in ("speaker_id.hiden=8", "extension.hiden=8"):
+        assert "unknown config key 'speaker_id.hiden' (did you mean 'speaker_id.hidden'?)" in seen[typo]
+    assert "expected an integer" in seen["speaker_id.hidden=eight"]
+    assert "did you mean 'strategy.every'?" in seen["strategy.evry=2"]
+    hidden, every, warned = seen["old"]
+    assert hidden == 8 and every == 2 and any("is now 'speaker_id'" in w for w in warned)
+    assert any("'strategy.extension.every' is now 'strategy.every'" in w for w in warned)
     assert seen["heavy"] == []
 
 
@@ -92,7 +130,7 @@ def test_the_dag_form_lists_the_extensions(tmp_path):
             "strategies": dag.params.get_param("strategy").schema["enum"],
             "config": dag.params.get_param("speaker_id_config").value,
             "tasks": sorted(t.task_id for t in dag.tasks if "speaker_id" in t.task_id),
-            "heavy": [m for m in ("tensorflow", "keras", "horovod", "mlflow") if m in sys.modules],
+            "heavy": [m for m in ("tensorflow", "keras", "horovod", "mlflow", "numpy") if m in sys.modules],
         }}))
         """,
         env,
@@ -108,10 +146,17 @@ def test_third_model(tiny_shards, tmp_path, uri):
     env = extension_env(uri)
     workdir = tmp_path / "speaker_id"
     config = ["--config", str(CONFIGS / "tiny_asr.yaml"), "--model", "speaker_id", "--max-steps", "6"]
-    summary = train(tiny_shards, workdir, env, *config, "--set", "extension.hidden=8")
+    # Dev selection by the task's own metric (dev_error, which no built-in model has), every 2 steps.
+    summary = train(tiny_shards, workdir, env, *config, "--set", "speaker_id.hidden=8", "--set", "eval_every=2")
     assert summary["world_size"] == 2 and summary["steps"] == 6 and summary["ranks_agree"]
     saved = (workdir / "model" / "config.yaml").read_text()
-    assert "model: speaker_id" in saved and "hidden: 8" in saved and "spk0" in saved
+    assert "model: speaker_id" in saved and "hidden: 8" in saved and "spk0" in saved and "\nasr:" not in saved
+    errors = {point["step"]: point["dev_error"] for point in summary["dev_history"]}
+    assert sorted(errors) == [2, 4] and "dev_loss" in summary["dev_history"][0]
+    errors[6] = summary["last_dev_error"]
+    best = min(errors.values())
+    assert summary["selected_dev_error"] == best and errors[summary["selected_step"]] == best
+    assert "selected_dev_loss" not in summary  # the trainer chose by the task's metric, not the loss
 
     metrics = evaluate(tiny_shards, workdir, env)
     assert metrics["model"] == "speaker_id" and metrics["primary_metric"] == "test_loss"
@@ -119,7 +164,7 @@ def test_third_model(tiny_shards, tmp_path, uri):
 
     client = mlflow.MlflowClient(uri)
     run = client.get_run(summary["run_id"])
-    assert run.data.params["model"] == "speaker_id" and run.data.params["extension.hidden"] == "8"
+    assert run.data.params["model"] == "speaker_id" and run.data.params["speaker_id.hidden"] == "8"
     assert "asr.units" not in run.data.params  # only its own model's settings
     assert run.data.metrics["test_loss"] == pytest.approx(metrics["test_loss"])
 
@@ -141,7 +186,7 @@ def test_third_model(tiny_shards, tmp_path, uri):
 def test_third_strategy(tiny_shards, tmp_path, uri):
     env = extension_env(uri)
     workdir = tmp_path / "asr"
-    every = ["--set", "strategy.extension.every=2"]
+    every = ["--set", "strategy.every=2"]
     args = ["--config", str(CONFIGS / "tiny_asr.yaml"), "--strategy", "local_sgd", "--max-steps", "6", *every]
     summary = train(tiny_shards, workdir, env, *args)
     # Averaged at steps 2, 4 and 6 and once at the end: every rank ends with the same weights.
@@ -151,6 +196,6 @@ def test_third_strategy(tiny_shards, tmp_path, uri):
     assert metrics["primary_metric"] == "test_cer" and metrics["test_cer"] >= 0.0
 
     run = mlflow.MlflowClient(uri).get_run(summary["run_id"])
-    assert run.data.params["strategy.name"] == "local_sgd" and run.data.params["strategy.extension.every"] == "2"
+    assert run.data.params["strategy.name"] == "local_sgd" and run.data.params["strategy.every"] == "2"
     assert run.data.tags["speechflow.strategy"] == "local_sgd"
     assert "test_cer" in run.data.metrics
