@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report_format import provenance  # noqa: E402
+from benchmarks.report_levers import levers  # noqa: E402
 from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy, voice_warp  # noqa: E402
 from benchmarks.report_speed import input_pipeline, serving, speedup_model, straggler, throughput  # noqa: E402
 from benchmarks.report_tts import tts_durations, tts_levers, tts_seed_levers, tts_seeds  # noqa: E402
@@ -88,6 +89,22 @@ SECTIONS: dict[str, Section] = {
         "Both arms evaluate on dev the same number of times. The minutes to a target are those of the first "
         "evaluation at or below it, so they are as coarse as the evaluations are apart. The dev split holds new "
         "sentences in the training voices of both engines, espeak-ng's and flite's.",
+    ),
+    "levers.json": (
+        "Levers: what chose the demo configs",
+        "Every lever measured on the demo's acoustic config (`configs/demo_asr.yaml`), kept and rejected: one "
+        "row per arm, its settings on the base config of its run (the runs table names it), each at "
+        "`horovodrun -np 2` on the demo corpus's shards. Test CER greedy on the espeak-ng voices never heard in "
+        "training, `test_engine` on flite's, dev of the model the run saved; with several seeds, their mean and "
+        "each seed's in brackets. Most runs predate the benchmarks' results files: their figures, commit and "
+        "machine are as the commit message that recorded them states them. The synthesis config's levers are "
+        "[Synthesis: levers, three seeds each](#synthesis-levers-three-seeds-each) and "
+        "[Synthesis: what limits intelligibility](#synthesis-what-limits-intelligibility).",
+        levers,
+        "Rows compare within a lever only: levers ran on the config of their day, some on other shards, and job "
+        "minutes of time-to-accuracy runs include their dev evaluations. `kept` is the value the config holds "
+        "now; `replaced later`, one it held until a later lever replaced it. A row that a lever compares against "
+        "repeats the runs of another lever's row.",
     ),
     "voice_warp.json": (
         "Held-out voices: vocal-tract length",
