@@ -20,7 +20,8 @@ RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/airf
 # Only the TensorFlow-free packages: the stages run in the training image, as pods and an MPIJob.
 COPY --chown=50000:0 common/ /opt/speechflow/common/
 COPY --chown=50000:0 workflow/ /opt/speechflow/workflow/
-ENV PYTHONPATH=/opt/speechflow
+# /opt/speechflow/extensions: the extensions' code, mounted from the data claim (k8s/airflow-values.yaml).
+ENV PYTHONPATH=/opt/speechflow:/opt/speechflow/extensions
 
 COPY --chown=50000:0 k8s/overlays/${OVERLAY}/cluster.yaml /opt/speechflow/cluster.yaml
 COPY --chown=50000:0 dags/ /opt/airflow/dags/

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes side without a cluster, with the tools of .venv-k8s (requirements/k8s.in):
 #   1. renders k8s/base and every overlay with `kubectl kustomize`, and the pods, MPIJobs (fixed-size
-#      and Horovod elastic) and tf.data service objects that `python -m workflow.manifests` prints for each
-#      overlay's cluster.yaml;
+#      and Horovod elastic), tf.data service objects and model server that `python -m workflow.manifests`
+#      prints for each overlay's cluster.yaml (the gpu overlay's with two extensions named);
 #   2. kubernetes-validate (strict: unknown fields are errors) on every manifest of a built-in kind;
 #   3. the MPIJobs (k8s/mpijob/ and the rendered ones) against the MPIJob CRD schema of the MPI
 #      Operator (made strict), its controller's own rules, and their pod templates against Kubernetes;
@@ -52,6 +52,11 @@ render() {
     "$KUBECTL" kustomize "k8s/overlays/$overlay" > "$OUT/kustomize-$overlay.yaml" || return 1
     local settings="k8s/overlays/$overlay/cluster.yaml"
     local k8s=("$PY" -m workflow.manifests --settings "$settings")
+    # One overlay's pods carry extensions (their variable and the read-only mount of their code), the
+    # other's do not: both shapes are checked.
+    local extensions=""
+    [ "$overlay" = gpu ] && extensions=tests.extension.speaker_id,tests.extension.local_sgd
+    export SPEECHFLOW_EXTENSIONS=$extensions
     # The DAG's training job (reading from a tf.data service), an elastic one, the data service and
     # each kind of stage pod, as the DAG would submit them.
     {
@@ -64,6 +69,8 @@ render() {
     } > "$OUT/mpijob-$overlay.yaml" || return 1
     "${k8s[@]}" data-service --name "data-$overlay" --num-workers 2 \
       --work-dir /data/runs/train/data-service/asr/try-1 > "$OUT/data-service-$overlay.yaml" || return 1
+    "${k8s[@]}" serving --name serve-asr --model-uri models:/speechflow-asr@champion \
+      --serve-setting SPEECHFLOW_SERVE_MAX_ROWS=16 > "$OUT/serving-$overlay.yaml" || return 1
     {
       "${k8s[@]}" stage-pod --name corpus --module pipeline.corpus -- --out /data/corpus &&
         echo --- &&
@@ -76,6 +83,7 @@ render() {
           --model /data/runs/train --shards /data/shards
     } > "$OUT/stage-pods-$overlay.yaml" || return 1
   done
+  unset SPEECHFLOW_EXTENSIONS
   ls "$OUT"
 }
 step "render kustomizations and pipeline objects" render
@@ -87,7 +95,8 @@ kube_validate() {
   local sources
   mapfile -t sources < <(find k8s/base k8s/elastic -name '*.yaml' ! -name kustomization.yaml | sort)
   "$VENV/bin/kubernetes-validate" --kubernetes-version "$K8S_VERSION" --strict --quiet \
-    "${sources[@]}" "$OUT"/kustomize-*.yaml "$OUT"/stage-pods-*.yaml "$OUT"/data-service-*.yaml
+    "${sources[@]}" "$OUT"/kustomize-*.yaml "$OUT"/stage-pods-*.yaml "$OUT"/data-service-*.yaml \
+    "$OUT"/serving-*.yaml
 }
 step "kubernetes-validate --strict (Kubernetes $K8S_VERSION)" kube_validate
 
@@ -116,6 +125,8 @@ checkov_rendered() {
       cat "$OUT/stage-pods-$overlay.yaml"
       echo ---
       cat "$OUT/data-service-$overlay.yaml"
+      echo ---
+      cat "$OUT/serving-$overlay.yaml"
       echo ---
       cat "$OUT/mpijob-pods-$overlay.yaml"
     } > "$OUT/all-$overlay.yaml"

@@ -19,8 +19,9 @@ import textwrap
 import pytest
 import yaml
 
+from common import catalog
 from tests.conftest import AIRFLOW_BIN, ROOT
-from workflow import cluster, manifests, mpijob, pods, training_job
+from workflow import cluster, manifests, mpijob, pods, serve, training_job
 
 CRD = ROOT / "k8s" / "schemas" / "mpijobs.kubeflow.org-v0.8.2.yaml"
 VENV_K8S = ROOT / ".venv-k8s"
@@ -38,7 +39,16 @@ TRAIN_ARGS = [
     "/data/runs/r1",
 ]
 
+# A third model and a third strategy (tests/test_extension.py trains them).
+EXTENSIONS = "tests.extension.speaker_id,tests.extension.local_sgd"
+
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (it renders the kustomizations)")
+
+
+@pytest.fixture(autouse=True)
+def no_extensions(monkeypatch):
+    """The renderers read SPEECHFLOW_EXTENSIONS from this process: none, unless a test names some."""
+    monkeypatch.delenv(catalog.EXTENSIONS_ENV, raising=False)
 
 
 def _load_validator():
@@ -401,6 +411,7 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
             "PYTHONPATH": str(ROOT),
             "KUBECONFIG": str(kubeconfig),
             "HOME": str(tmp_path),
+            catalog.EXTENSIONS_ENV: EXTENSIONS,  # the operator keeps what the template adds for them
         },
         capture_output=True,
         text=True,
@@ -421,6 +432,10 @@ def test_kubernetes_pod_operator_builds_the_rendered_pod(tmp_path):
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {v["name"] for v in spec["volumes"]} == {"tmp", "home", "data"}
+    assert {"name": catalog.EXTENSIONS_ENV, "value": EXTENSIONS} in c["env"]
+    assert {"name": "data", "mountPath": cluster.EXTENSIONS_MOUNT, "subPath": "extensions", "readOnly": True} in (
+        c["volumeMounts"]
+    )
 
 
 # ---- tf.data service -------------------------------------------------------------------------
@@ -495,6 +510,131 @@ def test_cli_prints_the_data_service(capsys):
     out = capsys.readouterr().out
     assert "--data-service grpc://d-dispatcher:5050" in out.splitlines()[0]
     assert list(yaml.safe_load_all(out)) == pods.render_data_service("d", 2, settings_of("gpu"))
+
+
+# ---- extensions and the model server -----------------------------------------------------------
+
+
+def every_container(settings: cluster.ClusterSettings) -> dict[str, tuple[dict, dict]]:
+    """(pod spec, container) of every kind of pod the pipeline renders, by role."""
+    args = ["--model", "speaker_id", "--strategy", "local_sgd", "--shards", "/data/shards", "--workdir", "/data/r"]
+    job = training_job.render_mpijob("j", args, 2, settings=settings)
+    # Elastic without --strategy: naming one would load the extensions into this process's registry.
+    elastic = training_job.render_mpijob("e", args[:2] + args[4:], 2, settings=settings, min_workers=1)
+    stage = pods.stage_pod_operator_kwargs(pods.render_stage_pod("s", "models.evaluate", [], settings, gpus=1))
+    _, dispatcher, workers = pods.render_data_service("d", 2, settings, work_dir="/data/r/data-service")
+    _, server = pods.render_serving("asr", "models:/speechflow-asr@champion", settings)
+    specs = {
+        "stage pod": stage["pod_template_dict"]["spec"],
+        "MPIJob launcher": replica(job, "Launcher")["template"]["spec"],
+        "MPIJob worker": replica(job, "Worker")["template"]["spec"],
+        "elastic launcher": replica(elastic, "Launcher")["template"]["spec"],
+        "elastic worker": replica(elastic, "Worker")["template"]["spec"],
+        "data-service dispatcher": dispatcher["spec"]["template"]["spec"],
+        "data-service worker": workers["spec"]["template"]["spec"],
+        "model server": server["spec"]["template"]["spec"],
+    }
+    assert all(len(spec["containers"]) == 1 for spec in specs.values())
+    return {role: (spec, spec["containers"][0]) for role, spec in specs.items()}
+
+
+def test_extensions_reach_every_container(monkeypatch):
+    """A third model registered where the manifests are rendered is known in every pod: the variable,
+    and its code where PYTHONPATH points (the claim's extensions directory, read-only)."""
+    settings = dataclasses.replace(settings_of("gpu"), extensions_dir="code/extensions")
+    monkeypatch.setenv(catalog.EXTENSIONS_ENV, f" {EXTENSIONS.replace(',', ' , ')} ")
+    for role, (spec, c) in every_container(settings).items():
+        env = env_of(c)
+        assert env.get(catalog.EXTENSIONS_ENV) == EXTENSIONS, role
+        assert cluster.EXTENSIONS_MOUNT in env.get("PYTHONPATH", "").split(":"), role
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == cluster.EXTENSIONS_MOUNT]
+        assert mount["subPath"] == "code/extensions" and mount["readOnly"] is True, role
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert volume["persistentVolumeClaim"]["claimName"] == settings.data_claim, role
+    # horovodrun hands the launcher's environment to the ranks; the manifests stay valid.
+    job = training_job.render_mpijob("j", TRAIN_ARGS, 2, settings=settings)
+    assert validate_mpijob.validate_mpijob(yaml.safe_load(manifests.to_yaml(job)), crd_schema()) == []
+    # Pods that otherwise do without the data claim see it read-only.
+    launcher = replica(job, "Launcher")["template"]["spec"]
+    assert [v["persistentVolumeClaim"]["readOnly"] for v in launcher["volumes"] if "persistentVolumeClaim" in v] == [
+        True
+    ]
+
+    # No extension named: no variable, no PYTHONPATH, no mount (the committed templates are of this kind).
+    monkeypatch.delenv(catalog.EXTENSIONS_ENV)
+    for role, (spec, c) in every_container(settings).items():
+        assert not {catalog.EXTENSIONS_ENV, "PYTHONPATH"} & env_of(c).keys(), role
+        assert cluster.EXTENSIONS_MOUNT not in [m["mountPath"] for m in c["volumeMounts"]], role
+        if "launcher" in role or role == "model server":
+            assert "data" not in [v["name"] for v in spec["volumes"]], role
+
+    monkeypatch.setenv(catalog.EXTENSIONS_ENV, "tests/extension/speaker_id.py")
+    with pytest.raises(ValueError, match="not a Python module name"):
+        pods.render_stage_pod("s", "pipeline.corpus", [], settings)
+    for bad in ("/data/extensions", "../extensions", ""):
+        with pytest.raises(ValueError, match="extensions_dir"):
+            dataclasses.replace(settings, extensions_dir=bad)
+
+
+def test_airflow_imports_extensions_from_the_directory_the_pods_do():
+    """The DAG parser reads the registry too: its image looks where the pods look, and the chart's
+    values mount that directory of the data claim there and carry the one SPEECHFLOW_EXTENSIONS."""
+    settings = cluster.ClusterSettings()
+    dockerfile = (ROOT / "docker" / "airflow.Dockerfile").read_text()
+    pythonpath = re.search(r"^ENV PYTHONPATH=(\S+)", dockerfile, re.M).group(1).split(":")
+    assert cluster.EXTENSIONS_MOUNT in pythonpath
+    values = yaml.safe_load((ROOT / "k8s" / "airflow-values.yaml").read_text())
+    (mount,) = [m for m in values["volumeMounts"] if m["mountPath"] == cluster.EXTENSIONS_MOUNT]
+    assert mount["subPath"] == settings.extensions_dir and mount["readOnly"] is True
+    (volume,) = [v for v in values["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"] == {"claimName": settings.data_claim, "readOnly": True}
+    assert [e["name"] for e in values["env"]].count(catalog.EXTENSIONS_ENV) == 1
+
+
+def test_model_server_runs_mlflow_serve_outside_the_pipeline_pods():
+    service, deployment = pods.render_serving(
+        "asr", "models:/speechflow-asr@champion", replicas=2, serve_settings={"SPEECHFLOW_SERVE_MAX_ROWS": "8"}
+    )
+    pod = deployment["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    port = cluster.SERVING_PORT
+    assert c["command"] == serve.serve_command("models:/speechflow-asr@champion", port, 1, "0.0.0.0", "mlflow")
+    env = env_of(c)
+    assert env["SPEECHFLOW_SERVE_MAX_ROWS"] == "8" and env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert env.items() >= serve.SERVER_ENV.items()
+    assert (
+        c["readinessProbe"]["httpGet"] == {"path": "/ping", "port": "http"} and c["ports"][0]["containerPort"] == port
+    )
+    assert deployment["spec"]["replicas"] == 2 and c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["port"] == port
+    # The training pods do not accept it; its own policy lets clients in on its port, and it out to MLflow.
+    labels = pod["metadata"]["labels"].items()
+    pipeline = find(base_docs(), "NetworkPolicy", "pipeline")["spec"]["podSelector"]["matchLabels"]
+    assert not pipeline.items() <= labels
+    policy = find(base_docs(), "NetworkPolicy", "serving")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels
+    assert policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": port}]}]
+    assert [rule["to"] for rule in policy["egress"] if "to" in rule] == [
+        [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "mlflow"}}}]
+    ]
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"tmp", "home"}  # no data without extensions
+
+    with pytest.raises(ValueError, match="not a serving setting"):
+        pods.render_serving("asr", "models:/m@champion", serve_settings={"MLFLOW_TRACKING_URI": "x"})
+    with pytest.raises(ValueError, match="replicas must be at least 1"):
+        pods.render_serving("asr", "models:/m@champion", replicas=0)
+
+
+def test_cli_prints_the_model_server(capsys, monkeypatch):
+    monkeypatch.setenv(catalog.EXTENSIONS_ENV, EXTENSIONS)
+    argv = ["serving", "--name", "tts", "--model-uri", "models:/speechflow-tts@champion"]
+    assert manifests.main([*argv, "--serve-setting", "SPEECHFLOW_SERVE_MAX_TEXT_CHARS=200"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"# ask it at http://tts:{cluster.SERVING_PORT}/invocations"
+    expected = pods.render_serving("tts", argv[-1], serve_settings={"SPEECHFLOW_SERVE_MAX_TEXT_CHARS": "200"})
+    assert list(yaml.safe_load_all(out)) == expected
+    assert env_of(expected[1]["spec"]["template"]["spec"]["containers"][0])[catalog.EXTENSIONS_ENV] == EXTENSIONS
 
 
 # ---- MPIJob status ---------------------------------------------------------------------------

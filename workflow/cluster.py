@@ -1,4 +1,5 @@
-"""Cluster settings and the pieces every pod of the pipeline shares (names, labels, security, volumes).
+"""Cluster settings and the pieces every pod of the pipeline shares (names, labels, security, volumes,
+the extensions the rendering process names and the mount of their code).
 
 `ClusterSettings` says where and how pods run; workflow/training_job.py (the training MPIJob) and
 workflow/pods.py (stage pods, the tf.data service) build whole objects from it, workflow/mpijob.py
@@ -8,12 +9,14 @@ functions over plain data: no Kubernetes client and no TensorFlow, so the Airflo
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from common import catalog
 from common import config as configlib
 from common.fsutil import slug
 
@@ -28,15 +31,25 @@ MPI_HOSTFILE = "/etc/mpi/hostfile"
 # Horovod elastic's host discovery in the training image (docker/train.Dockerfile copies
 # scripts/discover_hosts.sh there): it lists the job's ready worker pods through the API.
 DISCOVER_HOSTS_SCRIPT = "/opt/speechflow/scripts/discover_hosts.sh"
+# Where the training image's processes import the modules SPEECHFLOW_EXTENSIONS names from (a third
+# model or strategy, common/catalog.py): `ClusterSettings.extensions_dir` of the data claim, mounted
+# read-only here and put on PYTHONPATH. The Airflow image has the same path on its PYTHONPATH, and
+# k8s/airflow-values.yaml mounts the same directory there.
+EXTENSIONS_MOUNT = "/opt/speechflow/extensions"
+_MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # Ports of the tf.data service (pipeline/data_service.py): the dispatcher's, and each worker's.
 DATA_SERVICE_DISPATCHER_PORT = 5050
 DATA_SERVICE_WORKER_PORT = 5051
 # KubernetesPodOperator follows the logs of the container with this name.
 STAGE_CONTAINER = "base"
+# Port of a model server (`render_serving`: `mlflow models serve` of a registered model).
+SERVING_PORT = 8080
 # Labels the kustomize base relies on (k8s/base/network-policies.yaml): pods named
 # PIPELINE_POD_LABEL accept connections only from each other (ssh, MPI, NCCL between the ranks).
 PART_OF_LABEL = ("app.kubernetes.io/part-of", "speechflow")
 PIPELINE_POD_LABEL = ("app.kubernetes.io/name", "speechflow-pipeline")
+# Model servers: asked by anyone on SERVING_PORT, they reach only MLflow (and DNS).
+SERVING_POD_LABEL = ("app.kubernetes.io/name", "speechflow-serving")
 COMPONENT_LABEL = "app.kubernetes.io/component"
 INSTANCE_LABEL = "app.kubernetes.io/instance"  # tells one run's data service pods from another's
 # Labels the MPI Operator puts on the pods it creates (training.kubeflow.org/...).
@@ -74,6 +87,10 @@ class ClusterSettings:
     priority_class: str = ""  # PriorityClass of training and stage pods; "" for the cluster default
     data_claim: str = "speechflow-data"  # ReadWriteMany claim holding corpora, features, shards, runs
     data_mount: str = "/data"  # where that claim is mounted in every pipeline pod
+    # Directory of the data claim (relative to its root) holding the code of the modules that
+    # SPEECHFLOW_EXTENSIONS names, as an import root (module `a.b` is a/b.py under it); mounted
+    # read-only at EXTENSIONS_MOUNT in every pod while the variable names a module
+    extensions_dir: str = "extensions"
     run_as_user: int = 10001  # uid (and gid) of the image's `mpiuser`; files on the claim belong to it
     home: str = "/home/mpiuser"  # its home: scratch, with the MPI Operator's SSH keys in .ssh
     gpus_per_worker: int = 1  # GPUs per worker pod = slotsPerWorker; 0: CPU-only workers, one slot each
@@ -112,6 +129,10 @@ class ClusterSettings:
     data_service_dispatcher_memory: str = "2Gi"
     # Node labels the data service pods require, e.g. [[node-pool, cpu]]; none: any node without taints
     data_service_node_selector: tuple[tuple[str, ...], ...] = ()
+    # A model server (`python -m workflow.manifests serving`): each replica runs one `mlflow models
+    # serve` worker, whose requests share TensorFlow's thread pools (docs/serving.md); scale by replicas
+    serving_cpu: str = "2"
+    serving_memory: str = "8Gi"
 
     def __post_init__(self) -> None:
         # (name, value) pairs are tuples of strings rather than a mapping so that the settings stay
@@ -120,6 +141,12 @@ class ClusterSettings:
             for pair in getattr(self, field):
                 if len(pair) != 2:
                     raise ValueError(f"ClusterSettings.{field}: expected [name, value] pairs, got {list(pair)!r}")
+        parts = Path(self.extensions_dir).parts
+        if not parts or Path(self.extensions_dir).is_absolute() or ".." in parts:
+            raise ValueError(
+                f"ClusterSettings.extensions_dir: expected a directory relative to the data claim's root, such "
+                f"as extensions, got {self.extensions_dir!r}"
+            )
         low, high = self.elastic_cooldown_s
         if not 0 <= low <= high:
             raise ValueError(f"ClusterSettings.elastic_cooldown_s: expected [min, max] seconds, got {[low, high]}")
@@ -188,9 +215,52 @@ def skip_annotations(settings: ClusterSettings, *skips: tuple[str, str]) -> dict
     return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(skips, start=1)}
 
 
-def pod_env(settings: ClusterSettings) -> list[dict[str, Any]]:
-    """Environment of every pipeline process: MLflow, and caches off the read-only root."""
+def extension_modules(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The modules SPEECHFLOW_EXTENSIONS names in the environment of the process that renders the
+    manifests (`environ`, default os.environ): the Airflow pods' (k8s/airflow-values.yaml `env`), or
+    the shell's for `python -m workflow.manifests`. It is the variable the DAG parser and the plan read
+    the registry with, so the pods know exactly the models and strategies the run was planned with.
+    Raises ValueError for a name that is not a module path."""
+    raw = (os.environ if environ is None else environ).get(catalog.EXTENSIONS_ENV, "")
+    modules = tuple(name.strip() for name in raw.split(",") if name.strip())
+    for name in modules:
+        if not _MODULE_NAME.match(name):
+            raise ValueError(
+                f"{catalog.EXTENSIONS_ENV}: {name!r} is not a Python module name; list modules such as "
+                f"my_models.speaker_id, separated by commas"
+            )
+    return modules
+
+
+def extension_mounts(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """The read-only mount of the claim's `extensions_dir` at EXTENSIONS_MOUNT, where the pods import
+    the extensions from; none while SPEECHFLOW_EXTENSIONS names no module (see `extension_modules`).
+
+    Every pod that runs the training image carries it with `pod_env`'s variables. The code travels on
+    the data claim, which every pipeline pod shares already: placing a module there takes no image
+    rebuild, and the mount shows only that directory, read-only, also to the model server.
+    """
+    if not extension_modules():
+        return []
+    volume, _ = data_volume(settings)
     return [
+        {"name": volume["name"], "mountPath": EXTENSIONS_MOUNT, "subPath": settings.extensions_dir, "readOnly": True}
+    ]
+
+
+def extension_volumes(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """The data claim, read-only, for `extension_mounts` in a pod that does not mount it otherwise (the
+    MPIJob's launcher, a model server); none while SPEECHFLOW_EXTENSIONS names no module."""
+    if not extension_modules():
+        return []
+    volume, _ = data_volume(settings)
+    return [{**volume, "persistentVolumeClaim": {**volume["persistentVolumeClaim"], "readOnly": True}}]
+
+
+def pod_env(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """Environment of every pipeline process: MLflow, caches off the read-only root, and the extensions
+    (SPEECHFLOW_EXTENSIONS and PYTHONPATH at EXTENSIONS_MOUNT) when the rendering process names any."""
+    env = [
         {"name": "MLFLOW_TRACKING_URI", "value": settings.mlflow_tracking_uri},
         {"name": "PYTHONUNBUFFERED", "value": "1"},  # log lines reach `kubectl logs` (and Airflow) at once
         {"name": "HOME", "value": settings.home},
@@ -200,6 +270,14 @@ def pod_env(settings: ClusterSettings) -> list[dict[str, Any]]:
         {"name": "KERAS_HOME", "value": "/tmp/.keras"},
         {"name": "CUDA_CACHE_PATH", "value": "/tmp/.nv"},
     ]
+    modules = extension_modules()
+    if modules:
+        # The image sets no PYTHONPATH (the project is installed), so this one is the whole of it.
+        env += [
+            {"name": catalog.EXTENSIONS_ENV, "value": ",".join(modules)},
+            {"name": "PYTHONPATH", "value": EXTENSIONS_MOUNT},
+        ]
+    return env
 
 
 def train_env(settings: ClusterSettings) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
-"""`python -m workflow.manifests mpijob|data-service|stage-pod ...`: the pipeline's Kubernetes objects as YAML.
+"""`python -m workflow.manifests mpijob|data-service|stage-pod|serving ...`: the pipeline's Kubernetes objects as YAML.
 
 Prints what workflow/training_job.py (the training MPIJob) and workflow/pods.py (stage pods, the
-tf.data service) render, for `kubectl create -f -`, with the same `ClusterSettings` the DAG uses.
+tf.data service, a model server) render, for `kubectl create -f -`, with the same `ClusterSettings`
+the DAG uses. The modules SPEECHFLOW_EXTENSIONS names in this shell reach every container
+(workflow/cluster.py `extension_mounts`), as the DAG's reach its pods.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import yaml
 
 from workflow import cluster
-from workflow.pods import data_service_address, render_data_service, render_stage_pod
+from workflow.pods import data_service_address, render_data_service, render_serving, render_stage_pod
 from workflow.training_job import render_mpijob
 
 
@@ -81,6 +83,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     pod.add_argument("--module", required=True, help="stage module, e.g. pipeline.features or models.evaluate")
     pod.add_argument("--gpus", type=int, default=0, help="GPUs for the pod (default 0)")
     pod.add_argument("stage_args", nargs=argparse.REMAINDER, help="-- then the stage's arguments")
+    server = sub.add_parser("serving", help="a model server (Service and Deployment running `mlflow models serve`)")
+    server.add_argument("--name", required=True, help="name of its Service and Deployment (a DNS label)")
+    server.add_argument("--model-uri", required=True, help="the model, e.g. models:/speechflow-asr@champion")
+    server.add_argument("--replicas", type=int, default=1, help="server pods (default 1)")
+    server.add_argument(
+        "--serve-setting",
+        action="append",
+        default=[],
+        metavar="SPEECHFLOW_SERVE_X=VALUE",
+        help="a serving limit of docs/serving.md, e.g. SPEECHFLOW_SERVE_MAX_ROWS=16 (repeatable)",
+    )
     args = parser.parse_args(argv)
 
     settings = cluster.load_settings(args.settings, args.set)
@@ -89,6 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         manifest = render_mpijob(
             args.name, rest, args.num_workers, args.gpus_per_worker, settings, min_workers=args.min_workers
         )
+    elif args.what == "serving":
+        pairs = [item.partition("=") for item in args.serve_setting]
+        if any(not sep for _, sep, _ in pairs):
+            parser.error(f"--serve-setting takes NAME=VALUE, got {args.serve_setting}")
+        objects = render_serving(args.name, args.model_uri, settings, args.replicas, {k: v for k, _, v in pairs})
+        sys.stdout.write(f"# ask it at http://{args.name}:{cluster.SERVING_PORT}/invocations\n")
+        sys.stdout.write(to_yaml_documents(objects))
+        return 0
     elif args.what == "data-service":
         objects = render_data_service(args.name, args.num_workers, settings, args.work_dir)
         sys.stdout.write(

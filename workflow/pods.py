@@ -1,13 +1,15 @@
-"""The pipeline's Kubernetes objects besides the training job: stage pods and the tf.data service.
+"""The pipeline's Kubernetes objects besides the training job: stage pods, the tf.data service, a model server.
 
 Every stage other than training (corpus, features, shards, evaluation) is one pod, which the DAG
 starts with a KubernetesPodOperator (`render_stage_pod`, `stage_pod_operator_kwargs`).
 `render_data_service` renders a tf.data service beside a training MPIJob: a dispatcher (Deployment
-of one, with its Service) and a Deployment of CPU input workers.
+of one, with its Service) and a Deployment of CPU input workers. `render_serving` renders a server of
+a registered model (`mlflow models serve`, a Deployment and its Service).
 
 Pure functions from `ClusterSettings` to the dicts `kubectl apply -f` takes (or to the keyword
 arguments of a KubernetesPodOperator): no Kubernetes client and no TensorFlow, so the Airflow
-environment imports this module. workflow/training_job.py renders the MPIJob.
+environment imports this module. workflow/training_job.py renders the MPIJob. Every container
+gets the extensions the rendering process names (workflow/cluster.py `extension_mounts`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workflow import cluster, commands
+from workflow import cluster, commands, serve
 from workflow.cluster import ClusterSettings
 
 
@@ -59,7 +61,7 @@ def render_stage_pod(
                 "env": cluster.pod_env(settings),
                 "resources": resources,
                 "securityContext": cluster.container_security(),
-                "volumeMounts": [*scratch_mounts, data_mount],
+                "volumeMounts": [*scratch_mounts, data_mount, *cluster.extension_mounts(settings)],
             }
         ],
         volumes=[*scratch_volumes, data_volume],
@@ -158,6 +160,7 @@ def render_data_service(
     data_volume, data_mount = cluster.data_volume(settings)
     # The journal is the dispatcher's only write to the claim; the workers only read shards.
     dispatcher_data = dict(data_mount) if work_dir else {**data_mount, "readOnly": True}
+    extension_mounts = cluster.extension_mounts(settings)
     command = ["python", "-m", commands.DATA_SERVICE]
 
     def container(role: str, args: list[str], env: list[dict], cpu: str, memory: str, mounts: list) -> dict:
@@ -194,7 +197,7 @@ def render_data_service(
         cluster.pod_env(settings),
         settings.data_service_dispatcher_cpu,
         settings.data_service_dispatcher_memory,
-        [*scratch_mounts, dispatcher_data],
+        [*scratch_mounts, dispatcher_data, *extension_mounts],
     )
     # Kubernetes expands $(POD_IP) in args from the container's env: each worker advertises its own
     # address without a shell.
@@ -208,7 +211,7 @@ def render_data_service(
         worker_env,
         settings.data_service_worker_cpu,
         settings.data_service_worker_memory,
-        [*scratch_mounts, {**data_mount, "readOnly": True}],
+        [*scratch_mounts, {**data_mount, "readOnly": True}, *extension_mounts],
     )
     volumes = [*scratch_volumes, data_volume]
     return [
@@ -218,6 +221,88 @@ def render_data_service(
         ),
         _data_service_deployment(worker, name, "data-service-worker", num_workers, worker_container, volumes, settings),
     ]
+
+
+def render_serving(
+    name: str,
+    model_uri: str,
+    settings: ClusterSettings | None = None,
+    replicas: int = 1,
+    serve_settings: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """A server of a registered model: [Service, Deployment] answering on port SERVING_PORT of `name`.
+
+    Each of `replicas` pods runs `mlflow models serve -m MODEL_URI` (workflow/serve.py's command, one
+    worker) in the training image, which fetches the model from the MLflow server of the settings, e.g.
+    `models:/speechflow-asr@champion`. `serve_settings` are the model's SPEECHFLOW_SERVE_* variables
+    (models/serving/policy.py, docs/serving.md). The pods carry no pipeline label, so the training
+    pods do not accept them; the NetworkPolicy `serving` (k8s/base) lets anyone ask them on their port
+    and them reach only MLflow.
+    """
+    settings = settings or ClusterSettings()
+    cluster.check_name(name, 63)
+    if replicas < 1:
+        raise ValueError(f"model server {name}: replicas must be at least 1, got {replicas}")
+    serve_settings = dict(serve_settings or {})
+    for key in serve_settings:
+        if not key.startswith("SPEECHFLOW_SERVE_"):
+            raise ValueError(
+                f"model server {name}: {key} is not a serving setting; those are SPEECHFLOW_SERVE_* (docs/serving.md)"
+            )
+    port = cluster.SERVING_PORT
+    pod_labels = {
+        cluster.SERVING_POD_LABEL[0]: cluster.SERVING_POD_LABEL[1],
+        cluster.PART_OF_LABEL[0]: cluster.PART_OF_LABEL[1],
+        cluster.COMPONENT_LABEL: "serving",
+        cluster.INSTANCE_LABEL: name,
+    }
+    selector = {cluster.COMPONENT_LABEL: "serving", cluster.INSTANCE_LABEL: name}
+    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
+    extension_mounts = cluster.extension_mounts(settings)
+    env = [
+        *cluster.pod_env(settings),
+        *({"name": k, "value": v} for k, v in {**serve.SERVER_ENV, **serve_settings}.items()),
+    ]
+    ping = {"httpGet": {"path": "/ping", "port": "http"}}
+    resources = {"cpu": settings.serving_cpu, "memory": settings.serving_memory}
+    container = {
+        "name": "server",
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": serve.serve_command(model_uri, port, workers=1, host="0.0.0.0", mlflow="mlflow"),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        # Loading fetches the model and traces its graph: up to 10 minutes before the first /ping.
+        "startupProbe": {**ping, "periodSeconds": 10, "failureThreshold": 60},
+        "readinessProbe": {**ping, "periodSeconds": 10},
+        "livenessProbe": {**ping, "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 4},
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": cluster.container_security(),
+        "volumeMounts": [*scratch_mounts, *extension_mounts],
+    }
+    spec = cluster.common_pod_spec(settings)
+    spec.update(containers=[container], volumes=[*scratch_volumes, *cluster.extension_volumes(settings)])
+    metadata = {"name": name, "namespace": settings.namespace, "labels": pod_labels}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": dict(metadata),
+        "spec": {
+            "selector": selector,
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {**metadata, "annotations": cluster.skip_annotations(settings)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": pod_labels}, "spec": spec},
+        },
+    }
+    return [service, deployment]
 
 
 def stage_pod_operator_kwargs(pod: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,12 +13,18 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+# Environment of every model server: no GenAI job runner beside the model.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
-def serve_command(model_uri: str, port: int, workers: int = 1, host: str = "127.0.0.1") -> list[str]:
+
+def serve_command(
+    model_uri: str, port: int, workers: int = 1, host: str = "127.0.0.1", mlflow: str | None = None
+) -> list[str]:
     """`mlflow models serve` in this environment (`--env-manager local`: the model's requirements are
-    this environment's). Each worker is a process that loads the model; see the README's serving
-    section for the worker count that suits a machine."""
-    mlflow = str(Path(sys.executable).with_name("mlflow"))
+    this environment's); `mlflow` is the executable, by default the one beside this Python (the
+    cluster's model server, workflow/pods.py, names the image's). Each worker is a process that loads
+    the model; see the README's serving section for the worker count that suits a machine."""
+    mlflow = mlflow or str(Path(sys.executable).with_name("mlflow"))
     return [mlflow, "models", "serve", "-m", model_uri, "--env-manager", "local",
             "-h", host, "-p", str(port), "-w", str(workers)]  # fmt: skip
 
@@ -28,7 +34,7 @@ def serve_env(base: Mapping[str, str], **settings: str) -> dict[str, str]:
     SPEECHFLOW_SERVE_* `settings` (models/serving/policy.py)."""
     env = dict(base)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no GenAI job runner beside the model
+    env.update(SERVER_ENV)
     env.update(settings)
     return env
 

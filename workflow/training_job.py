@@ -149,6 +149,9 @@ def render_mpijob(
     ssh_dir = f"{settings.home}/.ssh"
     scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
     data_volume, data_mount = cluster.data_volume(settings)
+    # The extensions' code, where the ranks import it (their environment is the launcher's, below). The
+    # launcher mounts it too: its PYTHONPATH names the path, and a `python` there finds what the ranks do.
+    extension_mounts = cluster.extension_mounts(settings)
 
     launcher_spec = cluster.common_pod_spec(settings)
     launcher_env = cluster.train_env(settings)
@@ -182,10 +185,10 @@ def render_mpijob(
                     "limits": {"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
                 },
                 "securityContext": cluster.container_security(),
-                "volumeMounts": scratch_mounts,
+                "volumeMounts": [*scratch_mounts, *extension_mounts],
             }
         ],
-        volumes=scratch_volumes,
+        volumes=[*scratch_volumes, *cluster.extension_volumes(settings)],
     )
 
     worker_resources: dict[str, dict[str, Any]] = {
@@ -225,7 +228,12 @@ def render_mpijob(
                 },
                 "resources": worker_resources,
                 "securityContext": cluster.container_security(),
-                "volumeMounts": [*scratch_mounts, data_mount, {"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [
+                    *scratch_mounts,
+                    data_mount,
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                    *extension_mounts,
+                ],
             }
         ],
         volumes=[
