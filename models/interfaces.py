@@ -10,17 +10,19 @@ entry's fields; these protocols are what the code behind an entry does.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 
 class Task(Protocol):
     """One model as the trainer sees it. Batches are dicts of tensors; `config` is the model's own
     frozen dataclass, with the sizes that come from the data filled in."""
 
-    name: ClassVar[str]
+    # Class attributes (`name = "asr"`), read on the task. Not ClassVar: mypy would then want each
+    # class to annotate them ClassVar too, which none needs (tests/typecheck/registered.py).
+    name: str
     config: Any
-    selection_metric: ClassVar[str]  # the dev metric training keeps the best weights by (lower is better)
-    profile_every: ClassVar[bool]  # True: the trainer times its modules every TrainConfig.profile_every steps
+    selection_metric: str  # the dev metric training keeps the best weights by (lower is better)
+    profile_every: bool  # True: the trainer times its modules every TrainConfig.profile_every steps
 
     @classmethod
     def create(cls, config, shards, eval_config=None) -> Task:
@@ -50,9 +52,6 @@ class Task(Protocol):
         """(scalar loss, auxiliary metrics); `seed` int64 [2]: this step's stateless augmentation seed
         (the rank's stream, then the step, 1-based)."""
 
-    def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
-        """Only a task whose `selection_metric` is "dev_cer": (loss, greedy transcripts) of a dev batch."""
-
     def finish(self, model, shards, config) -> dict[str, Any]:
         """After the last step, on the weights that are saved (rank 0's, the best on dev): what the
         model fits after training (the durations model's duration predictor), on `shards` with
@@ -64,6 +63,14 @@ class Task(Protocol):
 
     def model_data(self) -> dict[str, Any]:
         """What the saved model's data.json records for serving besides the shards' sizes."""
+
+
+class TranscribingTask(Task, Protocol):
+    """A task whose `selection_metric` is "dev_cer": the trainer's dev pass transcribes (only such a
+    task has `dev_pass`, so it is not part of `Task`)."""
+
+    def dev_pass(self, model, batch, vocabulary: list[str]) -> tuple[float, list[str]]:
+        """(loss, greedy transcripts) of a dev batch."""
 
 
 class Evaluation(Protocol):
@@ -81,6 +88,8 @@ class Evaluation(Protocol):
 class Server(Protocol):
     """What answers a served model's requests (common/catalog.py `ModelEntry.server`)."""
 
+    # mypy leaves `__init__` out of a protocol's structural check: tests/typecheck/registered.py
+    # checks each server class as a callable of these arguments instead.
     def __init__(self, model, config, data: dict): ...
 
     def predict(self, model_input, params: dict, settings) -> Any:
@@ -99,9 +108,10 @@ class Server(Protocol):
 class Strategy(Protocol):
     """How the workers combine. It sees the model's variables and the optimizer, never the model."""
 
+    # As Server's: tests/typecheck/registered.py checks the constructor as a callable.
     def __init__(self, config, model_vars: list, optimizer): ...
 
-    fused_step: bool  # the trainer computes and averages gradients in one step with `distributed_tape`
+    fused_step: bool  # the trainer computes and averages gradients in one step (True: a `FusedStrategy`)
 
     def start(self) -> None:
         """Before the first step: every rank takes rank 0's weights (and optimizer state)."""
@@ -109,8 +119,6 @@ class Strategy(Protocol):
     def reduce(self, grads): ...
 
     def step_lock(self): ...
-
-    def distributed_tape(self, tape): ...
 
     def after_step(self, step: int) -> float:
         """Seconds spent communicating between steps."""
@@ -126,3 +134,11 @@ class Strategy(Protocol):
         """All ranks end with the same weights; returns figures for the summary."""
 
     def close(self) -> None: ...
+
+
+class FusedStrategy(Strategy, Protocol):
+    """A strategy whose `fused_step` may be True: the trainer's fused step asks it for the tape (only
+    such a strategy has `distributed_tape`, so it is not part of `Strategy`)."""
+
+    def distributed_tape(self, tape):
+        """`tape` (a tf.GradientTape) made to average each gradient over the ranks as it is computed."""
