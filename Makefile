@@ -6,7 +6,7 @@ RUNS := $(CURDIR)/.runs
 export MLFLOW_TRACKING_URI ?= sqlite:///$(RUNS)/mlflow.db
 export AIRFLOW_HOME ?= $(RUNS)/airflow
 
-.PHONY: setup test test-fast test-e2e lint demo try airflow-ui mlflow-ui bench bench-report lock clean
+.PHONY: setup test test-fast test-e2e lint typecheck demo try airflow-ui mlflow-ui bench bench-report lock clean
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,11 @@ test-e2e: setup
 lint: setup
 	$(PY) -m ruff check common pipeline models apps workflow dags tests benchmarks
 	$(PY) -m ruff format --check common pipeline models apps workflow dags tests benchmarks
+
+# mypy: every registered model and strategy implements models/interfaces.py's protocols
+# (tests/typecheck/registered.py; pyproject.toml's [tool.mypy]). tests/test_protocols.py runs it too.
+typecheck: setup
+	$(PY) -m mypy
 
 demo: setup
 	bash scripts/demo.sh

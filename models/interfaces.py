@@ -10,19 +10,21 @@ entry's fields; these protocols are what the code behind an entry does.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 
 class Task(Protocol):
     """One model as the trainer sees it. Batches are dicts of tensors; `config` is the model's own
     frozen dataclass, with the sizes that come from the data filled in."""
 
-    name: ClassVar[str]
+    # Class attributes (`name = "asr"`), read on the task. Not ClassVar: mypy would then want each
+    # class to annotate them ClassVar too, which none needs (tests/typecheck/registered.py).
+    name: str
     config: Any
-    selection_metric: ClassVar[str]  # the dev metric training keeps the best weights by (lower is better)
+    selection_metric: str  # the dev metric training keeps the best weights by (lower is better)
     # the keys `dev_counts` returns: every rank sums them in one collective, a rank without dev batches too
-    dev_count_names: ClassVar[tuple[str, ...]]
-    profile_every: ClassVar[bool]  # True: the trainer times its modules every TrainConfig.profile_every steps
+    dev_count_names: tuple[str, ...]
+    profile_every: bool  # True: the trainer times its modules every TrainConfig.profile_every steps
 
     @classmethod
     def create(cls, config, shards, eval_config=None) -> Task:
@@ -78,8 +80,8 @@ class DevLoss:
     """Defaults for a task whose dev metric is its loss (the synthesis model's, an extension's): a base
     class to inherit `dev_counts` and `dev_metrics` from, as Lightning's hooks have no-op defaults."""
 
-    selection_metric: ClassVar[str] = "dev_loss"
-    dev_count_names: ClassVar[tuple[str, ...]] = ("loss_sum", "batches")
+    selection_metric = "dev_loss"
+    dev_count_names: tuple[str, ...] = ("loss_sum", "batches")
 
     def dev_counts(self, model, batch) -> dict[str, float]:
         loss, _ = self.loss(model, batch, training=False)  # type: ignore[attr-defined]
@@ -105,6 +107,8 @@ class Evaluation(Protocol):
 class Server(Protocol):
     """What answers a served model's requests (common/catalog.py `ModelEntry.server`)."""
 
+    # mypy leaves `__init__` out of a protocol's structural check: tests/typecheck/registered.py
+    # checks each server class as a callable of these arguments instead.
     def __init__(self, model, config, data: dict): ...
 
     def predict(self, model_input, params: dict, settings) -> Any:
@@ -123,9 +127,10 @@ class Server(Protocol):
 class Strategy(Protocol):
     """How the workers combine. It sees the model's variables and the optimizer, never the model."""
 
+    # As Server's: tests/typecheck/registered.py checks the constructor as a callable.
     def __init__(self, config, model_vars: list, optimizer): ...
 
-    fused_step: bool  # the trainer computes and averages gradients in one step with `distributed_tape`
+    fused_step: bool  # the trainer computes and averages gradients in one step (True: a `FusedStrategy`)
 
     def start(self) -> None:
         """Before the first step: every rank takes rank 0's weights (and optimizer state)."""
@@ -133,8 +138,6 @@ class Strategy(Protocol):
     def reduce(self, grads): ...
 
     def step_lock(self): ...
-
-    def distributed_tape(self, tape): ...
 
     def after_step(self, step: int) -> float:
         """Seconds spent communicating between steps."""
@@ -150,3 +153,11 @@ class Strategy(Protocol):
         """All ranks end with the same weights; returns figures for the summary."""
 
     def close(self) -> None: ...
+
+
+class FusedStrategy(Strategy, Protocol):
+    """A strategy whose `fused_step` may be True: the trainer's fused step asks it for the tape (only
+    such a strategy has `distributed_tape`, so it is not part of `Strategy`)."""
+
+    def distributed_tape(self, tape):
+        """`tape` (a tf.GradientTape) made to average each gradient over the ranks as it is computed."""
