@@ -32,7 +32,7 @@ class AsrTask:
     profile_every = False
 
     # what a dev batch adds up: the loss and the error counts behind CER and WER
-    dev_count_names = ("loss_sum", "batches", *scoring.COUNTS)
+    dev_count_names: tuple[str, ...] = ("loss_sum", "batches", *scoring.COUNTS)
 
     @classmethod
     def create(cls, config, shards: records.ShardSet, eval_config=None) -> AsrTask:

@@ -55,7 +55,7 @@ class SpeakerIdTask:
     # A dev metric no built-in model has: the share of dev utterances (of training speakers) whose
     # speaker it names wrongly. The trainer keeps the step where it is lowest.
     selection_metric = "dev_error"
-    dev_count_names = ("wrong", "known", "loss_sum", "batches")
+    dev_count_names: tuple[str, ...] = ("wrong", "known", "loss_sum", "batches")
     profile_every = False
 
     def __init__(self, config: SpeakerIdConfig):
