@@ -50,7 +50,7 @@ class EvalConfig:
 def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
     """Where the evaluation of `model` writes eval.json and eval/: `out_dir`, or else the training
     workdir the model was named by (a workdir or its model/); a registry URI needs `out_dir`."""
-    from models.serving import opening
+    from models import opening
 
     if out_dir is not None:
         return Path(out_dir)
@@ -68,7 +68,7 @@ def evaluate(
     `eval.json` and `eval/` (hypotheses, plots, audio) into `output_dir(model, out_dir)`; returns
     the metrics."""
     from common import catalog
-    from models.serving import opening
+    from models import opening
     from pipeline.records import open_shard_set
 
     root = output_dir(model, out_dir)

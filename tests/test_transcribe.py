@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from models import evaluate, transcribe
+from models import evaluate, opening, transcribe
 from models.asr import alignment
 from models.asr import transcribe as asr_transcribe
-from models.serving import opening
 from models.tts import synthesize as tts_synthesize
 from pipeline import features, kaldi, shards
 from tests.kaldi_fixtures import make_wav_dir
@@ -192,7 +191,7 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_st
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
     mlflow.set_tracking_uri(sqlite_store)
     try:
-        _, config, info = serving.load_model_dir(root / "work" / "model")
+        _, config, info = opening.load_model_dir(root / "work" / "model")
         experiment = mlflow.create_experiment("transcribe", artifact_location=(tmp_path / "artifacts").as_uri())
         with mlflow.start_run(experiment_id=experiment):
             logged = serving.log_model(root / "work" / "model", config, info)

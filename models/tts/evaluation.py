@@ -120,7 +120,7 @@ class Listener:
     utterances among those it is given (speaker CMVN and the others)."""
 
     def __init__(self, asr_model: str | Path):
-        from models.serving import opening
+        from models import opening
 
         self.model, self.config, self.data = opening.open_model(asr_model)
         self.per_utterance = self.config.input.cmvn == "utterance"
