@@ -28,10 +28,10 @@ def diagnose(model_spec: str, shards_dir: Path, listener_spec: str, split: str, 
     """The arms' CER and WER (models/tts/diagnosis.py) of `model_spec` on `split`, heard by `listener_spec`."""
     from common import catalog
     from common.runtime import configure_tensorflow
+    from models import opening
     from models.evaluate import check_vocabulary, split_batches
-    from models.tts.config import TtsEvalConfig
-    from models.serving import opening
     from models.tts import diagnosis
+    from models.tts.config import TtsEvalConfig
     from models.tts.evaluation import Listener
     from pipeline.records import open_shard_set
 

@@ -44,12 +44,12 @@ def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], wa
 
     from common import catalog
     from common.runtime import configure_tensorflow
+    from models import opening
     from models.asr import network as asr
+    from models.asr.config import AsrEvalConfig
     from models.asr.evaluation import error_rates
     from models.asr.task import AsrTask
-    from models.asr.config import AsrEvalConfig
     from models.evaluate import check_vocabulary, split_batches
-    from models.serving import opening
     from pipeline import frontend, text
     from pipeline.records import open_shard_set
 

@@ -26,6 +26,10 @@ import os
 from typing import Any
 
 EXTENSIONS_ENV = "SPEECHFLOW_EXTENSIONS"
+# "module:attribute" of what logs a trained model directory to MLflow as the served pyfunc model:
+# (model_dir, TrainConfig, data.json dict) -> MLflow's ModelInfo. Training calls it at its end
+# (TrainConfig.log_model); named here so that no module under models/ imports the serving layer.
+PYFUNC_LOGGER = "models.serving.pyfunc:log_model"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Evaluation: `python -m models.evaluate --model W --shards OUT [--split test]`.
 
 The entry point: it opens the trained model (`--model`: a training workdir, its `model/` or a
-registry URI, as every command names a model: models/serving/opening.py), builds each split's input, and
+registry URI, as every command names a model: models/opening.py), builds each split's input, and
 runs the model's evaluation (models/asr/evaluation.py, models/tts/evaluation.py), then logs to MLflow.
 
 Acoustic model: CER and WER with greedy and beam-search decoding, and a file of hypotheses next
@@ -88,7 +88,7 @@ def eval_config(model: str, yaml_path=None, assignments=(), flags=None) -> EvalC
 def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
     """Where the evaluation of `model` writes eval.json and eval/: `out_dir`, or else the training
     workdir the model was named by (a workdir or its model/); a registry URI needs `out_dir`."""
-    from models.serving import opening
+    from models import opening
 
     if out_dir is not None:
         return Path(out_dir)
@@ -105,12 +105,12 @@ def evaluate(
     asr_model: str | Path | None = None,
     out_dir: Path | None = None,
 ) -> dict:
-    """Evaluates the trained `model` (any form models/serving/opening.py opens) on `cfg.splits` of
+    """Evaluates the trained `model` (any form models/opening.py opens) on `cfg.splits` of
     `shards` with its model's evaluation (common/catalog.py `ModelEntry.evaluation`) and options
     (`cfg.options`; `cfg` may be a function of the model's name that loads them, or an EvalConfig
     without a model: its options' defaults). Writes `eval.json` and `eval/` (hypotheses, plots,
     audio) into `output_dir(model, out_dir)`; returns the metrics."""
-    from models.serving import opening
+    from models import opening
     from pipeline.records import open_shard_set
 
     root = output_dir(model, out_dir)

@@ -276,15 +276,12 @@ def asr_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
     def assemble(index, serialized, keys):
         chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype, with_targets)
         tf.debugging.assert_equal(chunk["class"], keys, message="a chunk is not of the class the manifest says")
-        mean, inv_std = stats(chunk["speaker"])  # [N, D]
-        scale, offset = chunk["dequant"]  # stored -> log-mel
+        # feats [N, T, D] as stored and their map to normalized features, as serving builds them from audio
+        acoustic = frontend.acoustic_batch(
+            chunk["feats"], chunk["lengths"], chunk["dequant"], stats(chunk["speaker"]), cfg.cmvn
+        )
         out = {
-            "feats": chunk["feats"],  # [N, T, D] as stored
-            "feat_lengths": chunk["lengths"],
-            # log-mel -> CMVN, merged with the dequantization: normalized = stored * scale + offset
-            "feat_scale": scale * inv_std,
-            "feat_offset": (offset - mean) * inv_std,
-            "utterance_cmvn": tf.fill(tf.shape(chunk["lengths"]), cfg.cmvn == "utterance"),  # [N] bool
+            **acoustic,
             "tokens": chunk["tokens"].to_tensor(),  # [N, L] 0-padded
             "token_lengths": tf.cast(chunk["tokens"].row_lengths(), tf.int32),
             "utt_id": chunk["utt_id"],

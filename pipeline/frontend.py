@@ -6,8 +6,10 @@ each utterance's affine map to normalized features beside them (dequantization m
 or split-wide CMVN), and with `cmvn="utterance"` a flag that asks for each utterance's own
 statistics instead; the step casts, normalizes, augments and stacks. That keeps the CPU's work per
 frame to reading and decoding, shrinks what crosses to a GPU, and puts training, evaluation and
-serving (models/serving/pyfunc.py, which hands it float log-mel with the identity map) on one
-normalization function.
+serving on one normalization function. What it reads is made by one function too, `acoustic_batch`:
+the input pipeline calls it on the parsed shards (pipeline/dataset.py `asr_assembler`), a served or
+transcribing acoustic model on float log-mel computed from audio, with the identity as its
+dequantization (models/asr/inference.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,30 @@ from __future__ import annotations
 import numpy as np
 import scipy.fft
 import tensorflow as tf
+
+
+def acoustic_batch(feats, lengths, dequant, stats, cmvn: str) -> dict:
+    """The acoustic model's input, as every path builds it: `feats` [N, T, D] as stored (uint8 codes
+    or float log-mel, padded), `feat_lengths` [N], `feat_scale` and `feat_offset` float32 [N, D] (the
+    dequantization `dequant` = (scale, offset) [N, D], stored -> log-mel, merged with the CMVN
+    `stats` = (mean, inverse std) [N, D]: normalized = feats * feat_scale + feat_offset) and
+    `utterance_cmvn` bool [N] (cmvn "utterance": `normalize` then uses each utterance's own
+    statistics; `stats` should then be the identity). tf tensors inside the input pipeline's graph,
+    numpy arrays from audio (serving, transcription); `normalize` takes either."""
+    scale, offset = dequant
+    mean, inv_std = stats
+    flag = cmvn == "utterance"
+    if isinstance(lengths, np.ndarray):
+        utterance_cmvn = np.full(lengths.shape, flag)
+    else:
+        utterance_cmvn = tf.fill(tf.shape(lengths), flag)
+    return {
+        "feats": feats,
+        "feat_lengths": lengths,
+        "feat_scale": scale * inv_std,
+        "feat_offset": (offset - mean) * inv_std,
+        "utterance_cmvn": utterance_cmvn,  # [N] bool
+    }
 
 
 def normalize(feats, scale, offset, lengths, utterance_cmvn=None):

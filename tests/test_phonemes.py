@@ -66,7 +66,8 @@ def test_the_shards_hold_the_phonemes_and_the_model_reads_them_as_served_text_gi
     assert task.config.vocab_size == symbols + (2 if boundaries else 0)
     data = {"vocabulary": list(shard_set.vocabulary), "lowercase": True, **task.model_data()}
     characters = TtsTask.create(
-        dataclasses.replace(config, settings=dataclasses.replace(settings, input="characters", boundaries=False)), shard_set
+        dataclasses.replace(config, settings=dataclasses.replace(settings, input="characters", boundaries=False)),
+        shard_set,
     )
     cfg = dataset.InputConfig(frames_per_batch=4000, max_batch_size=8)
     seen = 0

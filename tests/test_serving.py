@@ -26,11 +26,11 @@ import pytest
 import soundfile
 
 from common import config as configlib
+from models import opening, request_policy
 from models.asr import network as asr
 from models.asr.task import AsrTask
-from models.serving import policy as serving_policy
+from models.request_policy import RequestError, ServingConfig
 from models.serving import pyfunc as serving
-from models.serving.policy import RequestError, ServingConfig
 from models.training import checkpoint
 from models.training.config import TrainConfig
 from models.tts import model as tts
@@ -126,7 +126,7 @@ def wav_shards(tmp_path_factory):
 
 def pipeline_transcripts(model_path: Path, shard_dir: Path, cmvn: str) -> dict[str, str]:
     """What evaluation computes: the input pipeline's batches, `AsrTask.features`, greedy decoding."""
-    model, config, data = serving.load_model_dir(model_path)
+    model, config, data = opening.load_model_dir(model_path)
     cfg = dataclasses.replace(config.input, cmvn=cmvn)
     out = {}
     for batch in dataset.asr_dataset(records.open_shard_set(shard_dir), "train", cfg, training=False)[0]:
@@ -153,6 +153,36 @@ def test_the_input_pipeline_flags_utterance_cmvn_and_the_step_applies_it(wav_sha
     assert seen == 6
     speaker = dataset.asr_dataset(shard_set, "train", dataclasses.replace(cfg, cmvn="speaker"), training=False)
     assert not next(iter(speaker[0]))["utterance_cmvn"].numpy().any()
+
+
+def test_serving_builds_the_input_pipelines_batch_from_the_same_audio(wav_shards):
+    """One function makes the acoustic batch (pipeline/frontend.py `acoustic_batch`): the training
+    input pipeline's from the shards, the served model's from the WAVs the shards were made of
+    (models/asr/inference.py `served_batch`). Same keys, same lengths and flags, and, normalized by
+    the training step's own `AsrTask.features`, the same features."""
+    from models.asr import inference
+
+    root, wavs = wav_shards
+    shard_set = records.open_shard_set(root / "shards")
+    mean, std = dataset.mel_stats(shard_set)  # what training writes into data.json
+    data = {"feature_dim": 80, "mel_mean": mean.tolist(), "mel_std": std.tolist()}
+    settings, feature_cfg = ServingConfig(audio_dir=str(root)), features.FeatureConfig(jobs=1)
+    labels = {"tokens", "token_lengths", "utt_id", "speaker"}  # training's alone: what the model learns from
+    for cmvn in ("utterance", "global", "none"):
+        checked = 0
+        for batch in dataset.asr_dataset(shard_set, "train", dataset.InputConfig(cmvn=cmvn), training=False)[0]:
+            ids = [u.decode() for u in batch["utt_id"].numpy()]
+            audio = [request_policy.audio_features(wavs[u], None, feature_cfg, settings) for u in ids]
+            served = inference.served_batch(audio, cmvn, data)
+            assert set(served) == set(batch) - labels
+            for key in ("feat_lengths", "utterance_cmvn"):
+                np.testing.assert_array_equal(served[key], batch[key].numpy(), err_msg=f"{cmvn}: {key}")
+            want, got = AsrTask.features(batch).numpy(), AsrTask.features(served).numpy()  # [B, T, 80]
+            assert want[:, got.shape[1] :].max(initial=0) == 0  # the class's padding is zeros
+            np.testing.assert_allclose(got, want[:, : got.shape[1]], atol=1e-4, err_msg=cmvn)
+            checked += len(ids)
+        assert checked == 6
+    assert inference.served_batch(audio, "speaker", data)["utterance_cmvn"].all()  # no speaker statistics
 
 
 @pytest.mark.parametrize("cmvn", ["utterance", "global", "none"])
@@ -187,7 +217,7 @@ def test_served_transcripts_of_audio_are_the_models_on_the_training_features(wav
 
 
 def asr_beam(model_path: Path, shard_dir: Path, utt: str) -> list[str]:
-    model, config, data = serving.load_model_dir(model_path)
+    model, config, data = opening.load_model_dir(model_path)
     for batch in dataset.asr_dataset(records.open_shard_set(shard_dir), "train", config.input, training=False)[0]:
         ids = [u.decode() for u in batch["utt_id"].numpy()]
         if utt in ids:
@@ -202,10 +232,10 @@ def test_stereo_and_other_rates_are_read_as_the_feature_stage_reads_them(tmp_pat
     cfg = features.FeatureConfig(jobs=1)
     rate, samples = kaldi.read_audio(str(stereo), allow_pipes=False)
     want = features.compute_fbank(features.prepare_waveform(rate, samples, None, cfg), cfg)
-    got = serving_policy.audio_features(base64.b64encode(stereo.read_bytes()).decode(), None, cfg)
+    got = request_policy.audio_features(base64.b64encode(stereo.read_bytes()).decode(), None, cfg)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(
-        serving_policy.audio_features(str(stereo), None, cfg, ServingConfig(audio_dir=str(tmp_path))), want
+        request_policy.audio_features(str(stereo), None, cfg, ServingConfig(audio_dir=str(tmp_path))), want
     )
 
 
@@ -554,3 +584,8 @@ def test_registered_models_name_the_pyfunc_class_by_its_first_import_path():
     from models.serving import pyfunc
 
     assert pickle.loads(b"cmodels.serving\nSpeechModel\n.") is pyfunc.SpeechModel
+    # the serving package's former modules, kept for one release
+    from models.serving import opening as former_opening
+    from models.serving import policy as former_policy
+
+    assert former_opening.open_model is opening.open_model and former_policy.RequestError is RequestError

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from models import evaluate, transcribe
+from models import evaluate, opening, transcribe
 from models.asr import alignment
 from models.asr import transcribe as asr_transcribe
-from models.serving import opening
 from models.tts import synthesize as tts_synthesize
 from pipeline import features, kaldi, shards
 from tests.kaldi_fixtures import make_wav_dir
@@ -32,7 +31,9 @@ def decoded(tmp_path_factory):
     model = model_dir(root / "work" / "model", "asr", cmvn="speaker")
     cfg = shards.ShardConfig(num_shards=1, jobs=1, feature_dtype="float32", vocabulary_from=str(model))
     shards.make_shards({"test": data}, root / "shards", cfg, progress=False)
-    evaluate.evaluate(root / "work", root / "shards", evaluate.eval_config("asr", assignments=["splits=[test]", "beam_width=4"]))
+    evaluate.evaluate(
+        root / "work", root / "shards", evaluate.eval_config("asr", assignments=["splits=[test]", "beam_width=4"])
+    )
     with open(root / "work" / "eval" / "test_hypotheses.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     evaluated = {r["utt_id"]: r["greedy"] for r in rows}
@@ -192,7 +193,7 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_st
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
     mlflow.set_tracking_uri(sqlite_store)
     try:
-        _, config, info = serving.load_model_dir(root / "work" / "model")
+        _, config, info = opening.load_model_dir(root / "work" / "model")
         experiment = mlflow.create_experiment("transcribe", artifact_location=(tmp_path / "artifacts").as_uri())
         with mlflow.start_run(experiment_id=experiment):
             logged = serving.log_model(root / "work" / "model", config, info)

@@ -235,7 +235,7 @@ def render_serving(
     Each of `replicas` pods runs `mlflow models serve -m MODEL_URI` (workflow/serve.py's command, one
     worker) in the training image, which fetches the model from the MLflow server of the settings, e.g.
     `models:/speechflow-asr@champion`. `serve_settings` are the model's SPEECHFLOW_SERVE_* variables
-    (models/serving/policy.py, docs/serving.md). The pods carry no pipeline label, so the training
+    (models/request_policy.py, docs/serving.md). The pods carry no pipeline label, so the training
     pods do not accept them; the NetworkPolicy `serving` (k8s/base) lets anyone ask them on their port
     and them reach only MLflow.
     """

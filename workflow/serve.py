@@ -31,7 +31,7 @@ def serve_command(
 
 def serve_env(base: Mapping[str, str], **settings: str) -> dict[str, str]:
     """`base` with uvicorn (which `mlflow models serve` runs by name) on PATH and the model's
-    SPEECHFLOW_SERVE_* `settings` (models/serving/policy.py)."""
+    SPEECHFLOW_SERVE_* `settings` (models/request_policy.py)."""
     env = dict(base)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(SERVER_ENV)

@@ -1,5 +1,27 @@
 """The served acoustic model: rows with audio in, one transcript each out (common/catalog.py
-`ModelEntry.server`; models/serving/pyfunc.py `SpeechModel` hands it each request)."""
+`ModelEntry.server`; models/serving/pyfunc.py `SpeechModel` hands it each request).
+
+Rows (a pandas DataFrame, or JSON `dataframe_records` / `dataframe_split` over HTTP) whose `audio` is
+  a path of an audio file on the serving machine (WAV, FLAC, SPHERE: what the feature stage reads;
+  any sample rate, resampled; several channels are averaged), or the base64-encoded bytes of such a
+  file, or a waveform: a list of floats in [-1, 1] with the row's `sample_rate` (Hz);
+returns one transcript per utterance (greedy CTC decoding; param `beam_width` > 0: beam search).
+What a request may hold is the operator's (models/request_policy.py).
+
+No skew between training and serving. The served model takes audio and runs what training ran on
+it: the feature stage's reading and resampling (`pipeline.features.prepare_waveform`) and fbank
+(`compute_fbank`) with the training data's FeatureConfig (data.json, models/opening.py
+`feature_config`), straight to float log-mel (no 8-bit storage in between), then the training
+step's normalization itself (`AsrTask.features` -> `pipeline.frontend.normalize`) on a batch built
+by the input pipeline's own function (`pipeline.frontend.acoustic_batch`, models/asr/inference.py).
+Per-speaker statistics do not exist for a speaker heard in one request, so the models meant for
+serving train with `input.cmvn: utterance` (configs/demo_asr.yaml): each utterance normalized by
+the mean and variance of its own frames, in training, evaluation and serving alike. A model trained
+with `cmvn: global` is served with the training split's statistics (what its training used; note
+that `models.evaluate` normalizes each split by its own), one with `cmvn: none` without
+normalization. A model trained with per-speaker CMVN has no exact counterpart for a new speaker: it
+is served with per-utterance statistics, and loading it warns that this differs from its training.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +29,13 @@ import warnings
 
 import numpy as np
 
-from models.serving.policy import ENV_PREFIX, RequestError, audio_features, bounded_param, check_rows, utterances
-from models.serving.pyfunc import feature_config, transcribe_features
+from models.asr.inference import transcribe_features
+from models.opening import feature_config
+from models.request_policy import ENV_PREFIX, RequestError, audio_features, bounded_param, check_rows, utterances
 
 
 class AsrServer:
-    """Rows with `audio` (and `sample_rate`) -> one transcript each (see models/serving/pyfunc.py)."""
+    """Rows with `audio` (and `sample_rate`) -> one transcript each (see the module docstring)."""
 
     def __init__(self, model, config, data: dict):
         from models.asr import network as asr

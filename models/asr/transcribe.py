@@ -26,11 +26,9 @@ import numpy as np
 
 from common import fsutil
 from common.progress import progress as progress_bar
-from models.asr import alignment
-from models.serving import opening
+from models import opening
+from models.asr import alignment, inference
 from pipeline import features, kaldi, text
-
-BATCH_FRAMES = 40000  # padded input frames per batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,25 +67,24 @@ def compute_features(entries, cfg, progress: bool):
 
 
 def normalization(feats: dict, speakers: dict, cmvn: str, data: dict) -> dict:
-    """{utt: (scale [D], offset [D], per-utterance flag)}: the affine map and CMVN the model trained with."""
+    """{utt: (mean [D], inverse std [D])}, float32: the CMVN statistics the model trained with
+    (per speaker: of each speaker's utterances here; per utterance: the identity, as the step
+    normalizes each utterance itself)."""
+    if cmvn != "speaker":
+        stats = inference.training_stats(cmvn, data)
+        return {utt: stats for utt in feats}
     dim = next(iter(feats.values())).shape[1]
-    if cmvn == "speaker":
-        stats = features.CmvnAccumulator()
-        for utt, matrix in feats.items():
-            stats.add(speakers[utt], matrix)
-        out = {}
-        for utt in feats:
-            s = stats.stats[speakers[utt]]
-            mean = s[0, :dim] / s[0, dim]
-            # in float32 from here, as the input pipeline has them (pipeline/dataset.py cmvn_tables)
-            inv_std = (1.0 / np.sqrt(np.maximum(s[1, :dim] / s[0, dim] - mean * mean, 1e-8))).astype(np.float32)
-            out[utt] = (inv_std, -mean.astype(np.float32) * inv_std, False)
-        return out
-    scale, offset = np.ones(dim, np.float32), np.zeros(dim, np.float32)
-    if cmvn == "global":  # the training split's statistics
-        inv_std = (1.0 / np.asarray(data["mel_std"], np.float64)).astype(np.float32)
-        scale, offset = inv_std, -np.asarray(data["mel_mean"], np.float32) * inv_std
-    return {utt: (scale, offset, cmvn == "utterance") for utt in feats}
+    accumulated = features.CmvnAccumulator()
+    for utt, matrix in feats.items():
+        accumulated.add(speakers[utt], matrix)
+    out = {}
+    for utt in feats:
+        s = accumulated.stats[speakers[utt]]
+        mean = s[0, :dim] / s[0, dim]
+        # in float32 from here, as the input pipeline has them (pipeline/dataset.py cmvn_tables)
+        inv_std = (1.0 / np.sqrt(np.maximum(s[1, :dim] / s[0, dim] - mean * mean, 1e-8))).astype(np.float32)
+        out[utt] = (mean.astype(np.float32), inv_std)
+    return out
 
 
 def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shift_ms):
@@ -97,17 +94,9 @@ def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shif
     from models.asr import network as asr
     from models.asr.task import AsrTask
 
-    lengths = np.asarray([len(feats[u]) for u in utts], np.int32)
-    padded = np.zeros([len(utts), lengths.max(), feats[utts[0]].shape[1]], np.float32)  # [B, T, D]
-    for i, u in enumerate(utts):
-        padded[i, : lengths[i]] = feats[u]
-    batch = {
-        "feats": padded,
-        "feat_lengths": lengths,
-        "feat_scale": np.stack([norms[u][0] for u in utts]),
-        "feat_offset": np.stack([norms[u][1] for u in utts]),
-        "utterance_cmvn": np.asarray([norms[u][2] for u in utts]),
-    }
+    stats = tuple(np.stack([norms[u][k] for u in utts]) for k in (0, 1))  # (mean, inverse std) [B, D]
+    batch = inference.features_batch([feats[u] for u in utts], stats, config.input.cmvn)
+    lengths = batch["feat_lengths"]
     logits, out_lengths = model(AsrTask.features(batch), lengths)  # [B, T', V], [B]
     if beam_width:
         ids = asr.beam_decode(logits, out_lengths, beam_width)
@@ -132,9 +121,7 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
     model, config, data = opening.open_model(model_spec)
     if config.model != "asr":
         raise ValueError(f"{model_spec} is a {config.model} model; transcription needs an acoustic model")
-    from models.serving.pyfunc import feature_config
-
-    feature_cfg = dataclasses.replace(feature_config(data), allow_pipes=cfg.allow_pipes)
+    feature_cfg = dataclasses.replace(opening.feature_config(data), allow_pipes=cfg.allow_pipes)
     entries, rejections = audio_entries(data_dir, [Path(f) for f in files], cfg.allow_pipes)
     feats, unusable = compute_features(entries, feature_cfg, cfg.progress)
     rejections += unusable
@@ -142,15 +129,9 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
     if feats:
         speakers = {e.utt_id: e.speaker for e in entries}
         norms = normalization(feats, speakers, config.input.cmvn, data)
-        order = sorted(feats, key=lambda u: len(feats[u]))
-        batches, start = [], 0
-        while start < len(order):  # utterances of similar length, about BATCH_FRAMES padded frames each
-            end = start + 1
-            while end < len(order) and (end - start + 1) * len(feats[order[end]]) <= BATCH_FRAMES:
-                end += 1
-            batches.append(order[start:end])
-            start = end
-        bar = progress_bar(total=len(order), desc="transcribe", unit="utt", disable=not cfg.progress)
+        ids = list(feats)
+        batches = [[ids[i] for i in b] for b in inference.length_batches([len(feats[u]) for u in ids])]
+        bar = progress_bar(total=len(ids), desc="transcribe", unit="utt", disable=not cfg.progress)
         for utts in batches:
             results += decode_batch(model, config, data, utts, feats, norms, cfg.beam_width, feature_cfg.frame_shift_ms)
             bar.update(len(utts))

@@ -68,12 +68,11 @@ class StrategyConfig:
         for key, value in extension.items():
             configlib.moved(f"strategy.extension.{key}", f"strategy.{key}")
             values.setdefault(key, value)
-        for key, default in cls.FORMER.items():
-            if key in values and key not in names:
-                # A saved config.yaml of an earlier release holds every one; set otherwise, it had no effect then either.
-                if values.pop(key) != default:
-                    message = f"config key 'strategy.{key}' is not an option of strategy {name!r}: ignored, as before"
-                    warnings.warn(message, FutureWarning, 2)
+        # A saved config.yaml of an earlier release holds every one; set otherwise, it had no effect then either.
+        for key in [k for k in cls.FORMER if k in values and k not in names]:
+            if values.pop(key) != cls.FORMER[key]:
+                message = f"config key 'strategy.{key}' is not an option of strategy {name!r}: ignored, as before"
+                warnings.warn(message, FutureWarning, 2)
         return values
 
 

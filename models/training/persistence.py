@@ -73,7 +73,7 @@ class Persistence:
         model_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.save(model_dir, summary["steps"], self.s.model.weights, [], {"final": True}, 1, (self.s.model.name,))
         configlib.save(self.s.config, model_dir / "config.yaml")
-        from models.serving.pyfunc import recorded_feature_config
+        from models.opening import recorded_feature_config
         from pipeline.dataset import mel_stats
 
         mean, std = mel_stats(self.s.shards)

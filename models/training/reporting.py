@@ -7,6 +7,7 @@ import json
 import resource
 import time
 
+from common import catalog
 from common import config as configlib
 from models.tracking import runs as tracking
 
@@ -126,9 +127,7 @@ class Reporting:
         mlflow.log_artifact(str(self.s.workdir / "config.yaml"))
         if not self.s.config.log_model:
             return
-        from models.serving import pyfunc as serving
-
-        serving.log_model(
+        catalog.resolve(catalog.PYFUNC_LOGGER)(
             self.s.workdir / "model",
             self.s.config,
             json.loads((self.s.workdir / "model" / "data.json").read_text()),

@@ -11,6 +11,7 @@ normalized ones the model sees: de-normalize model outputs before calling these.
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import os
@@ -180,6 +181,13 @@ def wav_bytes(wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0.9) ->
     buffer = io.BytesIO()
     scipy.io.wavfile.write(buffer, sample_rate, pcm16(wave, peak))
     return buffer.getvalue()
+
+
+def wavs_base64(log_mels: list[np.ndarray], iterations: int) -> list[str]:
+    """Griffin-Lim audio of each sentence's log-mel [T_i, D] (one batch, `iterations` iterations) as
+    base64-encoded 16-bit WAV files: the served synthesis model's `audio` (models/tts/server.py)."""
+    waves = griffin_lim_batch(log_mels, n_iter=iterations)
+    return [base64.b64encode(wav_bytes(wave)).decode("ascii") for wave in waves]
 
 
 def write_wav(path, wave, sample_rate: int = SAMPLE_RATE, peak: float | None = 0.9) -> None:

@@ -114,13 +114,13 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
 
 
 class Listener:
-    """A trained acoustic model that transcribes log-mels [T, 80] (any form models/serving/opening.py
+    """A trained acoustic model that transcribes log-mels [T, 80] (any form models/opening.py
     opens). Features are normalized as it was trained: each utterance by its own statistics
     (`input.cmvn: utterance`), or each voice as one speaker, by the mean and variance of all its
     utterances among those it is given (speaker CMVN and the others)."""
 
     def __init__(self, asr_model: str | Path):
-        from models.serving import opening
+        from models import opening
 
         self.model, self.config, self.data = opening.open_model(asr_model)
         self.per_utterance = self.config.input.cmvn == "utterance"

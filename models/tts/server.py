@@ -1,5 +1,15 @@
 """The served synthesis model: rows with text (and a voice) in, WAV audio and log-mels out
-(common/catalog.py `ModelEntry.server`; models/serving/pyfunc.py `SpeechModel` hands it each request)."""
+(common/catalog.py `ModelEntry.server`; models/serving/pyfunc.py `SpeechModel` hands it each request).
+
+Rows with `text` (a sentence, or a list of them) and an optional `voice`: the name of a training
+voice (the model's `voices`, recorded in its data.json; empty: the first); a name the model lacks
+is refused with the list of its voices. Returns `audio` (base64-encoded 16-bit WAV files, one per
+sentence, Griffin-Lim from the predicted mels), `voices` (the voice of each sentence),
+`sample_rate`, `mels` float32 [B, T, D] (log-mel as the feature stage computes it, zero after each
+sentence's length) and `lengths` int32 [B]. Params `max_steps` (decoder steps, default 400) and
+`griffin_lim_iters` (default 48; 0: no audio). What a request may hold is the operator's
+(models/request_policy.py).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +17,11 @@ import shutil
 
 import numpy as np
 
-from models.serving.policy import ENV_PREFIX, RequestError, bounded_param, check_rows, texts_and_voices
-from models.serving.pyfunc import wavs_base64
+from models.request_policy import ENV_PREFIX, RequestError, bounded_param, check_rows, texts_and_voices
 
 
 class TtsServer:
-    """Rows with `text` (and `voice`) -> WAV audio, voices and log-mels (see models/serving/pyfunc.py)."""
+    """Rows with `text` (and `voice`) -> WAV audio, voices and log-mels (see the module docstring)."""
 
     def __init__(self, model, config, data: dict):
         self.model, self.config, self.data = model, config, data
@@ -43,7 +52,7 @@ class TtsServer:
             raise RequestError(str(err)) from err
         mels, lengths = out["mels"], out["lengths"]
         return {
-            "audio": wavs_base64([m[:n] for m, n in zip(mels, lengths)], iterations)
+            "audio": audio.wavs_base64([m[:n] for m, n in zip(mels, lengths)], iterations)
             if iterations > 0
             else [""] * len(mels),
             "voices": out["voices"],

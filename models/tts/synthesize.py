@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from common.progress import progress as progress_bar
-from models.serving import opening
+from models import opening
 
 BATCH_SENTENCES = 16  # sentences synthesized together
 

@@ -1,0 +1,140 @@
+"""One way to name and open a trained model, for every command that reads one (`models.evaluate`,
+`models.transcribe`, `models.synthesize`, `models.registry`, the pyfunc server), and the feature
+settings a model directory records.
+
+It lives here, beside the model packages and below the serving layer (models/serving/), because
+evaluation, transcription and synthesis open models too: they import this module, never serving,
+and the served pyfunc model opens its directory with the same `load_model_dir`. (It was
+models/serving/opening.py; that name stays importable for one release.)
+
+A trained model is named in one of three forms, the same for every command:
+  - a training workdir (`runs/asr`: what `models.train --workdir` wrote; its model is `model/`),
+  - that workdir's model directory (`runs/asr/model`: config.yaml, data.json, ckpt-*.npz),
+  - a registry URI as MLflow names it, `models:/NAME@ALIAS` (the champion:
+    `models:/speechflow-asr@champion`), `models:/NAME/VERSION` or `runs:/RUN/PATH`.
+`locate` says which (a workdir is known for the first two only); `open_model` opens any of them to
+what serving runs: the Keras model with its trained weights, the TrainConfig and the data record
+(`data.json`: vocabulary, feature dimension, the training split's mel statistics, voices, and the
+feature stage's FeatureConfig under `features`: `recorded_feature_config` writes it at training,
+`feature_config` reads it back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from common import config as configlib
+from common.fsutil import read_json
+from models.training import checkpoint
+
+FORMS = "a training workdir (runs/asr), its model directory (runs/asr/model) or a registry URI such as models:/speechflow-asr@champion"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where a named model is: `model_dir` (local, holds config.yaml) or `uri` (the registry's)."""
+
+    spec: str
+    model_dir: Path | None = None
+    workdir: Path | None = None  # the training workdir, when the spec names one or its model/
+    uri: str | None = None
+
+
+def locate(spec: str | Path) -> ModelSource:
+    """Which of the three forms `spec` is (see the module docstring); FileNotFoundError naming the
+    forms when a path is neither a workdir with a model nor a model directory."""
+    text = str(spec)
+    if text.startswith(("models:/", "runs:/")):
+        return ModelSource(text, uri=text)
+    path = Path(text)
+    if (path / "model" / "config.yaml").is_file():
+        return ModelSource(text, model_dir=path / "model", workdir=path)
+    if (path / "config.yaml").is_file() and (path / "data.json").is_file():
+        # A model directory; a training wrote it as WORKDIR/model, beside mlflow_run.json and eval.json.
+        workdir = path.parent if path.name == "model" else None
+        return ModelSource(text, model_dir=path, workdir=workdir)
+    raise FileNotFoundError(f"{path} holds no trained model (no config.yaml, nor model/config.yaml): give {FORMS}")
+
+
+def open_model(spec: str | Path):
+    """(model, TrainConfig, data dict) of a model named in any of the three forms."""
+    source = locate(spec)
+    if source.uri is None:
+        return load_model_dir(source.model_dir)
+    import mlflow
+
+    try:
+        loaded = mlflow.pyfunc.load_model(source.uri)
+    except mlflow.exceptions.MlflowException as err:
+        raise ValueError(
+            f"cannot load {source.uri} from the MLflow store at {mlflow.get_tracking_uri()}: {err.message} "
+            "(set MLFLOW_TRACKING_URI to the store that registered it; `make demo` registers champions)"
+        ) from err
+    python_model = loaded.unwrap_python_model()
+    return python_model.model, python_model.config, python_model.data
+
+
+def load_model_dir(model_dir: Path):
+    """Returns (model, TrainConfig, data dict) with the trained weights in place."""
+    from common import catalog
+    from models.training.config import TrainConfig
+
+    model_dir = Path(model_dir)
+    weights = checkpoint.latest(model_dir)
+    if weights is None or not (model_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{model_dir} holds no trained model (config.yaml and ckpt-*.npz); train first")
+    config = configlib.load(TrainConfig, model_dir / "config.yaml")
+    data = json.loads((model_dir / "data.json").read_text())
+    # What a task reads of a shard set, as the model recorded it (no splits: its voices are its own).
+    sizes = SimpleNamespace(
+        root=None,
+        feature_dim=data["feature_dim"],
+        vocabulary=data["vocabulary"],
+        phonemes=data.get("phonemes", ""),
+        phoneme_vocabulary=data.get("phoneme_vocabulary", []),
+        num_targets=0,
+        splits={},
+    )
+    task = catalog.task_class(config.model).create(config, sizes)
+    model = task.build()
+    checkpoint.restore(weights, model.weights, owners=(model.name,))
+    return model, config, data
+
+
+def recorded_feature_config(shards, split: str = "train") -> dict | None:
+    """The FeatureConfig (as a dict) that the feature stage used for `split` of a shard set
+    (pipeline/records.py `ShardSet`), from the done-marker in the split's data directory; None when
+    the stage did not make those features (Kaldi made them) or the directory is not readable from
+    here. For `data.json`."""
+    from pipeline import features
+
+    data_dir = shards.splits[split].data_dir if split in shards.splits else None
+    marker = read_json(Path(data_dir) / features.MARKER) if data_dir else None
+    if not marker or marker.get("state") != "done":
+        return None
+    return (marker.get("fingerprint") or {}).get("config")
+
+
+def feature_config(data: dict):
+    """The FeatureConfig that made the training features, from a model's `data.json`.
+
+    A model directory written before `features` was recorded gets the feature stage's defaults at
+    its feature dimension; one whose features Kaldi made (`features: null`) cannot take audio."""
+    from pipeline import features
+
+    if "features" not in data:
+        return features.FeatureConfig(num_mel_bins=data["feature_dim"])
+    if data["features"] is None:
+        raise ValueError(
+            "data.json records no feature-stage settings: the training features were made by Kaldi (or "
+            "their data directory was not readable when the model was saved), so audio cannot be featurized "
+            "as they were. Train on features from `python -m pipeline.features` to serve a model on audio"
+        )
+    known = {f.name for f in dataclasses.fields(features.FeatureConfig)}
+    cfg = configlib.from_dict(features.FeatureConfig, {k: v for k, v in data["features"].items() if k in known})
+    if cfg.num_mel_bins != data["feature_dim"]:
+        raise ValueError(f"data.json: features has {cfg.num_mel_bins} mel bins, the model {data['feature_dim']}")
+    return cfg
