@@ -116,7 +116,7 @@ SECTIONS: dict[str, Section] = {
         "A voice whose CER falls far at some warp speaks with formants that training did not cover, and a "
         "perturbation in training that reaches that warp is the lever; what is left at a voice's best warp is "
         "not a matter of vocal-tract length, and no warp brings flite's held-out voices near the espeak-ng ones. "
-        "The demo's model trains with that perturbation (`input.vtlp_range` in `configs/demo_asr.yaml`), so a "
+        "The demo's model trains with that perturbation (`asr.augment.vtlp_range` in `configs/demo_asr.yaml`), so a "
         "warp here is heard on top of the ones training drew.",
     ),
     "input_pipeline.json": (

@@ -45,9 +45,9 @@ TABLE = ["strategy", "rank 1 speed", "job s alone", "job s slowed", "batches r0/
 
 VARIANTS = {
     "allreduce": ["--strategy", "allreduce"],
-    "fixed-ring": ["--strategy", "adpsgd", "--gossip", "fixed-ring"],
-    "random-ring": ["--strategy", "adpsgd", "--gossip", "random-ring"],
-    "delay-by-one": ["--strategy", "adpsgd", "--gossip", "delay-by-one"],
+    "fixed-ring": ["--strategy", "adpsgd", "--set", "strategy.gossip=fixed-ring"],
+    "random-ring": ["--strategy", "adpsgd", "--set", "strategy.gossip=random-ring"],
+    "delay-by-one": ["--strategy", "adpsgd", "--set", "strategy.gossip=delay-by-one"],
 }
 FACTORS = (2, 4)
 
