@@ -8,7 +8,7 @@ others, so a typo never silently trains the wrong model. Values are parsed as YA
 A registered section (`registered_field`) is a field whose dataclass the config's other values
 choose: the training config's model section is the chosen model's own settings class, a
 strategy's options the chosen strategy's (common/catalog.py names them). Its keys sit under a key
-of their own (the model's name) or, `flat`, beside the config's own keys (`strategy.gossip`).
+of their own (the model's name) or, with no key of their own, beside the config's (`strategy.gossip`).
 A class may rename its keys of an earlier release with a classmethod
 `renamed_keys(values, config) -> values`, which warns.
 

@@ -15,8 +15,8 @@ A trained model is named in one of three forms, the same for every command:
 `locate` says which (a workdir is known for the first two only); `open_model` opens any of them to
 what serving runs: the Keras model with its trained weights, the TrainConfig and the data record
 (`data.json`: vocabulary, feature dimension, the training split's mel statistics, voices, and the
-feature stage's FeatureConfig under `features`: `recorded_feature_config` writes it at training,
-`feature_config` reads it back).
+feature stage's FeatureConfig under `features`: pipeline/features.py `recorded_config` gives it at
+training, `feature_config` reads it back).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from common import config as configlib
-from common.fsutil import read_json
 from models.training import checkpoint
 
 FORMS = "a training workdir (runs/asr), its model directory (runs/asr/model) or a registry URI such as models:/speechflow-asr@champion"
@@ -102,20 +101,6 @@ def load_model_dir(model_dir: Path):
     model = task.build()
     checkpoint.restore(weights, model.weights, owners=(model.name,))
     return model, config, data
-
-
-def recorded_feature_config(shards, split: str = "train") -> dict | None:
-    """The FeatureConfig (as a dict) that the feature stage used for `split` of a shard set
-    (pipeline/records.py `ShardSet`), from the done-marker in the split's data directory; None when
-    the stage did not make those features (Kaldi made them) or the directory is not readable from
-    here. For `data.json`."""
-    from pipeline import features
-
-    data_dir = shards.splits[split].data_dir if split in shards.splits else None
-    marker = read_json(Path(data_dir) / features.MARKER) if data_dir else None
-    if not marker or marker.get("state") != "done":
-        return None
-    return (marker.get("fingerprint") or {}).get("config")
 
 
 def feature_config(data: dict):

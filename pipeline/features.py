@@ -378,6 +378,18 @@ def _too_many(out: Path, rejections: list, total: int, limit: float) -> str | No
     return message
 
 
+def recorded_config(shards, split: str = "train") -> dict | None:
+    """The FeatureConfig (as a dict) that this stage used for `split` of a shard set (pipeline/records.py
+    `ShardSet`), from the done-marker in the split's data directory; None when the stage did not make
+    those features (Kaldi made them) or the directory is not readable from here. A trained model's
+    data.json records it, so that serving featurizes audio as training's features were made."""
+    data_dir = shards.splits[split].data_dir if split in shards.splits else None
+    marker = fsutil.read_json(Path(data_dir) / MARKER) if data_dir else None
+    if not marker or marker.get("state") != "done":
+        return None
+    return (marker.get("fingerprint") or {}).get("config")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter

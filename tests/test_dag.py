@@ -123,6 +123,12 @@ def airflow_python(script: str, env: dict, timeout: float = 300) -> dict:
     return json.loads(line[len("RESULT ") :])
 
 
+def dags_test(env: dict, conf: dict, timeout: float) -> subprocess.CompletedProcess:
+    """One run of the DAG with `conf` under `airflow dags test` (no scheduler), whatever its outcome."""
+    command = [str(AIRFLOW_BIN / "airflow"), "dags", "test", "speech_pipeline", "-c", json.dumps(conf)]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def last_json(stdout: str):
     """The JSON a CLI printed (`airflow ... -o json` may print warnings before it)."""
     return json.loads(next(line for line in stdout.splitlines()[::-1] if line.strip()[:1] in "[{"))
@@ -852,14 +858,7 @@ def test_a_typo_in_the_forms_overrides_fails_plan_before_any_other_task(tmp_path
     )
     airflow(env, "db", "migrate")
     conf = {**TINY, "train_overrides": ["optim.learning_rte=0.002"]}
-    proc = subprocess.run(
-        [str(AIRFLOW_BIN / "airflow"), "dags", "test", "speech_pipeline", "-c", json.dumps(conf)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = dags_test(env, conf, timeout=600)
     said = proc.stdout + proc.stderr
     assert "unknown config key 'optim.learning_rte' (did you mean 'optim.learning_rate'?)" in said, said[-5000:]
     (run,) = last_json(airflow(env, "dags", "list-runs", "speech_pipeline", "-o", "json").stdout)
@@ -894,14 +893,7 @@ def dag_run(tmp_path_factory):
         with MlflowServer(store, tmp / "artifacts", tmp / "mlflow-server.log") as server:
             env = airflow_env(tmp / "home", MLFLOW_TRACKING_URI=server.uri, SPEECHFLOW_WORK_ROOT=str(work))
             airflow(env, "db", "migrate")
-            proc = subprocess.run(
-                [str(AIRFLOW_BIN / "airflow"), "dags", "test", "speech_pipeline", "-c", json.dumps(TINY)],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
+            proc = dags_test(env, TINY, timeout=900)
             assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
             (summary_file,) = work.glob("*/summary.json")
             (run,) = last_json(airflow(env, "dags", "list-runs", "speech_pipeline", "-o", "json").stdout)

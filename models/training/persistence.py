@@ -73,7 +73,7 @@ class Persistence:
         model_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.save(model_dir, summary["steps"], self.s.model.weights, [], {"final": True}, 1, (self.s.model.name,))
         configlib.save(self.s.config, model_dir / "config.yaml")
-        from models.opening import recorded_feature_config
+        from pipeline import features
         from pipeline.dataset import mel_stats
 
         mean, std = mel_stats(self.s.shards)
@@ -87,7 +87,7 @@ class Persistence:
                 "mel_mean": mean.tolist(),
                 "mel_std": std.tolist(),
                 # the fbank settings serving computes features from audio with (null: Kaldi made them)
-                "features": recorded_feature_config(self.s.shards),
+                "features": features.recorded_config(self.s.shards),
                 **self.s.task.model_data(),  # e.g. the synthesis model's voices, asked for by name
             },
         )
