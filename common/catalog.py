@@ -37,18 +37,18 @@ class ModelEntry:
     name: str  # what --model, the DAG form and config.yaml's `model` say
     task: str  # "module:attribute" of its Task class (models/interfaces.py)
     # "module:attribute" of models.evaluate's evaluation of it: (model, TrainConfig, data.json,
-    # batches(split, frames_per_batch), splits, EvalConfig, out_dir, listener) -> metrics with
-    # `primary_metric` (the champion's)
+    # batches(split, frames_per_batch), splits, its evaluation options (EvalConfig.options), out_dir,
+    # listener) -> metrics with `primary_metric` (the champion's)
     evaluation: str
     server: str  # "module:attribute" of its server class (models/interfaces.py `Server` says what one has)
     title: str  # the DAG form's label
     config_file: str  # the DAG form's default training config (a YAML file of TrainConfig fields)
     # "module:attribute" of its settings' frozen dataclass (a module without TensorFlow): the section
     # of a training config named after the model (`asr:`), TrainConfig.settings; saved with the model
-    settings: str
+    settings: str = ""
     # "module:attribute" of its evaluation options' frozen dataclass (TF-free too): models.evaluate's
     # EvalConfig.options, given beside `splits`
-    eval_settings: str
+    eval_settings: str = ""
     # the model whose trained copy listens to what this one makes in its evaluation (`--asr-model-dir`;
     # the synthesis model's: "asr"); empty: none
     listener: str = ""
@@ -80,11 +80,24 @@ _LOADED: set[str] = set()
 
 
 def register_model(entry: ModelEntry) -> ModelEntry:
+    if not entry.settings or not entry.eval_settings:
+        raise ValueError(
+            f"model {entry.name!r} ({entry.task}): its ModelEntry names no settings dataclass; a model declares "
+            f"its own: settings='module:Class' (its section of a training config, which replaces the "
+            f"`extension` mapping of the earlier release) and eval_settings='module:Class' (its evaluation "
+            f"options), frozen dataclasses in a module without TensorFlow, as models/asr/config.py"
+        )
     _MODELS[entry.name] = entry
     return entry
 
 
 def register_strategy(entry: StrategyEntry) -> StrategyEntry:
+    if not isinstance(entry.options, str):
+        raise ValueError(
+            f"strategy {entry.name!r}: StrategyEntry.options names its options' frozen dataclass as "
+            f"'module:Class' (given beside strategy.name), not a tuple of StrategyConfig fields as in the "
+            f"earlier release; got {entry.options!r}"
+        )
     _STRATEGIES[entry.name] = entry
     return entry
 

@@ -17,8 +17,10 @@ Nothing here imports TensorFlow or numpy: the DAG's plan checks a run's settings
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import json
 import types
 import typing
@@ -46,16 +48,20 @@ def registered_field(resolve: Callable[[Any], type | None], key: Callable[[Any],
 
 
 def fill_registered(config: Any) -> None:
-    """In a frozen dataclass' `__post_init__`: each registered section that is not of the class the
-    other values choose (unset, or left from another model) becomes that class' defaults."""
+    """In a frozen dataclass' `__post_init__`: each unset registered section becomes the defaults of
+    the class the other values choose; one of another class is a ValueError naming both."""
     for field in dataclasses.fields(config):
         if RESOLVE in field.metadata:
             cls = field.metadata[RESOLVE](config)
             value = getattr(config, field.name)
-            if cls is None:
-                object.__setattr__(config, field.name, None)
-            elif not isinstance(value, cls):
+            if value is None and cls is not None:
                 object.__setattr__(config, field.name, cls())
+            elif value is not None and (cls is None or not isinstance(value, cls)):
+                wanted = cls.__name__ if cls else "none"
+                raise ValueError(
+                    f"{type(config).__name__}.{field.name} is a {type(value).__name__}, but the config's "
+                    f"other values choose {wanted}"
+                )
 
 
 def moved(old: str, new: str) -> None:
@@ -136,9 +142,66 @@ def from_dict(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
     return apply_overrides(cls(), values, prefix)
 
 
+def _choices(config: T, values: Mapping[str, Any], prefix: str = "") -> T:
+    """`config` with the plain values of `values` (not the dataclass sections) applied: the choices,
+    such as `model` or `strategy.name`, that say which class a registered section is and how a key of
+    an earlier release is spelled now. A registered section whose class they change starts anew."""
+    hints = _field_types(type(config))
+    changes = {}
+    for field in dataclasses.fields(config):
+        if (
+            RESOLVE in field.metadata
+            or field.name not in values
+            or dataclasses.is_dataclass(getattr(config, field.name))
+        ):
+            continue
+        changes[field.name] = _coerce(values[field.name], hints[field.name], prefix + field.name)
+    if not changes:
+        return config
+    chosen = copy.copy(config)  # a private copy, never validated: only to ask the sections' classes
+    for name, value in changes.items():
+        object.__setattr__(chosen, name, value)
+    for field in dataclasses.fields(config):
+        current = getattr(config, field.name)
+        if RESOLVE in field.metadata and current is not None:
+            cls = field.metadata[RESOLVE](chosen)
+            if cls is None or not isinstance(current, cls):
+                changes[field.name] = None
+    return dataclasses.replace(config, **changes)
+
+
+def _probe(config: T, values: Mapping[str, Any]) -> T:
+    """`_choices` of `values` at every depth of plain dataclass sections (`strategy.name` too)."""
+    config = _choices(config, values)
+    changes = {}
+    for field in dataclasses.fields(config):
+        current, given = getattr(config, field.name), values.get(field.name)
+        if RESOLVE not in field.metadata and dataclasses.is_dataclass(current) and isinstance(given, Mapping):
+            changes[field.name] = _probe(current, given)
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _renamed(config: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with the keys of an earlier release spelled as now (each class' `renamed_keys`, with
+    its warning), at every depth of plain dataclass sections; `config` holds the final choices."""
+    if hasattr(type(config), "renamed_keys"):
+        values = type(config).renamed_keys(dict(values), config)
+    out = dict(values)
+    for field in dataclasses.fields(config):
+        current = getattr(config, field.name)
+        if (
+            RESOLVE not in field.metadata
+            and dataclasses.is_dataclass(current)
+            and isinstance(out.get(field.name), Mapping)
+        ):
+            out[field.name] = _renamed(current, out[field.name])
+    return out
+
+
 def apply_overrides(config: T, values: Mapping[str, Any], prefix: str = "") -> T:
     """Returns a copy of `config` with `values` (nested mapping) applied; unknown keys raise,
     naming the nearest valid key."""
+    config = _choices(config, values, prefix)
     cls = type(config)
     if hasattr(cls, "renamed_keys"):
         values = cls.renamed_keys(dict(values), config)
@@ -234,7 +297,7 @@ def load(
     """Resolves a config: `base` (or the dataclass defaults), then the YAML file, then `--set` items,
     then a stage's own flags (`flags`, nested like the config; None means the flag was not given)."""
     config = base if base is not None else cls()
-    values: dict[str, Any] = {}
+    layers: list[Mapping[str, Any]] = []
     if yaml_path:
         path = Path(yaml_path)
         if not path.is_file():
@@ -242,14 +305,17 @@ def load(
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, Mapping):
             raise ValueError(f"config file {path} must hold a mapping at its top level")
-        values = _merged(values, loaded)
+        layers.append(loaded)
     if assignments:
-        values = _merged(values, parse_set(assignments))
+        layers.append(parse_set(assignments))
     if flags:
-        values = _merged(values, _given(flags))
-    # One pass over the merged values: a section's keys are read once the model (or strategy) that
-    # owns them is known, wherever in the layers it was chosen.
-    return apply_overrides(config, values)
+        layers.append(_given(flags))
+    # One pass over the layers merged: a section's keys are read once the model (or strategy) that
+    # owns them is known, wherever in the layers it was chosen. Each layer's keys of an earlier
+    # release are renamed first, under those final choices, so that a later layer wins whichever
+    # spelling each uses.
+    probe = _probe(config, functools.reduce(_merged, layers, {}))
+    return apply_overrides(config, functools.reduce(_merged, [_renamed(probe, layer) for layer in layers], {}))
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -67,7 +67,7 @@ class EvalConfig:
     def renamed_keys(cls, values: dict, config) -> dict:
         """`asr_frames_per_batch` / `tts_frames_per_batch` -> the model's `frames_per_batch`; a key of
         the former shared options that this model's do not have -> dropped, with a warning."""
-        model = values.get("model", config.model)
+        model = config.model  # the final choice (common/config.py applies the choices first)
         for key in ("asr_frames_per_batch", "tts_frames_per_batch"):
             if key in values and model and key.startswith(model + "_"):
                 configlib.moved(key, "frames_per_batch")
@@ -246,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")
     p.add_argument("--max-utterances", type=int, help="tts: utterances to synthesize (default 100)")
     p.add_argument("--num-audio", type=int, help="tts: sentences to render as audio with Griffin-Lim (default 3)")
-    p.add_argument("--voice", help="tts: speak every sentence in this training voice (default: see EvalConfig.voice)")
+    p.add_argument(
+        "--voice",
+        help="tts: speak every sentence in this training voice (default: see models/tts/config.py TtsEvalConfig.voice)",
+    )
     cli.add_config_arguments(p, "EvalConfig")
     p.add_argument("--mlflow-parent-run-id", help="also log to a child run of this MLflow run (the DAG's)")
     p.add_argument("--no-mlflow", action="store_true", help="only write eval.json")
@@ -266,8 +269,8 @@ def _main(args: argparse.Namespace) -> None:
         "voice": args.voice,
     }
     root = output_dir(args.model, args.out_dir)
-    # The options are the evaluated model's own: read once its name is known (the flags of another
-    # model's option are refused then, naming the valid ones).
+    # The options are the evaluated model's own: read once its name is known (a flag of another model's
+    # option of the earlier release is dropped with a warning; any other unknown key is refused).
     cfg = functools.partial(eval_config, yaml_path=args.config, assignments=args.set, flags=flags)
     metrics = evaluate(args.model, args.shards, cfg, args.asr_model, root)
     if not args.no_mlflow:

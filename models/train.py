@@ -91,8 +91,10 @@ def parser() -> argparse.ArgumentParser:
     # A strategy's options are `--set strategy.KEY=VALUE` (e.g. strategy.gossip=delay-by-one); these
     # spellings of some of them are accepted for one release, with a warning.
     former = p.add_argument_group("former spellings of strategy options (use --set strategy.KEY=VALUE)")
-    former.add_argument("--compression", help="--set strategy.compression=fp16")
-    former.add_argument("--gossip", help="--set strategy.gossip=random-ring")
+    former.add_argument("--compression", choices=["none", "fp16"], help="--set strategy.compression=fp16")
+    former.add_argument(
+        "--gossip", choices=["fixed-ring", "random-ring", "delay-by-one"], help="--set strategy.gossip=random-ring"
+    )
     former.add_argument(
         "--hierarchical",
         "--hierarchical-gossip",
@@ -100,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--set strategy.hierarchical=true",
     )
-    former.add_argument("--gossip-compression", help="--set strategy.gossip_compression=fp16")
+    former.add_argument("--gossip-compression", choices=["none", "fp16"], help="--set strategy.gossip_compression=fp16")
     p.add_argument(
         "--data-service", metavar="grpc://HOST:PORT", help="read batches from this tf.data service dispatcher"
     )

@@ -113,6 +113,11 @@ def test_an_extensions_settings_are_typed_and_checked_without_tensorflow():
             old = configlib.load(TrainConfig, None, ["model=speaker_id", "extension.hidden=8",
                                                      "strategy.name=local_sgd", "strategy.extension.every=2"])
         seen["old"] = [old.settings.hidden, old.strategy.options.every, [str(w.message) for w in caught]]
+        with warnings.catch_warnings(record=True) as caught:  # a file written for local_sgd, run as allreduce
+            warnings.simplefilter("always")
+            other = configlib.load(TrainConfig, None, ["strategy.name=local_sgd", "strategy.every=3"],
+                                   flags={"strategy": {"name": "allreduce"}})
+        seen["other"] = [other.strategy.name, [str(w.message) for w in caught]]
         seen["heavy"] = [m for m in ("tensorflow", "keras", "horovod", "mlflow", "numpy") if m in sys.modules]
         print(json.dumps(seen))
         """,
@@ -126,6 +131,8 @@ def test_an_extensions_settings_are_typed_and_checked_without_tensorflow():
     hidden, every, warned = seen["old"]
     assert hidden == 8 and every == 2 and any("is now 'speaker_id'" in w for w in warned)
     assert any("'strategy.extension.every' is now 'strategy.every'" in w for w in warned)
+    name, warned = seen["other"]
+    assert name == "allreduce" and "'strategy.every' is an option of 'local_sgd', not of 'allreduce': ignored" in warned
     assert seen["heavy"] == []
 
 

@@ -49,6 +49,25 @@ def test_the_saved_config_reads_under_the_new_names_with_warnings():
         assert configlib.from_dict(TrainConfig, saved_again) == config
 
 
+def test_a_later_layer_wins_whichever_spelling_each_uses():
+    """The YAML in this release's keys, `--set` in the earlier release's (and the other way round):
+    the later layer wins, as it did when each layer was applied in turn."""
+    from common import config as configlib
+    from models.training.config import TrainConfig
+
+    demo = Path(__file__).parents[1] / "configs" / "demo_asr.yaml"  # asr.augment.vtlp_range: [0.85, 1.15]
+    with pytest.warns(FutureWarning, match="'input.vtlp_range' is now 'asr.augment.vtlp_range'"):
+        config = configlib.load(TrainConfig, demo, ["input.vtlp_range=[1.0, 1.0]", "input.spec_augment=false"])
+    assert config.settings.augment.vtlp_range == (1.0, 1.0) and not config.settings.augment.spec_augment
+    with pytest.warns(FutureWarning):
+        config = configlib.load(TrainConfig, SAVED / "config.yaml", ["asr.augment.vtlp_range=[0.8, 1.2]"])
+    assert config.settings.augment.vtlp_range == (0.8, 1.2) and config.settings.augment.augment_from_step == 2
+    # The model chosen by a later layer renames an earlier layer's keys: no section of the file's model.
+    with pytest.warns(FutureWarning, match="'input.spec_augment' is now 'asr.augment.spec_augment'"):
+        config = configlib.load(TrainConfig, None, ["model=tts", "input.spec_augment=true"], flags={"model": "asr"})
+    assert config.model == "asr" and config.settings.augment.spec_augment
+
+
 def test_the_saved_model_evaluates_and_serves_as_it_transcribes(wav_shards, tmp_path):
     from models import evaluate
     from models.serving import SpeechModel

@@ -109,7 +109,21 @@ def test_unknown_config_keys_are_errors(tiny_shards, tmp_path):
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 1 and "unknown config key 'asr.unit'" in proc.stderr
+    assert proc.returncode == 1 and "unknown config key 'asr.unit' (did you mean 'asr.units'?)" in proc.stderr
+
+
+def test_a_models_settings_are_of_its_own_class():
+    from models.asr.config import AsrConfig
+    from models.tts.config import TtsConfig
+
+    assert isinstance(train_config.TrainConfig(model="tts").settings, TtsConfig)  # unset: the model's defaults
+    with pytest.raises(
+        ValueError, match="TrainConfig.settings is a AsrConfig, but the config's other values choose TtsConfig"
+    ):
+        train_config.TrainConfig(model="tts", settings=AsrConfig())
+    # A file for one model trained as another: the other's section is left aside, the chosen one's defaults hold.
+    config = configlib.load(train_config.TrainConfig, CONFIGS / "tiny_asr.yaml", flags={"model": "tts"})
+    assert config.settings == TtsConfig() and "asr" not in configlib.to_dict(config)
 
 
 def _check_horovod_run(workdir, mlflow_uri, model: str):

@@ -61,7 +61,7 @@ class StrategyConfig:
         """`extension: {...}` (an extension's options until this release) -> its keys beside `name`;
         a former shared key the chosen strategy does not read -> dropped, with a warning where it was
         set to something else than its old default."""
-        name = values.get("name", config.name)
+        name = config.name  # the final choice (common/config.py applies the choices first)
         own = options_class(name)
         names = {f.name for f in dataclasses.fields(own)} if own else set()
         extension = values.pop("extension", None) or {}
@@ -73,6 +73,17 @@ class StrategyConfig:
             if values.pop(key) != cls.FORMER[key]:
                 message = f"config key 'strategy.{key}' is not an option of strategy {name!r}: ignored, as before"
                 warnings.warn(message, FutureWarning, 2)
+        # Another strategy's options (a config file written for it, run with --strategy NAME): ignored,
+        # with a warning, as a file's sections of other models are.
+        others = {
+            f.name: other
+            for other in catalog.strategies()
+            if other != name and options_class(other) is not None
+            for f in dataclasses.fields(options_class(other))
+        }
+        for key in [k for k in values if k in others and k not in names and k != "name"]:
+            del values[key]
+            warnings.warn(f"'strategy.{key}' is an option of {others[key]!r}, not of {name!r}: ignored", UserWarning, 2)
         return values
 
 

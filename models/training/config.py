@@ -95,7 +95,7 @@ class TrainConfig:
         """Keys of earlier releases: `extension.X` (an extension model's settings) -> `MODEL.X`;
         `input.spec_augment`, `input.vtlp_range`, ... -> `MODEL.augment.*` of a model with an
         `augment` section (the acoustic model); a model without one drops them (warning when set)."""
-        model = values.get("model", config.model)
+        model = config.model  # the final choice (common/config.py applies the choices first)
         extension = values.pop("extension", None) or {}
         if extension:
             configlib.moved("extension", model)

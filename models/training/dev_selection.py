@@ -38,12 +38,27 @@ class DevSelection:
         self.started = time.perf_counter()
         self.started_unix_s = time.time()  # the same moment by the wall clock: where dev_wall_s counts from
         if self.enabled:
+            self._check_task()
             cfg = dataclasses.replace(config.input, frames_per_batch=40000, max_batch_size=64)
             self.dataset, _ = task.dataset(shards, DEV, cfg, self.rank, size, 0, False)  # this rank's shards
         saved = checkpoint.latest(self.best_dir) if self.rank == 0 else None
         if saved is not None:  # a resumed run keeps the best it had found
             meta = checkpoint.restore_meta(saved)
             self.best, self.best_step = meta["position"]["value"], meta["step"]
+
+    def _check_task(self) -> None:
+        """Before the first step: the task counts its dev batches and names its metrics, the one it
+        selects by among them (ValueError with the fix otherwise, not after `eval_every` steps)."""
+        name = getattr(self.task, "name", type(self.task).__name__)
+        missing = [m for m in ("dev_count_names", "dev_counts", "dev_metrics") if not hasattr(self.task, m)]
+        if missing:
+            raise ValueError(
+                f"the {name} task has no {', '.join(missing)}, which dev selection (eval_every) needs: inherit "
+                f"models.interfaces.DevLoss (its loss on dev) or define them (models/interfaces.py Task)"
+            )
+        given = self.task.dev_metrics(dict.fromkeys(self.task.dev_count_names, 0.0))
+        if self.metric not in given:
+            raise ValueError(f"the {name} task selects by {self.metric!r}, but its dev_metrics give {sorted(given)}")
 
     def due(self, step: int, last: bool) -> bool:
         return self.enabled and (step % self.every == 0 or last)
@@ -58,10 +73,6 @@ class DevSelection:
         if self.combine is not None:
             totals = dict(zip(names, self.combine([totals[k] for k in names])))
         metrics = {**self.task.dev_metrics(totals), "dev_wall_s": time.perf_counter() - self.started}
-        if self.metric not in metrics:
-            raise ValueError(
-                f"the {self.task.name} task selects by {self.metric!r}, but its dev_metrics gave {sorted(metrics)}"
-            )
         if self.rank == 0 and metrics[self.metric] < self.best:
             self.best, self.best_step = metrics[self.metric], step
             position = {"metric": self.metric, "value": self.best}
