@@ -25,6 +25,8 @@ import urllib.request
 import wave
 from pathlib import Path
 
+from common import voices
+
 TIMEOUT_S = 300  # one request; an untrained synthesis model may decode all of its max_steps
 MAX_STEPS = 400  # synthesis decoder steps (the served model's default)
 LABELS = {"asr": "acoustic model", "tts": "synthesis model"}
@@ -32,10 +34,11 @@ LABELS = {"asr": "acoustic model", "tts": "synthesis model"}
 # before anyone records their own voice and wonders at the transcript.
 HEARD = (
     "**What the demo models have heard: synthetic speech only.** `make demo` trains them on the voices "
-    "of two speech synthesizers, espeak-ng (its English accents in eight voice variants) and flite (awb "
-    "and rms), and tests them on voices they never heard (other espeak-ng variants; flite's slt and "
-    "kal16). They have never heard a human voice: a recording of yours will come back mostly wrong. A "
-    "model trained on a corpus of your own (the pipeline's `data_dir`) knows what that corpus holds."
+    f"of three speech synthesizers, {voices.describe(voices.TRAIN_VOICES)}, and tests them on voices they "
+    f"never heard: {voices.describe(voices.TEST_VOICES)}, and the speakers slt and kal in every engine that "
+    f"has them, {voices.describe(voices.TEST_ENGINE_VOICES)}. They have never heard a human voice: a "
+    "recording of yours will come back mostly wrong. A model trained on a corpus of your own (the "
+    "pipeline's `data_dir`) knows what that corpus holds."
 )
 
 
@@ -120,7 +123,8 @@ def build(champions: dict, out_dir: Path):
         except PageError as err:
             raise gr.Error(str(err), duration=None) from err
 
-    voices = champions["tts"].get("voices") or []
+    # The natural voices' speakers first: the ones built from recordings of people.
+    speakers = sorted(champions["tts"].get("voices") or [], key=lambda s: not voices.is_natural_speaker(s))
     asr_ready, tts_ready = (missing_message(k, champions[k]) is None for k in ("asr", "tts"))
     with gr.Blocks(title="speechflow: try the models", analytics_enabled=False) as page:
         gr.Markdown("# Try the models\nThe registered champions answer: speech to text, and text to speech.")
@@ -135,10 +139,10 @@ def build(champions: dict, out_dir: Path):
             gr.Markdown(header("tts", champions["tts"]), elem_id="tts-status")
             sentence = gr.Textbox(label="Sentence", placeholder="the taxi is late", elem_id="sentence")
             voice = gr.Dropdown(
-                choices=voices,
-                value=voices[0] if voices else None,
-                label="Voice" if voices or not tts_ready else "Voice (this model has one)",
-                interactive=bool(voices),
+                choices=speakers,
+                value=speakers[0] if speakers else None,
+                label="Voice" if speakers or not tts_ready else "Voice (this model has one)",
+                interactive=bool(speakers),
                 elem_id="voice",
             )
             speak_button = gr.Button("Speak", variant="primary", interactive=tts_ready, elem_id="speak")

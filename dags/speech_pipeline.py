@@ -105,7 +105,7 @@ PARAMS = {
             items={"type": "string", "pattern": VOICE_PATTERN},
             title=f"Demo corpus voices: {title}",
             section=DATA,
-            description=f"{what}, one ENGINE:VOICE a line (espeak-ng:en-us+f2, flite:awb). Empty: "
+            description=f"{what}, one ENGINE:VOICE a line (espeak-ng:en-us+f2, flite:awb, festival:ked_diphone). Empty: "
             f"{voices.describe(default, most=8)}.",
         )
         for group, title, what, default in (

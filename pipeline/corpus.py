@@ -1,23 +1,27 @@
-"""A demo speech corpus as a Kaldi data root, synthesized with espeak-ng and flite.
+"""A demo speech corpus as a Kaldi data root, synthesized with espeak-ng, flite and Festival.
 
     python -m pipeline.corpus --out DIR [--num-utterances 2500] [--seed 0] [--jobs 2]
-        [--engines espeak-ng flite] [--train-voices SPEC ...] [--test-voices SPEC ...]
+        [--engines espeak-ng flite festival] [--train-voices SPEC ...] [--test-voices SPEC ...]
         [--test-engine-voices SPEC ...]
 
 writes `DIR/{train,dev,test,test_noisy,test_engine}/` (Kaldi data directories: `wav.scp`, `text`,
 `utt2spk`, `spk2utt`, sorted by id, and `utt2voice`: each utterance's `ENGINE:VOICE`) over 16 kHz
 mono 16-bit wavs under `DIR/wav/`, then `DIR/corpus.json` as the done marker. Voices are named
-`ENGINE:VOICE` (common/voices.py): espeak-ng voices with variants (`espeak-ng:en-gb-x-rp+f2`) and
-flite voices (`flite:awb`). A speaker is a voice at its own rate and pitch (espeak-ng's `-s`/`-p`,
-flite's `duration_stretch`/`int_f0_target_mean`); flite's few voices each make several speakers.
-`test/` has voices training never hears, `test_noisy/` the same utterances mixed with pink noise at
-a fixed SNR, and `test_engine/` the test sentences again in held-out voices of a synthesizer
-(flite's slt and kal16, as they ship), which training never hears; it is left out when none of
-its voices is of an engine in use. Sentences come from a small grammar of commands, numbers, names, places and times,
+`ENGINE:VOICE` (common/voices.py): espeak-ng voices with variants (`espeak-ng:en-gb-x-rp+f2`),
+flite voices (`flite:awb`) and Festival's (`festival:ked_diphone`). A speaker is a voice at its own
+rate, pitch and warp (espeak-ng's `-s`/`-p`; the duration stretch, F0 and a sox `speed` warp of the
+others); the few natural voices each make several speakers, and `natural_share` of the training
+utterances are theirs. `test/` has espeak-ng voices training never hears, `test_noisy/` the same
+utterances mixed with pink noise at a fixed SNR, and `test_engine/` the test sentences again in the
+held-out natural speakers slt and kal, in every engine that has them (flite's slt, kal16 and kal,
+Festival's slt HTS and kal diphone, as they ship); it is left out when none of its voices is of an
+engine in use. An engine that is not installed here is left out with a warning naming its
+packages. Sentences come from a small grammar of commands, numbers, names, places and times,
 spelled out exactly as spoken.
 
 `plan_corpus` (pipeline/corpus_plan.py) is the pure core (config -> list of utterances); `build_corpus`
-runs the engines and sox (pipeline/synthesizers.py) in a thread pool (the work happens in the subprocesses, so threads suffice).
+runs each engine's batches (pipeline/engines/, one process per batch where the engine can) and sox
+in a thread pool (the work happens in the subprocesses, so threads suffice).
 """
 
 from __future__ import annotations
@@ -78,31 +82,32 @@ class CorpusConfig:
     test_voices: tuple[str, ...] = voices.TEST_VOICES
     # Voices of test_engine (the test sentences again), as they ship: never in training.
     test_engine_voices: tuple[str, ...] = voices.TEST_ENGINE_VOICES
-    # (engine, n): each training voice of that engine makes n speakers, each its own rate and pitch;
-    # engines not named make one. flite's two training voices against espeak-ng's 56: ten each give
-    # flite about a quarter of the training utterances. Twenty (two fifths) makes the acoustic model
-    # hear flite's training voices better but not its held-out ones, and espeak-ng's held-out voices worse;
-    # beside fifteen espeak-ng variants (common/voices.py), 24 each (a third) changed neither.
-    speakers_per_voice: tuple[tuple[str, int], ...] = (("flite", 10),)
+    # (engine, n): each training voice of that engine makes n speakers, each its own rate, pitch
+    # and warp; engines not named make one.
+    speakers_per_voice: tuple[tuple[str, int], ...] = (("flite", 7), ("festival", 7))
+    # Share of the train and dev utterances spoken by the natural voices' speakers (common/voices.py
+    # EngineEntry.natural); the rest go to espeak-ng's. corpus.json records the share of seconds.
+    natural_share: float = 0.25
     # Inclusive range of an espeak-ng speaker's rate, in words per minute (espeak-ng default 175).
     rate_range: tuple[int, int] = (130, 190)
     # Inclusive range of an espeak-ng speaker's pitch, 0-99 (default 50).
     pitch_range: tuple[int, int] = (30, 70)
-    # Inclusive range of a flite speaker's duration_stretch, in percent (100: the voice's own pace;
-    # 130: 30% slower), about the spread of rate_range.
+    # Inclusive range of a flite or Festival speaker's duration stretch, in percent (100: the
+    # voice's own pace; 130: 30% slower), about the spread of rate_range.
     stretch_range: tuple[int, int] = (90, 130)
     # Inclusive range of a flite speaker's int_f0_target_mean, in Hz: low male to female pitch.
     f0_range: tuple[int, int] = (85, 190)
-    # Inclusive range of a flite speaker's vocal-tract warp, in percent (100: none): flite speaks
-    # duration_stretch x warp and F0 / warp, then sox plays it `speed` warp times faster, so pace and
-    # pitch are as drawn and every formant moves by the warp (vocal tract length perturbation: two
-    # male training voices then sound like shorter and longer vocal tracts, female-like at 115-120).
+    # Inclusive range of a flite or Festival speaker's vocal-tract warp, in percent (100: none): the
+    # engine speaks duration_stretch x warp (flite also F0 / warp), then sox plays it `speed` warp
+    # times faster, so pace (and flite's pitch) are as drawn and every formant moves by the warp
+    # (vocal tract length perturbation: male voices then sound like shorter and longer vocal tracts).
     warp_range: tuple[int, int] = (90, 120)
     # espeak-ng amplitude (default 100): 60 leaves headroom so resampling and noise never clip.
     amplitude: int = 60
     # Signal-to-noise ratio of test_noisy, in dB, over the whole utterance.
     snr_db: float = 15.0
-    # Output sample rate in Hz (espeak-ng synthesizes at 22050, flite at 16000, its kal at 8000).
+    # Output sample rate in Hz (espeak-ng synthesizes at 22050, flite at 16000 (its kal at 8000),
+    # Festival's diphone voices at 16000 and its HTS voice at 32000).
     sample_rate: int = 16000
     # Fewest words in a sentence; shorter grammar outputs are redrawn.
     min_words: int = 3
@@ -144,6 +149,8 @@ class CorpusConfig:
                 f"stretch_range {self.stretch_range} must lie in 25-400 (percent), f0_range {self.f0_range} in 40-400 (Hz), "
                 f"warp_range {self.warp_range} in 70-150 (percent)"
             )
+        if not 0 <= self.natural_share <= 1:
+            raise ValueError(f"natural_share must lie in 0-1, got {self.natural_share}")
         if not 1 <= self.min_words <= self.max_words:
             raise ValueError(f"need 1 <= min_words <= max_words, got {self.min_words}, {self.max_words}")
         if not 0 < self.amplitude <= 200 or self.sample_rate < 8000:
@@ -172,7 +179,8 @@ def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr_db: float) -> tuple[np.
 def code_version() -> str:
     """Hash of this module's source and the voice lists: a changed grammar, pipeline or default voice
     list invalidates old corpora."""
-    return fsutil.code_version(sys.modules[__name__], corpus_plan, synthesizers, grammar, voices)
+    runners = [sys.modules[synthesizers.engine(name).__class__.__module__] for name in voices.ENGINES]
+    return fsutil.code_version(sys.modules[__name__], corpus_plan, synthesizers, grammar, voices, *runners)
 
 
 def _add_noise(utt_id: str, clean_wav: Path, noisy_wav: Path, noise: np.ndarray, config: CorpusConfig) -> float:
@@ -201,26 +209,39 @@ def _up_to_date(out: Path, config: CorpusConfig) -> dict | None:
     return done if complete and same else None
 
 
+# Utterances an engine renders in one call (Festival: one process for all of them); small enough
+# that the jobs share the work evenly and the progress bar moves.
+BATCH = 12
+
+
 def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, tools: dict[str, str]) -> dict[str, float]:
-    """Synthesizes every planned wav (and the noisy copy of each test wav); returns utt_id -> SNR dB."""
+    """Synthesizes every planned wav (and the noisy copy of each test wav), each engine's utterances
+    in batches; returns utt_id -> SNR dB."""
     noise_cmd = [tools["sox"], "-R", "-n", "-t", "raw", "-e", "floating-point", "-b", "32", "-L",
                  "-r", str(config.sample_rate), "-c", "1", "-", "synth", "30", "pinknoise"]  # fmt: skip
     noise = np.frombuffer(synthesizers.run(noise_cmd, "making pink noise"), dtype="<f4")  # [30 s * sample_rate]
 
-    def render(utt: PlannedUtterance) -> float | None:
-        wav = out / "wav" / utt.split / f"{utt.utt_id}.wav"
-        synthesizers.synthesize(utt, wav, config.sample_rate, config.amplitude, tools)
-        if utt.split == "test":
-            return _add_noise(utt.utt_id, wav, out / "wav" / "test_noisy" / wav.name, noise, config)
-        return None
+    def render(batch: list[PlannedUtterance]) -> dict[str, float]:
+        wavs = [out / "wav" / utt.split / f"{utt.utt_id}.wav" for utt in batch]
+        synthesizers.engine(batch[0].engine).render(batch, wavs, config.sample_rate, config.amplitude, tools)
+        return {
+            utt.utt_id: _add_noise(utt.utt_id, wav, out / "wav" / "test_noisy" / wav.name, noise, config)
+            for utt, wav in zip(batch, wavs, strict=True)
+            if utt.split == "test"
+        }
 
-    snrs = {}
+    by_engine: dict[str, list[PlannedUtterance]] = {}
+    for utt in plan:
+        by_engine.setdefault(utt.engine, []).append(utt)
+    batches = [utts[i : i + BATCH] for utts in by_engine.values() for i in range(0, len(utts), BATCH)]
+    snrs: dict[str, float] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(render, utt): utt.utt_id for utt in plan}
+        futures = {pool.submit(render, batch): len(batch) for batch in batches}
         try:
-            for future in progress_bar(as_completed(futures), total=len(plan), desc="synthesizing", unit="utt"):
-                if (snr := future.result()) is not None:
-                    snrs[futures[future]] = snr
+            with progress_bar(total=len(plan), desc="synthesizing", unit="utt") as bar:
+                for future in as_completed(futures):
+                    snrs.update(future.result())
+                    bar.update(futures[future])
         except BaseException:
             pool.shutdown(cancel_futures=True)  # fail fast instead of synthesizing the rest
             raise
@@ -253,6 +274,14 @@ def _write_data_dirs(plan: list[PlannedUtterance], out: Path, snrs: dict[str, fl
     return rows
 
 
+def _natural_share_seconds(rows: list) -> float:
+    """Share of the seconds of `rows` (utt_id, speaker, text, wav, ENGINE:VOICE) in natural voices."""
+    seconds = {True: 0.0, False: 0.0}
+    for row in rows:
+        seconds[voices.is_natural(row[4])] += sf.info(row[3]).duration
+    return round(seconds[True] / (sum(seconds.values()) or 1), 4)
+
+
 def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = None) -> dict:
     """Synthesizes the corpus into out_dir (see the module docstring); returns corpus.json's content.
 
@@ -268,9 +297,16 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
     if (out / "corpus.json").exists():
         log.info("%s was built with another config or code version, or is incomplete; rebuilding", out)
         (out / "corpus.json").unlink()  # first, so that an interrupted rebuild never looks done
-    engines = [e for e in voices.ENGINES if e in config.engines]
-    tools = {name: synthesizers.tool(name) for name in (*engines, "sox")}
-    inventory = installed_voices(engines)
+    tools = {"sox": synthesizers.tool("sox", config.engines)}
+    engines = []
+    for name in (e for e in voices.ENGINES if e in config.engines):
+        try:
+            tools |= synthesizers.tools_of([name])
+            engines.append(name)
+        except FileNotFoundError:
+            log.warning("%s is not installed here: its voices are left out of the corpus (%s)",
+                        name, synthesizers.install_hint([name]))  # fmt: skip
+    inventory = installed_voices(engines, tools)
     selection = select_voices(config, inventory)
     for voice in selection.skipped:
         log.warning("voice %s is not installed here; skipping it", voice)
@@ -292,6 +328,8 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
             split: dict(sorted(Counter(voices.parse(row[4])[0] for row in rows[split]).items())) for split in splits
         },
         "skipped_voices": selection.skipped,
+        # Of the train split's seconds, the share spoken by natural voices (config.natural_share counts utterances).
+        "natural_share_seconds": _natural_share_seconds(rows["train"]),
         "vocabulary_size": len({w for utt in plan for w in utt.text.split()}),
         "grammar_vocabulary_size": len(grammar_vocabulary()),
         "snr_db": {

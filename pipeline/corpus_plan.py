@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from common import voices
+from pipeline import synthesizers
 from pipeline.grammar import make_sentence
 from pipeline.synthesizers import VoiceInventory
 
@@ -18,9 +19,6 @@ ALL_SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
 # Fewer voices than this and a model trained on the corpus cannot learn speaker-independent
 # features, or the test set cannot show whether it did.
 MIN_TRAIN_VOICES, MIN_TEST_VOICES = 2, 1
-# flite voices whose F0 model (rms: SPAM) ignores int_f0_target_mean: they keep their own pitch,
-# and their speakers differ in rate only (tests/test_corpus.py checks it still holds).
-FLITE_OWN_PITCH = frozenset({"rms"})
 
 
 def split_sizes(config) -> dict[str, int]:
@@ -31,15 +29,16 @@ def split_sizes(config) -> dict[str, int]:
 
 
 class Speaker(NamedTuple):
-    # Kaldi speaker id: espeak-ng voice, rate and pitch ("en-gb-x-rp-f2-r150-p45"), or for flite
-    # "flite-", voice, duration stretch, F0 and warp ("flite-awb-r110-p140-w115"; no -p: the voice's
-    # own pitch, no -w: no warp, nothing after the voice: as it ships)
+    # Kaldi speaker id, the engine's `speaker_id`: espeak-ng voice, rate and pitch
+    # ("en-gb-x-rp-f2-r150-p45"); for flite and Festival the engine, voice, duration stretch, F0
+    # and warp ("flite-awb-r110-p140-w115"; no -p: the voice's own pitch, no -w: no warp, nothing
+    # after the voice: as it ships)
     id: str
-    engine: str  # "espeak-ng" or "flite"
-    voice: str  # the engine's name of it: "en-gb-x-rp+f2", "awb"
-    rate: int  # espeak-ng: words per minute; flite: duration_stretch in percent (100: its own)
+    engine: str  # a registered engine (common/voices.py): "espeak-ng", "flite", "festival"
+    voice: str  # the engine's name of it: "en-gb-x-rp+f2", "awb", "ked_diphone"
+    rate: int  # espeak-ng: words per minute; flite, Festival: duration stretch in percent (100: its own)
     pitch: int  # espeak-ng: pitch 0-99; flite: int_f0_target_mean in Hz (0: its own)
-    warp: int = 100  # flite: vocal-tract warp in percent (CorpusConfig.warp_range); 100: none
+    warp: int = 100  # vocal-tract warp in percent (CorpusConfig.warp_range); 100: none
 
 
 class PlannedUtterance(NamedTuple):
@@ -93,42 +92,30 @@ def select_voices(config, inventory: VoiceInventory | None = None) -> VoiceSelec
         raise ValueError(
             f"only {len(found['train'])} train and {len(found['test'])} test voices of the engines in use "
             f"({engines}) exist here (need {MIN_TRAIN_VOICES} and {MIN_TEST_VOICES}); missing: {skipped}. Check "
-            "`espeak-ng --voices=en`, `espeak-ng --voices=variant` and `flite -lv`, and edit train_voices / "
-            "test_voices (ENGINE:VOICE) or engines"
+            f"{_listings(config.engines)}, and edit train_voices / test_voices (ENGINE:VOICE) or engines"
         )
     if wanted["test_engine"] and not found["test_engine"]:
         raise ValueError(
-            f"none of the test_engine voices {list(wanted['test_engine'])} exists here; check `flite -lv` "
-            "and edit test_engine_voices"
+            f"none of the test_engine voices {list(wanted['test_engine'])} exists here; check "
+            f"{_listings(config.engines)} and edit test_engine_voices"
         )
     return VoiceSelection(found["train"], found["test"], found["test_engine"], skipped)
 
 
-def _speaker_id(engine: str, voice: str, rate: int | None, pitch: int | None, warp: int = 100) -> str:
-    if engine == "espeak-ng":
-        return f"{voice.replace('+', '-')}-r{rate:03d}-p{pitch:02d}"
-    parts = [f"flite-{voice}"]
-    parts += [f"r{rate:03d}"] if rate is not None else []
-    parts += [f"p{pitch:03d}"] if pitch else []
-    parts += [f"w{warp:03d}"] if warp != 100 else []
-    return "-".join(parts)
+def _listings(engines) -> str:
+    return " and ".join(synthesizers.engine(e).listing for e in engines)
 
 
 def _speakers(spec: str, count: int, config) -> list[Speaker]:
     """`count` speakers of one voice, each its own rate and pitch."""
-    engine, voice = voices.parse(spec)
+    name, voice = voices.parse(spec)
+    engine = synthesizers.engine(name)
     # Seeded per voice, not from one shared stream, so a skipped voice leaves the others unchanged.
     rng = random.Random(f"{config.seed}/{spec}")
     speakers: dict[str, Speaker] = {}
     for _ in range(1000 * count):
-        warp = 100
-        if engine == "espeak-ng":
-            rate, pitch = rng.randint(*config.rate_range), rng.randint(*config.pitch_range)
-        else:
-            rate, pitch = rng.randint(*config.stretch_range), rng.randint(*config.f0_range)
-            pitch = 0 if voice in FLITE_OWN_PITCH else pitch
-            warp = rng.randint(*config.warp_range)
-        speaker = Speaker(_speaker_id(engine, voice, rate, pitch, warp), engine, voice, rate, pitch, warp)
+        rate, pitch, warp = engine.draw(voice, rng, config)
+        speaker = Speaker(engine.speaker_id(voice, rate, pitch, warp), name, voice, rate, pitch, warp)
         speakers.setdefault(speaker.id, speaker)
         if len(speakers) == count:
             return list(speakers.values())
@@ -136,35 +123,47 @@ def _speakers(spec: str, count: int, config) -> list[Speaker]:
 
 
 def _as_shipped(spec: str) -> Speaker:
-    engine, voice = voices.parse(spec)
-    if engine == "espeak-ng":  # its defaults: 175 words per minute, pitch 50
-        return Speaker(_speaker_id(engine, voice, 175, 50), engine, voice, 175, 50)
-    return Speaker(_speaker_id(engine, voice, None, 0), engine, voice, 100, 0)
+    name, voice = voices.parse(spec)
+    engine = synthesizers.engine(name)
+    rate, pitch, warp = engine.shipped(voice)
+    return Speaker(engine.speaker_id(voice, rate, pitch, warp), name, voice, 100 if rate is None else rate, pitch, warp)
+
+
+def _heard_speakers(natural: list[Speaker], others: list[Speaker], size: int, share: float, rng) -> list[Speaker]:
+    """The speaker of each of `size` utterances of train or dev: a `share` of them natural
+    speakers (all or none when only one kind is heard), round-robin within each kind, shuffled."""
+    count = size if not others else 0 if not natural else round(size * share)
+    slots = [natural[i % len(natural)] for i in range(count)] + [others[i % len(others)] for i in range(size - count)]
+    rng.shuffle(slots)
+    return slots
 
 
 def plan_corpus(config, inventory: VoiceInventory | None = None) -> list[PlannedUtterance]:
     """Every utterance of the corpus, without synthesizing: train, dev, test, then test_engine.
 
     Sentences are unique across train, dev and test, so dev and test never repeat a training
-    sentence; test_engine speaks the test sentences again. Utterances go round-robin over a
-    shuffled speaker list; dev uses the speakers of train.
+    sentence; test_engine speaks the test sentences again. In train and dev (the same speakers)
+    `config.natural_share` of the utterances go to the natural voices' speakers; test's go
+    round-robin over a shuffled list of the held-out voices.
     """
     selection = select_voices(config, inventory)
     per_voice = dict(config.speakers_per_voice)
     rng = random.Random(config.seed)
     seen: set[str] = set()
     plan: list[PlannedUtterance] = []
-    used_in_train: list[Speaker] = []
+    heard = [s for v in selection.train for s in _speakers(v, per_voice.get(voices.parse(v)[0], 1), config)]
+    natural = [s for s in heard if voices.engine(s.engine).natural]
+    others = [s for s in heard if not voices.engine(s.engine).natural]
+    rng.shuffle(natural)
+    rng.shuffle(others)
+    held_out = [s for v in selection.test for s in _speakers(v, 1, config)]
+    rng.shuffle(held_out)
     for split, size in split_sizes(config).items():
-        if split == "dev":
-            speakers = used_in_train
-        elif split == "train":
-            speakers = [s for v in selection.train for s in _speakers(v, per_voice.get(voices.parse(v)[0], 1), config)]
-            rng.shuffle(speakers)
-        else:
-            speakers = [s for v in selection.test for s in _speakers(v, 1, config)]
-            rng.shuffle(speakers)
-        for i in range(size):
+        if split == "test":
+            speakers = [held_out[i % len(held_out)] for i in range(size)]
+        else:  # train, and dev in the same speakers and the same natural share
+            speakers = _heard_speakers(natural, others, size, config.natural_share, rng)
+        for spk in speakers:
             for _ in range(1000):
                 text = make_sentence(rng, config.min_words, config.max_words)
                 if text not in seen:
@@ -172,10 +171,7 @@ def plan_corpus(config, inventory: VoiceInventory | None = None) -> list[Planned
             else:
                 raise ValueError(f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances")
             seen.add(text)
-            spk = speakers[i % len(speakers)]
             plan.append(PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, *spk[1:5], text, spk.warp))
-        if split == "train":
-            used_in_train = speakers[:size]
     # The held-out engine's voices say the test sentences, with the test utterances' numbers.
     engine_speakers = [_as_shipped(v) for v in selection.test_engine]
     for i, utt in enumerate([u for u in plan if u.split == "test"] if engine_speakers else []):

@@ -1,100 +1,90 @@
-"""The synthesizers the demo corpus runs (espeak-ng, flite) and sox: which voices this machine has,
-each engine's command line for one utterance, and the run of it into a wav (pipeline/corpus.py
+"""Runs the demo corpus' synthesizer engines (pipeline/engines/, registered in common/voices.py) and
+sox: which voices this machine has, each engine's batch of utterances into wavs (pipeline/corpus.py
 plans the utterances; this module only runs the tools). An utterance is a `PlannedUtterance` of
-pipeline/corpus.py: engine, voice, rate, pitch, warp, text, utt_id.
+pipeline/corpus_plan.py: engine, voice, rate, pitch, warp, text, utt_id.
 """
 
 from __future__ import annotations
 
-import re
+import importlib
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 from common import voices
 
-INSTALL_HINT = "install them with `apt-get install espeak-ng flite sox`"
+
+def install_hint(engines: Iterable[str] = ()) -> str:
+    packages = [p for name in engines for p in voices.engine(name).packages]
+    return f"install them with `apt-get install {' '.join([*packages, 'sox'])}` (`make setup` does)"
+
+
+def engine(name: str):
+    """The registered engine `name`'s runner (pipeline/engines/ Engine)."""
+    module, _, attribute = voices.engine(name).runner.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 class VoiceInventory(NamedTuple):
-    """What this machine's engines have: espeak-ng base voices and variants, flite voices."""
+    """What this machine's engines have: engine -> the names its `installed` listed."""
 
-    espeak_bases: frozenset[str] = frozenset()
-    espeak_variants: frozenset[str] = frozenset()
-    flite_voices: frozenset[str] = frozenset()
+    voices: Mapping[str, frozenset[str]]
 
     def has(self, spec: str) -> bool:
-        engine, voice = voices.parse(spec)
-        if engine == "flite":
-            return voice in self.flite_voices
-        base, _, variant = voice.partition("+")
-        return base in self.espeak_bases and (not variant or variant in self.espeak_variants)
+        name, voice = voices.parse(spec)
+        return name in self.voices and engine(name).has(voice, self.voices[name])
 
 
-def tool(name: str) -> str:
+def tool(name: str, engines: Iterable[str] = ()) -> str:
     path = shutil.which(name)
     if path is None:
-        leave_out = f", or leave {name}'s voices out with `--engines`" if name in voices.ENGINES else ""
+        owner = [e for e in voices.ENGINES if name in engine(e).tools]
+        leave_out = f", or leave {owner[0]}'s voices out with `--engines`" if owner else ""
         raise FileNotFoundError(
-            f"{name} is not on PATH; the corpus runs espeak-ng, flite and sox: {INSTALL_HINT}{leave_out}"
+            f"{name} is not on PATH; the corpus runs {', '.join([*engines, 'sox'])}: {install_hint(engines)}{leave_out}"
         )
     return path
 
 
+def tools_of(engines: Iterable[str]) -> dict[str, str]:
+    """name -> path of every program the engines and sox need; FileNotFoundError naming a missing one."""
+    engines = tuple(engines)
+    return {name: tool(name, engines) for e in engines for name in (*engine(e).tools, "sox")}
+
+
+def run_status(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, **kwargs)
+
+
 def run(cmd: list[str], what: str, **kwargs) -> bytes:
-    proc = subprocess.run(cmd, capture_output=True, **kwargs)
+    proc = run_status(cmd, **kwargs)
     if proc.returncode != 0:
         raise RuntimeError(f"{what}: `{' '.join(cmd)}` exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")
     return proc.stdout
 
 
-def installed_voices(engines: Sequence[str] = voices.ENGINES) -> VoiceInventory:
-    """Asks the engines in `engines` which English voices (and espeak-ng variants) exist here.
-
-    Needed because neither engine fails on a missing voice: espeak-ng's `-v en-xx` or `-v en+nosuch`
-    and flite's `-voice nosuch` silently speak with the default voice, which would give two
-    "speakers" the same voice.
-    """
-    bases, variants, flite_voices = set(), set(), set()
-    if "espeak-ng" in engines:
-        for line in run([tool("espeak-ng"), "--voices=en"], "listing voices").decode().splitlines()[1:]:
-            fields = line.split()
-            # mbrola voices (mb/) need separately installed data; !v/ entries are variants.
-            if len(fields) >= 5 and not fields[4].startswith(("mb/", "!v/")):
-                bases |= {fields[1], *re.findall(r"\((\S+) \d+\)", line)}
-        for line in run([tool("espeak-ng"), "--voices=variant"], "listing variants").decode().splitlines()[1:]:
-            variants |= set(re.findall(r"!v/(\S+)", line))
-    if "flite" in engines:  # "Voices available: kal awb_time kal16 awb rms slt"
-        listing = run([tool("flite"), "-lv"], "listing flite voices").decode()
-        flite_voices |= set(listing.partition(":")[2].split())
-    return VoiceInventory(frozenset(bases), frozenset(variants), frozenset(flite_voices))
+def installed_voices(engines: Iterable[str], tools: dict[str, str]) -> VoiceInventory:
+    """Asks each engine of `engines` which voices exist here: no engine fails on a missing voice
+    (espeak-ng and flite speak with their default one), which would give two "speakers" one voice."""
+    return VoiceInventory({name: engine(name).installed(tools) for name in engines})
 
 
-def synthesis_command(utt, amplitude: int, tools: dict[str, str]) -> list[str]:
-    """The engine's command line that writes `utt` as a wav to stdout (`tools`: name -> path)."""
-    if utt.engine == "espeak-ng":  # 22050 Hz
-        return [tools["espeak-ng"], "-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch),
-                "-a", str(amplitude), "--stdout", utt.text]  # fmt: skip
-    # flite: 16000 Hz (kal: 8000). It writes the wav header's sizes before the samples, so a pipe works.
-    # A warp: slower and lower by it here, sox speeds it up by it (`synthesize`).
-    cmd = [tools["flite"], "-voice", utt.voice, "--setf", f"duration_stretch={utt.rate * utt.warp / 10000:g}"]
-    if utt.pitch:
-        cmd += ["--setf", f"int_f0_target_mean={utt.pitch * 100 / utt.warp:g}"]
-    return [*cmd, "-t", utt.text, "-o", "/dev/stdout"]
-
-
-def synthesize(utt, wav: Path, sample_rate: int, amplitude: int, tools: dict[str, str]) -> None:
-    """The engine's wav piped through sox into a 16-bit mono wav at `sample_rate` (flite's warp:
-    sox's `speed`, which moves tempo, pitch and formants together)."""
-    speech = run(synthesis_command(utt, amplitude, tools), f"{utt.engine} for {utt.utt_id}")
+def to_wav(speech: bytes, wav: Path, sample_rate: int, warp: int, tools: dict[str, str], utt_id: str) -> None:
+    """An engine's wav piped through sox into a 16-bit mono wav at `sample_rate` (a warp: sox's
+    `speed`, which moves tempo, pitch and formants together)."""
     tmp = wav.with_name(wav.name + ".tmp")
     # -R: sox dithers with a fixed seed, so the same input gives byte-identical output.
     run([tools["sox"], "-R", "-t", "wav", "-", "-t", "wav", "-r", str(sample_rate), "-c", "1", "-b", "16",
-          "-e", "signed-integer", str(tmp), *(["speed", f"{utt.warp / 100:g}"] if utt.warp != 100 else [])],
-         f"sox for {utt.utt_id}", input=speech)  # fmt: skip
+         "-e", "signed-integer", str(tmp), *(["speed", f"{warp / 100:g}"] if warp != 100 else [])],
+        f"sox for {utt_id}", input=speech)  # fmt: skip
     tmp.replace(wav)
+
+
+def synthesize(utt, wav: Path, sample_rate: int, amplitude: int, tools: dict[str, str]) -> None:
+    """One planned utterance into `wav`, by its engine."""
+    engine(utt.engine).render([utt], [wav], sample_rate, amplitude, tools)
 
 
 def version(tool: str) -> str:

@@ -137,6 +137,12 @@ if "asr" in models:
         print(f"                   engine test CER {pct(m, 'test_engine_cer')} (beam search "
               f"{pct(m, 'test_engine_cer_beam')}), WER {pct(m, 'test_engine_wer')}: the test sentences in "
               f"{voices(heard.get('test_engine', [])) or 'n/a'}, voices never heard in training")
+        table = Path(models["asr"]["workdir"]) / "eval" / "test_engine_speakers.tsv"
+        if table.exists():  # the held-out speakers slt and kal, each engine's rendering apart
+            rows = [line.split("\t") for line in table.read_text().splitlines()[1:] if line]
+            for speaker, utts, _, cer, cer_beam, wer, _ in rows:
+                print(f"                     {speaker:<34} CER {100 * float(cer):5.1f}% (beam {100 * float(cer_beam):5.1f}%), "
+                      f"WER {100 * float(wer):5.1f}%, {utts} utterances")
     print(f"                   {registry(models['asr'])}")
 if "tts" in models:
     m = models["tts"]["metrics"]

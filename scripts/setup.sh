@@ -19,9 +19,13 @@ stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 
 # --- system packages --------------------------------------------------------------------------
 # command -> Debian package that provides it
-declare -A NEED=([espeak-ng]=espeak-ng [flite]=flite [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
+declare -A NEED=([espeak-ng]=espeak-ng [flite]=flite [festival]=festival [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
 missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
+# Festival's voices of the demo corpus (common/voices.py): ked and kal diphone, slt HTS.
+for voice in festvox-kdlpc16k festvox-kallpc16k festvox-us-slt-hts; do
+  dpkg -s "$voice" >/dev/null 2>&1 || ! command -v dpkg >/dev/null || missing+=("$voice")
+done
 # PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_dag.py starts its
 # own cluster). Debian keeps initdb off PATH, in /usr/lib/postgresql/VERSION/bin. Optional: without
 # root, that test is skipped and says why.

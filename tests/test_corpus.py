@@ -24,10 +24,12 @@ ESPEAK = [voices.parse(v)[1] for v in (*DEFAULTS.train_voices, *DEFAULTS.test_vo
 ALL_BASES = frozenset(v.partition("+")[0] for v in ESPEAK)
 ALL_VARIANTS = frozenset(v.partition("+")[2] for v in ESPEAK)
 FLITE = frozenset({"awb", "rms", "slt", "kal16", "kal"})
+FESTIVAL = frozenset({"ked_diphone", "kal_diphone", "cmu_us_slt_arctic_hts"})
 
 
-def inventory(variants=ALL_VARIANTS, flite=FLITE, bases=ALL_BASES) -> VoiceInventory:
-    return VoiceInventory(bases, variants, flite)
+def inventory(variants=ALL_VARIANTS, flite=FLITE, bases=ALL_BASES, festival=FESTIVAL) -> VoiceInventory:
+    espeak = bases | {f"+{v}" for v in variants}
+    return VoiceInventory({"espeak-ng": espeak, "flite": flite, "festival": festival})
 
 
 def by_split(plan, field):
@@ -63,21 +65,29 @@ def test_plan_holds_test_voices_and_sentences_out_of_training():
     assert not texts["test"] & (texts["train"] | texts["dev"])
 
 
-def test_training_hears_both_engines_and_test_engine_is_the_test_sentences_in_unheard_voices():
+def test_training_hears_every_engine_and_test_engine_is_the_test_sentences_in_held_out_speakers():
     plan = plan_corpus(CorpusConfig())
     train = [u for u in plan if u.split == "train"]
-    assert {u.spec for u in train if u.engine == "flite"} == {"flite:awb", "flite:rms"}
-    # Ten speakers per flite voice: flite speaks about a quarter of training, at varied rate and pitch.
-    assert 0.2 < sum(u.engine == "flite" for u in train) / len(train) < 0.3
-    awb = {(u.rate, u.pitch) for u in train if u.voice == "awb"}
-    assert len(awb) == 10 and all(90 <= r <= 130 and 85 <= p <= 190 for r, p in awb)
+    natural = {u.spec for u in train if u.engine != "espeak-ng"}
+    assert natural == {"flite:awb", "flite:rms", "festival:ked_diphone"} == set(voices.NATURAL_TRAIN_VOICES)
+    # natural_share: a quarter of train and dev, over seven speakers a voice at varied rate and warp.
+    for split in ("train", "dev"):
+        utts = [u for u in plan if u.split == split]
+        assert sum(u.engine != "espeak-ng" for u in utts) == round(0.25 * len(utts))
+    awb = {(u.rate, u.pitch, u.warp) for u in train if u.voice == "awb"}
+    assert len(awb) == 7 and all(90 <= r <= 130 and 85 <= p <= 190 and 90 <= w <= 120 for r, p, w in awb)
     assert {p for u in train if u.voice == "rms" for p in [u.pitch]} == {0}  # rms keeps its own pitch
+    assert len({u.speaker for u in train if u.engine == "festival"}) == 7
+    half = [u for u in plan_corpus(CorpusConfig(natural_share=0.5)) if u.split == "train"]
+    assert sum(u.engine != "espeak-ng" for u in half) == 1000
     test = {u.utt_id.rsplit("-", 1)[1]: u.text for u in plan if u.split == "test"}
     engine = [u for u in plan if u.split == "test_engine"]
     assert {u.utt_id.rsplit("-", 1)[1]: u.text for u in engine} == test
-    assert {u.spec for u in engine} == {"flite:slt", "flite:kal16"} and {(u.rate, u.pitch) for u in engine} == {
-        (100, 0)
-    }
+    # slt and kal in every rendering, as they ship, each about a fifth.
+    assert {u.spec for u in engine} == set(voices.TEST_ENGINE_VOICES) and {
+        (u.rate, u.pitch, u.warp) for u in engine
+    } == {(100, 0, 100)}
+    assert {sum(u.spec == v for u in engine) for v in voices.TEST_ENGINE_VOICES} == {50}
     assert corpus_plan.corpus_splits(plan) == ALL_SPLITS
 
 
@@ -87,6 +97,8 @@ def test_engines_choose_the_voices_and_without_flite_there_is_no_test_engine():
     assert sum(u.split == "train" for u in plan) == 2000  # the corpus keeps its size
     flite_only = CorpusConfig(engines=("flite",), test_voices=("flite:kal",), test_engine_voices=("flite:slt",))
     assert {u.spec for u in plan_corpus(flite_only)} == {"flite:awb", "flite:rms", "flite:kal", "flite:slt"}
+    # espeak-ng alone: no natural voice, so no natural share.
+    assert plan_corpus(CorpusConfig(engines=("espeak-ng",), natural_share=0.5))[0].engine == "espeak-ng"
     with pytest.raises(ValueError, match=r"only 2 train and 0 test voices of the engines in use \(flite\)"):
         plan_corpus(CorpusConfig(engines=("flite",)))
 
@@ -110,9 +122,9 @@ def test_missing_voices_are_skipped_without_moving_the_others():
         assert u.speaker in full  # same rates and pitches as with every voice
 
     with pytest.raises(ValueError, match=r"only 1 train and 0 test voices .*need 2 and 1"):
-        select_voices(config, inventory(frozenset({"m1"}), frozenset({"slt", "kal16"}), frozenset({"en"})))
+        select_voices(config, inventory(frozenset({"m1"}), frozenset({"slt", "kal16"}), frozenset({"en"}), frozenset()))
     with pytest.raises(ValueError, match=r"none of the test_engine voices .*flite:slt"):
-        select_voices(config, inventory(flite=FLITE - {"slt", "kal16"}))
+        select_voices(config, inventory(flite=FLITE - {"slt", "kal16", "kal"}, festival=frozenset()))
 
 
 def test_config_rejects_overlapping_voices_and_empty_splits():
@@ -127,7 +139,9 @@ def test_config_rejects_overlapping_voices_and_empty_splits():
     with pytest.raises(ValueError, match=r"'en\+m3' does not name its engine: write ENGINE:VOICE"):
         CorpusConfig(test_voices=("en+m3",))
     with pytest.raises(ValueError, match="engines must be a non-empty selection"):
-        CorpusConfig(engines=("festival",))
+        CorpusConfig(engines=("mbrola",))
+    with pytest.raises(ValueError, match="natural_share must lie in 0-1"):
+        CorpusConfig(natural_share=1.5)
     with pytest.raises(ValueError, match="widen the range"):
         plan_corpus(CorpusConfig(max_words=2, min_words=1))
 
@@ -154,10 +168,25 @@ def test_mix_at_snr_hits_the_target():
 
 def test_missing_tool_names_it_and_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no engine, no sox there
-    with pytest.raises(FileNotFoundError, match=r"espeak-ng is not on PATH.*apt-get install espeak-ng flite sox"):
+    with pytest.raises(FileNotFoundError, match=r"sox is not on PATH.*apt-get install espeak-ng flite festival .*sox"):
         corpus.build_corpus(CorpusConfig(num_utterances=10), tmp_path / "out")
-    with pytest.raises(FileNotFoundError, match=r"flite is not on PATH.*or leave flite's voices out with `--engines`"):
-        corpus.build_corpus(CorpusConfig(num_utterances=10, engines=("flite",)), tmp_path / "out")
+    with pytest.raises(
+        FileNotFoundError, match=r"festival is not on PATH.*or leave festival's voices out with `--engines`"
+    ):
+        synthesizers.tools_of(["festival"])
+
+
+def test_an_engine_that_is_not_installed_is_left_out_with_its_packages_named(tmp_path, monkeypatch, caplog):
+    bin_dir = tmp_path / "bin"  # every tool but festival
+    bin_dir.mkdir()
+    for name in ("espeak-ng", "flite", "sox"):
+        (bin_dir / name).symlink_to(shutil.which(name))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with caplog.at_level(logging.WARNING, logger="pipeline.corpus"):
+        summary = corpus.build_corpus(CorpusConfig(num_utterances=10), tmp_path / "out", jobs=2)
+    assert "festival is not installed here: its voices are left out" in caplog.text
+    assert "apt-get install festival festvox-kdlpc16k festvox-kallpc16k festvox-us-slt-hts" in caplog.text
+    assert "festival:ked_diphone" in summary["skipped_voices"] and "festival" not in summary["engines"]["train"]
 
 
 def synthesize(tmp_path, engine: str, voice: str, rate: int, pitch: int, warp: int = 100) -> np.ndarray:
@@ -165,7 +194,7 @@ def synthesize(tmp_path, engine: str, voice: str, rate: int, pitch: int, warp: i
     utt = corpus_plan.PlannedUtterance(
         "train", f"u-{voice}-{rate}-{pitch}-{warp}", "s", engine, voice, rate, pitch, "the taxi is late", warp
     )
-    tools = {name: shutil.which(name) for name in (engine, "sox")}
+    tools = synthesizers.tools_of([engine])
     synthesizers.synthesize(utt, tmp_path / f"{utt.utt_id}.wav", 16000, CorpusConfig().amplitude, tools)
     audio, rate_hz = sf.read(tmp_path / f"{utt.utt_id}.wav", dtype="int16")
     assert rate_hz == 16000
@@ -178,7 +207,7 @@ def test_flite_rate_and_pitch_change_the_speech_and_rms_ignores_the_pitch(tmp_pa
     assert not np.array_equal(
         synthesize(tmp_path, "flite", "awb", 100, 90), synthesize(tmp_path, "flite", "awb", 100, 180)
     )
-    # FLITE_OWN_PITCH: once rms follows int_f0_target_mean, its speakers can vary in pitch too.
+    # pipeline/engines/flite.py OWN_PITCH: once rms follows int_f0_target_mean, its speakers can vary in pitch too.
     assert np.array_equal(synthesize(tmp_path, "flite", "rms", 100, 90), synthesize(tmp_path, "flite", "rms", 100, 180))
 
 
@@ -192,12 +221,30 @@ def test_flite_warp_moves_the_formants_and_keeps_the_pace(tmp_path):
     assert centroid(warped) > 1.1 * centroid(plain), "and moves the spectrum up"
 
 
+def test_festival_stretch_slows_every_voice_and_renders_a_batch_in_one_process(tmp_path, monkeypatch):
+    for voice in ("ked_diphone", "cmu_us_slt_arctic_hts"):
+        slow, plain = synthesize(tmp_path, "festival", voice, 130, 0), synthesize(tmp_path, "festival", voice, 100, 0)
+        assert 1.15 < len(slow) / len(plain) < 1.5, voice
+    calls = []
+    run_status = synthesizers.run_status
+    monkeypatch.setattr(synthesizers, "run_status", lambda cmd, **kw: calls.append(cmd) or run_status(cmd, **kw))
+    utts = [
+        corpus_plan.PlannedUtterance("test", f"u{i}", "s", "festival", v, 100, 0, f'say "{i}" now', 100)
+        for i, v in enumerate(["kal_diphone", "cmu_us_slt_arctic_hts", "kal_diphone"])
+    ]
+    wavs = [tmp_path / f"{u.utt_id}.wav" for u in utts]
+    synthesizers.engine("festival").render(utts, wavs, 16000, 60, synthesizers.tools_of(["festival"]))
+    assert sum(cmd[0].endswith("festival") for cmd in calls) == 1
+    assert all(sf.info(w).samplerate == 16000 and sf.info(w).duration > 0.5 for w in wavs)
+    assert not list(tmp_path.glob("*.festival.wav"))
+
+
 # --- real runs ----------------------------------------------------------------------------------
-# Both engines in training; kal (8 kHz) among the held-out voices shows the resampling.
-VOICES = ["--train-voices", "espeak-ng:en+m1", "espeak-ng:en-us+f3", "flite:awb", "flite:rms"]
+# Every engine in training; kal (8 kHz) and slt HTS (32 kHz) among the held-out voices show the resampling.
+VOICES = ["--train-voices", "espeak-ng:en+m1", "espeak-ng:en-us+f3", "festival:ked_diphone", "flite:awb", "flite:rms"]
 ARGS = [
     "--num-utterances",
-    "30",
+    "40",
     "--seed",
     "7",
     *VOICES,
@@ -205,6 +252,9 @@ ARGS = [
     "flite:slt",
     "flite:kal16",
     "flite:kal",
+    "festival:cmu_us_slt_arctic_hts",
+    "--set",
+    "speakers_per_voice=[[flite, 1], [festival, 1]]",  # each voice one speaker, heard in 32 utterances
 ]
 
 
@@ -237,17 +287,23 @@ def test_real_run_writes_valid_sorted_kaldi_dirs(built):
             assert Path(path).is_absolute() and Path(path).is_file() and Path(path).parent == built / "wav" / split
     assert read_table(built / "test_noisy" / "text") == read_table(built / "test" / "text")
     assert summary["voices"]["train"] == sorted(VOICES[1:]) and summary["voices"]["test_engine"] == [
-        "flite:kal", "flite:kal16", "flite:slt",
+        "festival:cmu_us_slt_arctic_hts", "flite:kal", "flite:kal16", "flite:slt",
     ]  # fmt: skip
     assert not set(summary["voices"]["train"]) & set(summary["voices"]["test"] + summary["voices"]["test_engine"])
-    assert summary["engines"]["test_engine"] == {"flite": 3} and sum(summary["engines"]["train"].values()) == 24
+    assert (
+        summary["engines"]["test_engine"] == {"festival": 1, "flite": 3}
+        and sum(summary["engines"]["train"].values()) == 32
+    )
+    assert 0.1 < summary["natural_share_seconds"] < 0.5
     for split in ALL_SPLITS:  # utt2voice: each utterance's engine and voice
         utt2voice = dict(read_table(built / split / "utt2voice"))
         assert list(utt2voice) == [u for u, _ in read_table(built / split / "text")]
         assert set(utt2voice.values()) == set(summary["voices"][split])
         for utt, spec in utt2voice.items():  # the speaker id (the utterance id's start) names the voice
             engine, voice = voices.parse(spec)
-            assert utt.startswith(f"flite-{voice}-" if engine == "flite" else f"{voice.replace('+', '-')}-r"), utt
+            assert utt.startswith(f"{engine}-{voice}-" if engine != "espeak-ng" else f"{voice.replace('+', '-')}-r"), (
+                utt
+            )
     number = {u.rsplit("-", 1)[1]: t for u, t in read_table(built / "test" / "text")}
     assert {u.rsplit("-", 1)[1]: t for u, t in read_table(built / "test_engine" / "text")} == number
 
@@ -298,13 +354,13 @@ def test_changed_config_rebuilds_and_drops_stale_wavs(tmp_path, monkeypatch, cap
     out = tmp_path / "c"
     corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "1"])
     # A machine without the klatt variant: those voices are skipped and logged, the rest build.
-    monkeypatch.setattr(corpus, "installed_voices", lambda engines: inventory(ALL_VARIANTS - {"klatt"}))
+    monkeypatch.setattr(corpus, "installed_voices", lambda engines, tools: inventory(ALL_VARIANTS - {"klatt"}))
     with caplog.at_level(logging.INFO, logger="pipeline.corpus"):
         corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "2"])
     assert "rebuilding" in caplog.text and "espeak-ng:en-us+klatt is not installed" in caplog.text
     summary = json.loads((out / "corpus.json").read_text())
     assert summary["config"]["seed"] == 2 and "espeak-ng:en-us+klatt" in summary["skipped_voices"]
-    # Without flite there is no test_engine, and the earlier build's is gone.
+    # Without flite and Festival there is no test_engine, and the earlier build's is gone.
     corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "2", "--engines", "espeak-ng"])
     assert not (out / "test_engine").exists() and not (out / "wav" / "test_engine").exists()
     assert set(json.loads((out / "corpus.json").read_text())["counts"]) == set(ALL_SPLITS) - {"test_engine"}
