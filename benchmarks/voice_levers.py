@@ -1,0 +1,137 @@
+"""Levers of the demo corpus and the acoustic model's augmentations, judged on held-out speakers:
+each arm builds its corpus through the real stages, trains the demo's acoustic model at
+`horovodrun -np 2` once per seed, and scores the saved model on `test` (espeak-ng voices never
+heard) and `test_engine` (the held-out speakers slt and kal in every engine's rendering), per voice.
+
+    python benchmarks/voice_levers.py --arms base,natural_third [--seeds 0,1] [--json out.json]
+                                      [--utterances 2500] [--work DIR] [--tiny]
+
+An arm is corpus settings (`pipeline.corpus --set`) and training settings (`models.train --set`);
+arms with the same corpus settings share one corpus and its shards. A lever is kept when its
+seeds' mean held-out CER improves on the base arm's by more than the seeds' spread and `test`
+stays <= 3.0% (issue 59's rule; the JSON holds each seed's figures to judge it). `--tiny`: 40
+utterances and a few steps of the tiny config, for the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import PYTHON, ROOT, evaluate_model, print_table, run_training, write_json  # noqa: E402
+
+# name -> (corpus --set items, training --set items)
+ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "base": ((), ()),
+    "natural_third": (("natural_share=0.3333",), ()),
+    "natural_half": (("natural_share=0.5",), ()),
+}
+SPLITS = ("test", "test_engine")
+
+
+def run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def shards_for(work: Path, corpus_sets: tuple[str, ...], utterances: int) -> tuple[Path, dict]:
+    """The arm's corpus -> features -> shards (the stages skip work that is up to date); (shards, corpus.json)."""
+    key = hashlib.sha256(json.dumps([corpus_sets, utterances]).encode()).hexdigest()[:10]
+    data, shards = work / f"corpus-{key}", work / f"shards-{key}"
+    sets = [a for item in corpus_sets for a in ("--set", item)]
+    run([PYTHON, "-m", "pipeline.corpus", "--out", str(data), "--num-utterances", str(utterances), *sets])
+    splits = [s for s in ("train", "dev", *SPLITS) if (data / s).is_dir()]
+    for split in splits:
+        run([PYTHON, "-m", "pipeline.features", "--data-dir", str(data / split), "--no-progress"])
+    split_args = [a for s in splits for a in ("--split", f"{s}={data / s}")]
+    run([PYTHON, "-m", "pipeline.shards", *split_args, "--out", str(shards), "--no-progress"])
+    return shards, json.loads((data / "corpus.json").read_text())
+
+
+def per_voice(workdir: Path, split: str) -> dict[str, float]:
+    """speaker -> greedy CER of `split` (models/asr/evaluation.py `{split}_speakers.tsv`)."""
+    table = workdir / "eval" / f"{split}_speakers.tsv"
+    rows = [line.split("\t") for line in table.read_text().splitlines()[1:] if line]
+    return {row[0]: float(row[3]) for row in rows}
+
+
+def measure(arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool) -> dict:
+    corpus_sets, train_sets = ARMS[arm]
+    shards, corpus = shards_for(work, corpus_sets, utterances)
+    config = ROOT / ("tests/configs/tiny_asr.yaml" if tiny else "configs/demo_asr.yaml")
+    runs = []
+    for seed in seeds:
+        workdir = work / f"{arm}-seed{seed}"
+        items = [f"seed={seed}", "log_model=false", *train_sets, *(["max_steps=4"] if tiny else [])]
+        summary = run_training(shards, workdir, 2, config, items, timeout=3600)
+        split_args = [a for s in SPLITS for a in ("--split", s)]
+        metrics = evaluate_model(workdir, shards, *split_args)  # eval.json: {split}_cer, {split}_wer, ...
+        runs.append(
+            {
+                "seed": seed,
+                "job_minutes": summary["job_wall_s"] / 60,
+                "steps": summary["steps"],
+                **{f"{s}_cer": metrics[f"{s}_cer"] for s in SPLITS},
+                **{f"{s}_wer": metrics[f"{s}_wer"] for s in SPLITS},
+                "test_engine_voices": per_voice(workdir, "test_engine"),
+            }
+        )
+        print(f"  {arm} seed {seed}: " + ", ".join(f"{s} CER {100 * runs[-1][f'{s}_cer']:.2f}%" for s in SPLITS))
+    mean = {f"{s}_cer": statistics.fmean(r[f"{s}_cer"] for r in runs) for s in SPLITS}
+    spread = {f"{s}_cer": max(r[f"{s}_cer"] for r in runs) - min(r[f"{s}_cer"] for r in runs) for s in SPLITS}
+    voices = sorted(runs[0]["test_engine_voices"])
+    return {
+        "corpus_sets": list(corpus_sets),
+        "train_sets": list(train_sets),
+        "natural_share_seconds": corpus.get("natural_share_seconds"),
+        "corpus_voices": corpus["voices"],
+        "runs": runs,
+        "mean": mean,
+        "spread": spread,
+        "test_engine_voices_mean": {
+            v: statistics.fmean(r["test_engine_voices"].get(v, float("nan")) for r in runs) for v in voices
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arms", default="base", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--utterances", type=int, default=2500)
+    parser.add_argument("--work", type=Path, default=ROOT / ".runs" / "voice-levers")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if unknown := [a for a in arms if a not in ARMS]:
+        parser.error(f"unknown arms {unknown}; the arms are {list(ARMS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    utterances = 40 if args.tiny else args.utterances
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = {}
+    if args.json and args.json.exists():  # arms measured earlier stay; an arm run again is replaced
+        results = json.loads(args.json.read_text()).get("arms", {})
+    for arm in arms:
+        results[arm] = measure(arm, args.work, seeds, utterances, args.tiny)
+    rows = []
+    for arm, r in results.items():
+        rows.append(
+            [arm, r["natural_share_seconds"] or 0.0]
+            + [f"{100 * r['mean'][f'{s}_cer']:.2f}% (±{100 * r['spread'][f'{s}_cer'] / 2:.2f})" for s in SPLITS]
+        )
+    print_table(["arm", "natural share of seconds", "test CER", "test_engine CER"], rows)
+    write_json(args.json, {"arms": results, "splits": list(SPLITS)}, {"training": seeds, "corpus": 0})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
