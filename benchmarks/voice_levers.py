@@ -21,6 +21,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -105,23 +106,28 @@ def measure(arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", default="base", help=f"comma-separated, of {', '.join(ARMS)}")
-    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--seeds", help="comma-separated training seeds (default 0,1; --tiny: 0)")
     parser.add_argument("--utterances", type=int, default=2500)
-    parser.add_argument("--work", type=Path, default=ROOT / ".runs" / "voice-levers")
+    parser.add_argument(
+        "--work", type=Path, help="corpora, shards and models (default .runs/voice-levers; --tiny: a temporary one)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if unknown := [a for a in arms if a not in ARMS]:
         parser.error(f"unknown arms {unknown}; the arms are {list(ARMS)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in (args.seeds or ("0" if args.tiny else "0,1")).split(",")]
     utterances = 40 if args.tiny else args.utterances
-    args.work.mkdir(parents=True, exist_ok=True)
+    work = args.work or (
+        Path(tempfile.mkdtemp(prefix="voice-levers-")) if args.tiny else ROOT / ".runs" / "voice-levers"
+    )
+    work.mkdir(parents=True, exist_ok=True)
     results = {}
     if args.json and args.json.exists():  # arms measured earlier stay; an arm run again is replaced
         results = json.loads(args.json.read_text()).get("arms", {})
     for arm in arms:
-        results[arm] = measure(arm, args.work, seeds, utterances, args.tiny)
+        results[arm] = measure(arm, work, seeds, utterances, args.tiny)
     rows = []
     for arm, r in results.items():
         rows.append(
