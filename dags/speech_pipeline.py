@@ -1,13 +1,18 @@
 """speech_pipeline: Kaldi data directories (or the demo corpus) to trained, evaluated, registered models.
 
     plan -> start_mlflow_run -> prepare_corpus -> features_{train,dev,test,test_noisy,test_engine} -> make_shards
+                                               -> augment_train -> features_train_aug ---------->
          -> train_asr -> evaluate_asr ------------------------------> register_asr -> finish_mlflow_run
          -> train_tts -> evaluate_tts (with the new acoustic model) -> register_tts ->
 
-`prepare_corpus` runs only when `data_dir` is empty. Each task runs one stage's command line, from
-the training environment (`execution_mode=local`; training under `horovodrun -np num_workers`) or
-as a pod of the training image (`kubernetes`; training as an MPIJob). With `data_service_workers`,
-training reads its batches from a tf.data service started beside it. Every stage skips work that
+`prepare_corpus` runs only when `data_dir` is empty; `augment_train` (pipeline/augment.py: speed,
+reverberation, noise and telephone copies of the training audio) and `features_train_aug` only when
+a selected model's training config asks for copies (`asr.augment.copies.*`, in the file or the
+form's overrides), and that model then trains on `train_aug`; the synthesis model reads clean
+`train`. Each task runs one stage's command line, from the training environment
+(`execution_mode=local`; training under `horovodrun -np num_workers`) or as a pod of the training
+image (`kubernetes`; training as an MPIJob). With `data_service_workers`, training reads its
+batches from a tf.data service started beside it. Every stage skips work that
 is already done, so a retried or cleared task picks up where it stopped. MLflow: one parent run per
 DAG run, a child run per stage; the registry's alias `champion` moves only to a better model.
 What the tasks run lives in the `workflow` package (plan, command lines, runners); this file wires.
@@ -24,7 +29,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from common import catalog, voices
 from workflow import commands, runner
-from workflow.plan import MODELS, SPLITS, Plan, make_plan
+from workflow.plan import AUGMENTED_SPLIT, MODELS, SPLITS, Plan, make_plan
 
 log = logging.getLogger("speechflow.dag")  # shown by scripts/demo.sh
 
@@ -322,11 +327,25 @@ def speech_pipeline():
         }
         return {"data_root": p.data_root}
 
+    @task(trigger_rule="none_failed")
+    def augment_train() -> dict:
+        """Copies of the training audio (speed, reverberation, noise, telephone) beside it, as the
+        split train_aug, when a model's training config asks for them."""
+        p = _plan()
+        if not p.augment:
+            raise AirflowSkipException("no selected model's training config asks for copies of the training audio")
+        runner.run_stage(p, get_current_context(), "augment", commands.AUGMENT, commands.augment_args(p))
+        return {"data_dir": p.data_dir(AUGMENTED_SPLIT)}
+
     @task(trigger_rule="none_failed", outlets=[FEATURES])
     def features(split: str) -> dict:
         p = _plan()
         if split not in p.splits:
-            raise AirflowSkipException(f"{p.data_root} has no {split} split")
+            raise AirflowSkipException(
+                "no model asks for copies of the training audio"
+                if split == AUGMENTED_SPLIT
+                else f"{p.data_root} has no {split} split"
+            )
         context = get_current_context()
         data_dir = p.features_dir(split)
         runner.run_stage(p, context, f"features-{split}", commands.FEATURES, commands.features_args(p, split))
@@ -340,6 +359,8 @@ def speech_pipeline():
         p = _plan()
         context = get_current_context()
         made = [commands.stage_record("corpus", p.data_root, "corpus")] if p.make_corpus else []
+        if p.augment:
+            made.append(commands.stage_record("augment", p.data_dir(AUGMENTED_SPLIT), "augment"))
         made += [
             commands.stage_record("features", f["data_dir"], f"features-{f['split']}", split=f["split"])
             for f in featurized
@@ -430,6 +451,9 @@ def speech_pipeline():
     parent >> corpus
     featurized = [features.override(task_id=f"features_{s}")(s) for s in SPLITS]
     corpus >> featurized
+    augmented = features.override(task_id=f"features_{AUGMENTED_SPLIT}")(AUGMENTED_SPLIT)
+    corpus >> augment_train() >> augmented
+    featurized.append(augmented)
     shards = make_shards(featurized)
     trained = {m: train.override(task_id=f"train_{m}", outlets=[TRAINED[m]])(m, shards) for m in MODELS}
     # Intelligibility: a model whose output is heard (the synthesis model) is evaluated with its

@@ -147,7 +147,14 @@ def stage_outputs(stage: str, path: Path) -> tuple[dict, dict, list[Path]]:
         params.update(shards_dir=str(path.resolve()), compression=manifest["compression"])
         artifacts = [path / "manifest.json"] + [p for p in [path / "rejected.tsv"] if p.is_file()]
         return params, metrics, artifacts
-    raise ValueError(f"unknown stage {stage!r}: corpus, features or shards")
+    if stage == "augment":
+        info = _need_json(path / "augment.json", f"python -m pipeline.augment --data DATA/train --out {path}")
+        summary = info["summary"]
+        metrics = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
+        metrics.update({f"copies.{kind}": n for kind, n in summary["kinds"].items()})
+        params = {f"augment.{k}": v for k, v in info["fingerprint"]["config"].items()}
+        return {**params, "data_dir": str(path.resolve())}, metrics, [path / "augment.json"]
+    raise ValueError(f"unknown stage {stage!r}: corpus, augment, features or shards")
 
 
 def _need_json(path: Path, how: str) -> dict:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline import frontend, records
+from pipeline.augment_config import CLEAN_SPLIT
 from pipeline.input_config import InputConfig
 
 AUTOTUNE = -1
@@ -325,8 +326,9 @@ def tts_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
     import tensorflow as tf
 
     dim, dtype = shards.feature_dim, shards.feature_dtype
-    # The training split's statistics when the set has one (a model normalizes as it trained).
-    _, means, inv_stds = cmvn_tables(shards.splits.get("train", part), "global")
+    # The training split's statistics when the set has one (a model normalizes as it trained); the
+    # synthesis model trains on the clean split only, never on the augmented copies (train_aug).
+    _, means, inv_stds = cmvn_tables(shards.splits.get(CLEAN_SPLIT, part), "global")
     mean, std = tf.constant(means[-1], tf.float32), tf.constant(1.0 / inv_stds[-1], tf.float32)  # [D] each
     padded = tf.constant(part.max_lengths, tf.int32)  # [classes]
     with_phonemes = bool(shards.phonemes)

@@ -198,7 +198,7 @@ def _finish_ark(tmp_ark: Path, tmp_scp: Path, ark: Path, scp: Path) -> None:
     tmp_scp.unlink()
 
 
-def _audio_files(data_dir: Path) -> list[Path]:
+def audio_files(data_dir: Path) -> list[Path]:
     """The files wav.scp's entries read: paths, arks, and the files of recognized decoder commands."""
     if not (data_dir / "wav.scp").is_file():
         return []
@@ -214,7 +214,7 @@ def _fingerprint(data_dir: Path, cfg: FeatureConfig) -> dict:
     tables = [data_dir / name for name in ("wav.scp", "segments", "utt2spk", "reco2file_and_channel")]
     return {
         "tables": fsutil.fingerprint_files(tables),
-        "audio": fsutil.fingerprint_files(_audio_files(data_dir), content=False),
+        "audio": fsutil.fingerprint_files(audio_files(data_dir), content=False),
         "config": configlib.to_dict(cfg),
         "code": fsutil.code_version(sys.modules[__name__], kaldi, audio_io),
     }

@@ -141,7 +141,16 @@ EDGES = {
     "start_mlflow_run": {"plan"},
     "prepare_corpus": {"start_mlflow_run"},
     **{f"features_{s}": {"prepare_corpus"} for s in ("train", "dev", "test", "test_noisy", "test_engine")},
-    "make_shards": {"features_train", "features_dev", "features_test", "features_test_noisy", "features_test_engine"},
+    "augment_train": {"prepare_corpus"},
+    "features_train_aug": {"augment_train"},
+    "make_shards": {
+        "features_train",
+        "features_dev",
+        "features_test",
+        "features_test_noisy",
+        "features_test_engine",
+        "features_train_aug",
+    },
     "train_asr": {"make_shards"},
     "train_tts": {"make_shards"},
     "evaluate_asr": {"train_asr"},
@@ -210,13 +219,23 @@ def test_task_graph_is_as_described(dag_info):
     assert {t: set(v["upstream"]) for t, v in tasks.items()} == EDGES
     assert tasks["start_mlflow_run"]["setup"] and tasks["finish_mlflow_run"]["teardown"]
     # Stages after one that may be skipped (no demo corpus, one model only) still run.
-    for task_id in ("features_train", "features_test_noisy", "make_shards", "evaluate_asr", "evaluate_tts"):
+    for task_id in (
+        "augment_train",
+        "features_train",
+        "features_train_aug",
+        "make_shards",
+        "evaluate_asr",
+        "evaluate_tts",
+    ):
         assert tasks[task_id]["trigger_rule"] == "none_failed", task_id
     assert all(tasks[t]["retries"] >= 1 for t in tasks if t != "plan") and tasks["plan"]["retries"] == 0
     outlets = {t: v["outlets"] for t, v in tasks.items() if v["outlets"]}
     assert outlets == {
         "prepare_corpus": ["speechflow.corpus"],
-        **{f"features_{s}": ["speechflow.features"] for s in ("train", "dev", "test", "test_noisy", "test_engine")},
+        **{
+            f"features_{s}": ["speechflow.features"]
+            for s in ("train", "dev", "test", "test_noisy", "test_engine", "train_aug")
+        },
         "make_shards": ["speechflow.shards"],
         "train_asr": ["speechflow.model.asr"],
         "train_tts": ["speechflow.model.tts"],
@@ -365,6 +384,39 @@ def test_command_lines_of_the_stages():
     shards = commands.shards_args(allreduce)
     assert shards[shards.index("--phonemes") + 1] == "en-us"
     assert "--phonemes" not in commands.shards_args(make_plan({**DEFAULTS, **TINY, "phonemes": ""}, "d", "r"))
+
+
+def test_the_augment_stage_runs_only_when_a_selected_models_config_asks_for_copies(tmp_path):
+    plain = make_plan({**DEFAULTS, **TINY}, "speech_pipeline", "r")
+    assert plain.augment == {} and "train_aug" not in plain.splits
+    sets = ["asr.augment.copies.speed_factors=[0.9, 1.1]", "asr.augment.copies.noise_share=0.3"]
+    asked = make_plan({**DEFAULTS, **TINY, "train_overrides": sets}, "speech_pipeline", "r")
+    asked = Plan.from_xcom(json.loads(json.dumps(asked.to_xcom())))  # as the tasks receive it
+    assert asked.splits[-1] == "train_aug" and asked.augment["speed_factors"] == [0.9, 1.1]
+    args = commands.augment_args(asked)
+    assert args[:4] == ["--data", f"{asked.data_root}/train", "--out", f"{asked.data_root}/train_aug"]
+    assert "speed_factors=[0.9, 1.1]" in args and "noise_share=0.3" in args and "reverb_share=0.0" in args
+    # What the stage is given is what the acoustic model's config asked for.
+    from common import config as configlib
+    from models.training.config import TrainConfig
+    from pipeline.augment_config import CopiesConfig
+
+    given = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    wanted = configlib.load(TrainConfig, assignments=sets).audio_copies
+    assert configlib.load(CopiesConfig, assignments=given) == wanted
+    shards = commands.shards_args(asked)
+    assert f"train_aug={asked.data_root}/train_aug" in shards
+    assert commands.features_args(asked, "train_aug")[:2] == ["--data-dir", f"{asked.data_root}/train_aug"]
+    # The synthesis model alone: the acoustic model's section is not read, nothing to copy.
+    assert make_plan({**DEFAULTS, **TINY, "models": ["tts"], "train_overrides": sets}, "d", "r").augment == {}
+    # A read-only corpus: the copies go beside the features, where the feature stage reads them.
+    data = kaldi_root(tmp_path / "data", ("train", "test"))
+    beside = make_plan(
+        {**DEFAULTS, "data_dir": str(data), "features_dir": str(tmp_path / "f"), "train_overrides": sets}, "d", "r"
+    )
+    assert beside.splits == ("train", "test", "train_aug")
+    assert commands.augment_args(beside)[:4] == ["--data", f"{data}/train", "--out", f"{tmp_path / 'f'}/train_aug"]
+    assert commands.features_args(beside, "train_aug")[:2] == ["--data-dir", f"{tmp_path / 'f'}/train_aug"]
 
 
 def test_the_forms_engines_and_voices_reach_the_corpus_stage():
@@ -666,6 +718,8 @@ CLUSTER_PARAMS = {
     "max_steps": 500,
     "experiment": "prod",
     "data_service_workers": 2,
+    # The acoustic model trains on speed-perturbed copies: the augment stage is a pod of its own too.
+    "train_overrides": ["asr.augment.copies.speed_factors=[0.9, 1.1]"],
 }
 
 
@@ -775,6 +829,8 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         "features_test": "pipeline.features",
         "features_test_noisy": "pipeline.features",
         "features_test_engine": "pipeline.features",
+        "augment_train": "pipeline.augment",
+        "features_train_aug": "pipeline.features",
         "make_shards": "pipeline.shards",
         "evaluate_asr": "models.evaluate",
         "evaluate_tts": "models.evaluate",
@@ -797,10 +853,13 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
     recorded = [json.loads(v) for k, v in zip(recording["args"], recording["args"][1:]) if k == "--record"]
     assert recording["task"] == "make_shards" and [r["name"] for r in recorded] == [
         "corpus",
-        *(f"features-{s}" for s in ("train", "dev", "test", "test_noisy", "test_engine")),
+        "augment",
+        *(f"features-{s}" for s in ("train", "dev", "test", "test_noisy", "test_engine", "train_aug")),
         "shards",
     ]
-    assert recorded[1]["params"] == {"split": "train"} and recorded[-1]["path"] == f"{run_dir}/shards"
+    augmenting = next(p for p in stages if p["task"] == "augment_train")["args"]
+    assert augmenting[:4] == ["--data", f"{run_dir}/corpus/train", "--out", f"{run_dir}/corpus/train_aug"]
+    assert recorded[2]["params"] == {"split": "train"} and recorded[-1]["path"] == f"{run_dir}/shards"
 
     jobs = {j["metadata"]["name"].split("-")[1]: j for j in result["jobs"]}
     assert sorted(jobs) == ["asr", "tts"] and len(result["jobs"]) == 2
@@ -929,7 +988,9 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
 
     run, summary = dag_run.run, dag_run.summary
     assert run["state"] == "success"
-    assert dag_run.states == {t: "success" for t in EDGES}
+    # No model's config asks for copies of the training audio here: no augmented split.
+    augmenting = ("augment_train", "features_train_aug")
+    assert dag_run.states == {t: "skipped" if t in augmenting else "success" for t in EDGES}
 
     assert summary["status"] == "FINISHED" and summary["dag_run_id"] == run["run_id"]
     assert (

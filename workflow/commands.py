@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from common import catalog
+from pipeline.augment_config import AUGMENTED_SPLIT, CLEAN_SPLIT
 from workflow.plan import POD_XCOM_FILE, Plan
 
-CORPUS, FEATURES, SHARDS = "pipeline.corpus", "pipeline.features", "pipeline.shards"
+CORPUS, AUGMENT, FEATURES, SHARDS = "pipeline.corpus", "pipeline.augment", "pipeline.features", "pipeline.shards"
 TRAIN, EVALUATE, REGISTRY = "models.train", "models.evaluate", "models.registry"
 DATA_SERVICE = "pipeline.data_service"
 
@@ -40,8 +41,19 @@ def corpus_args(plan: Plan) -> list[str]:
     return args
 
 
+def augment_args(plan: Plan) -> list[str]:
+    """`pipeline.augment`: the clean training split and the copies the plan's training configs ask for
+    (`plan.augment`, each setting a `--set KEY=VALUE` in JSON, which the stage reads as YAML)."""
+    args = ["--data", plan.data_dir(CLEAN_SPLIT), "--out", plan.data_dir(AUGMENTED_SPLIT)]
+    for key, value in plan.augment.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    if plan.allow_pipes:
+        args.append("--allow-pipes")
+    return [*args, "--no-progress"]
+
+
 def features_args(plan: Plan, split: str) -> list[str]:
-    args = ["--data-dir", f"{plan.data_root}/{split}"]
+    args = ["--data-dir", plan.data_dir(split)]
     if plan.features_dir(split) != args[1]:
         args += ["--out-dir", plan.features_dir(split)]
     if plan.allow_pipes:

@@ -17,6 +17,7 @@ from typing import Any
 
 from common import catalog, voices
 from common.fsutil import slug
+from pipeline.augment_config import AUGMENTED_SPLIT
 from workflow.local import REPO, training_python
 
 # Of the demo corpus (test_engine only when an engine in use has voices for it); train and test are required.
@@ -72,6 +73,10 @@ class Plan:
     # the demo corpus' ENGINE:VOICE specs of a group (VOICE_GROUPS) where the form names them;
     # a group left out: the corpus' own (common/voices.py)
     demo_voices: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # The copies of the training audio a model's training config asks for (pipeline/augment_config.py
+    # CopiesConfig as a dict: `asr.augment.copies`), which the augment stage makes into the split
+    # AUGMENTED_SPLIT (then among `splits`); empty: no stage, no such split
+    augment: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,6 +97,12 @@ class Plan:
     def features_dir(self, split: str) -> str:
         """The data directory the feature stage writes for `split` and the shard stage reads."""
         return f"{self.features_root or self.data_root}/{split}"
+
+    def data_dir(self, split: str) -> str:
+        """The Kaldi data directory the feature stage reads for `split`: the corpus' own, or for the
+        augmented split the one the augment stage writes, beside the features (the corpus may be
+        read-only; runs that name the same features_dir share the copies)."""
+        return self.features_dir(split) if split == AUGMENTED_SPLIT else f"{self.data_root}/{split}"
 
 
 def default_work_root(mode: str) -> str:
@@ -177,8 +188,10 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         for model in models:
             if not Path(configs[model]).is_file():
                 raise ValueError(f"{model}_config: {configs[model]} does not exist")
-    for model in models:
-        check_training_config(model, params["strategy"], configs[model], overrides)
+    loaded = {m: check_training_config(m, params["strategy"], configs[m], overrides) for m in models}
+    augment = _augment(loaded)
+    if augment:
+        splits = (*splits, AUGMENTED_SPLIT)
     return Plan(
         dag_id=dag_id,
         dag_run_id=dag_run_id,
@@ -208,7 +221,22 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         train_overrides=overrides,
         demo_engines=demo_engines,
         demo_voices=demo_voices,
+        augment=augment,
     )
+
+
+def _augment(loaded: Mapping[str, Any]) -> dict[str, Any]:
+    """The copies of the training audio the models' configs (TrainConfig each) ask for, as a dict;
+    {} for none. Every model that asks must ask for the same: they share the one augmented split."""
+    from common import config as configlib
+
+    asked = {m: configlib.to_dict(c.audio_copies) for m, c in loaded.items() if c.audio_copies is not None}
+    if len({repr(v) for v in asked.values()}) > 1:
+        raise ValueError(
+            f"models {sorted(asked)} ask for different copies of the training audio ({asked}); they share one "
+            f"augmented split ({AUGMENTED_SPLIT}): give them the same settings, or train them in runs of their own"
+        )
+    return next(iter(asked.values()), {})
 
 
 def _train_overrides(params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -227,17 +255,18 @@ def _train_overrides(params: Mapping[str, Any]) -> tuple[str, ...]:
     return overrides
 
 
-def check_training_config(model: str, strategy: str, config_file: str, overrides: tuple[str, ...]) -> None:
+def check_training_config(model: str, strategy: str, config_file: str, overrides: tuple[str, ...]):
     """Loads `model`'s training config as `models.train` will (its file where this process can read
-    it, then `strategy` and the overrides) and raises ValueError naming the param and the key that
-    does not fit: an unknown key (with the nearest valid one), a wrong type, a value out of range.
+    it, then `strategy` and the overrides) and returns it (a TrainConfig); ValueError naming the
+    param and the key that does not fit: an unknown key (with the nearest valid one), a wrong type,
+    a value out of range.
     Imports neither TensorFlow nor numpy: the settings are plain dataclasses (common/config.py)."""
     from common import config as configlib
     from models.training.config import TrainConfig
 
     readable = Path(config_file).is_file()  # cluster mode: the file is in the training image
     try:
-        configlib.load(
+        return configlib.load(
             TrainConfig,
             config_file if readable else None,
             overrides,

@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 from common.config import ARCHITECTURE
+from pipeline.augment_config import CopiesConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class AugmentConfig:
-    """What the training step does to the acoustic model's features (pipeline/frontend.py)."""
+    """What the training step does to the acoustic model's features (pipeline/frontend.py), and the
+    offline copies of the training split's audio it trains on (`copies`, pipeline/augment.py)."""
 
     # SpecAugment (Park et al. 2019): mask random bands of mel bins and runs of frames of each utterance
     spec_augment: bool = False
@@ -30,6 +32,10 @@ class AugmentConfig:
     # The training step from which SpecAugment and VTLP apply (1-based, as the trainer counts; 0 or 1:
     # every step): unaugmented, a model's first steps learn the alignment sooner.
     augment_from_step: int = 0
+    # Perturbed copies of the training audio (speed, reverberation, noise, a telephone channel),
+    # made before the features by pipeline/augment.py; any asked for: training reads the split
+    # `train_aug` (the clean utterances and their copies) instead of `train`. Off by default.
+    copies: CopiesConfig = CopiesConfig()
 
     def __post_init__(self):
         low, high = self.vtlp_range
@@ -40,6 +46,7 @@ class AugmentConfig:
 
     @property
     def enabled(self) -> bool:
+        """Whether the training step augments (the offline copies are `copies.enabled`)."""
         return self.spec_augment or tuple(self.vtlp_range) != (1.0, 1.0)
 
 
@@ -73,6 +80,12 @@ class AsrConfig:
     lstm_grad_matmuls: str = "float32"
     # Augmentation of the training step's features: not architecture (a resumed run may change it)
     augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig, metadata={ARCHITECTURE: False})
+
+    @property
+    def audio_copies(self) -> CopiesConfig | None:
+        """The offline copies of the training audio this model trains on (None: none, the clean split).
+        A model's settings may declare it; models/training/config.py `TrainConfig.train_split` reads it."""
+        return self.augment.copies if self.augment.copies.enabled else None
 
 
 @dataclasses.dataclass(frozen=True)

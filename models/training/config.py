@@ -21,6 +21,7 @@ from typing import Any
 from common import catalog
 from common import config as configlib
 from models.distributed.strategies import StrategyConfig
+from pipeline.augment_config import AUGMENTED_SPLIT, CLEAN_SPLIT
 from pipeline.input_config import InputConfig
 
 # `input` keys of the acoustic model's augmentation until this release, with their defaults: now the
@@ -89,6 +90,21 @@ class TrainConfig:
         configlib.fill_registered(self)
         if self.precision not in ("float32", "mixed_bfloat16"):
             raise ValueError(f"precision must be 'float32' or 'mixed_bfloat16', got {self.precision!r}")
+
+    @property
+    def audio_copies(self):
+        """The offline copies of the training audio the model's settings ask for (pipeline/augment_config.py
+        `CopiesConfig`, made by pipeline/augment.py), or None. A model's settings class may declare
+        them as a property `audio_copies` (the acoustic model's: `asr.augment.copies`)."""
+        return getattr(self.settings, "audio_copies", None)
+
+    @property
+    def train_split(self) -> str:
+        """The split of the shards this model trains on, decided here only: `train_aug` (the clean
+        utterances and their copies) when it asks for `audio_copies`, else the clean `train`. The
+        trainer reads it once (models/training/state.py); a model trained with split-wide CMVN is
+        served with this split's statistics (models/training/persistence.py), as it trained."""
+        return AUGMENTED_SPLIT if self.audio_copies is not None else CLEAN_SPLIT
 
     @classmethod
     def renamed_keys(cls, values: dict, config) -> dict:

@@ -76,7 +76,9 @@ class Persistence:
         from pipeline import features
         from pipeline.dataset import mel_stats
 
-        mean, std = mel_stats(self.s.shards)
+        # The statistics of the split it trained on: a model with split-wide CMVN is served with them
+        # (models/asr/inference.py), as its training batches were normalized by them.
+        mean, std = mel_stats(self.s.shards, self.s.train_split)
         atomic_write_json(
             model_dir / "data.json",
             {
@@ -87,7 +89,7 @@ class Persistence:
                 "mel_mean": mean.tolist(),
                 "mel_std": std.tolist(),
                 # the fbank settings serving computes features from audio with (null: Kaldi made them)
-                "features": features.recorded_config(self.s.shards),
+                "features": features.recorded_config(self.s.shards, self.s.train_split),
                 **self.s.task.model_data(),  # e.g. the synthesis model's voices, asked for by name
             },
         )

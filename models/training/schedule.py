@@ -42,8 +42,12 @@ class Schedule:
                 f"--data-service feeds models that read their batches from it; {self.s.config.model} reads its own input"
             )
         if self.s.budget_in_data or not self.s.config.data_service:
-            return batch_plan(self.s.shards.split("train"), self.s.size, self.s.config.input, training=True).batches
-        return max(1, round(data_service.steps_per_epoch(self.s.shards, "train", self.s.config.input, self.s.size)))
+            return batch_plan(
+                self.s.shards.split(self.s.train_split), self.s.size, self.s.config.input, training=True
+            ).batches
+        return max(
+            1, round(data_service.steps_per_epoch(self.s.shards, self.s.train_split, self.s.config.input, self.s.size))
+        )
 
     def total_steps(self) -> int:
         """Steps of the whole run; also sets `last_epoch`, the epochs needed to reach them."""
@@ -64,7 +68,7 @@ class Schedule:
         job = self.s.hvd.broadcast_object(f"speechflow-{uuid.uuid4().hex[:12]}", root_rank=0)
         pipeline = self.s.task.input_pipeline()
         served = data_service.service_dataset(
-            pipeline, self.s.shards, "train", self.s.config.input, self.s.size, first_epoch
+            pipeline, self.s.shards, self.s.train_split, self.s.config.input, self.s.size, first_epoch
         )
         return data_service.distribute(served, self.s.config.data_service, job, self.s.rank, self.s.size)
 
@@ -82,7 +86,9 @@ class Schedule:
             from pipeline.dataset import chain_epochs
 
             dataset = chain_epochs(
-                lambda e: self.s.task.dataset(self.s.shards, "train", c.input, self.s.rank, self.s.size, e, True)[0],
+                lambda e: self.s.task.dataset(
+                    self.s.shards, self.s.train_split, c.input, self.s.rank, self.s.size, e, True
+                )[0],
                 first_epoch,
                 self.s.last_epoch,
                 skip,
@@ -104,7 +110,7 @@ class Schedule:
         shared = data_service.shared_dataset(
             self.s.task.input_pipeline(),
             self.s.shards,
-            "train",
+            self.s.train_split,
             c.input,
             first_epoch,
             self.s.last_epoch,
@@ -114,7 +120,9 @@ class Schedule:
         if c.max_steps:  # max_steps per rank, counted for all ranks together (exact with one worker)
             shared = shared.take(max(0, c.max_steps * self.s.size - self._global_steps_done()))
         # Task-side additions (the synthesis model's speaker rows) are made here, after the service.
-        return iter(self.s.task.prepare(data_service.distribute_shared(shared, address, job), self.s.shards, "train"))
+        return iter(
+            self.s.task.prepare(data_service.distribute_shared(shared, address, job), self.s.shards, self.s.train_split)
+        )
 
     def next_batch(self, iterator, step: int):
         """The next batch of `iterator`; None when asynchronous training has used up the epochs'
@@ -125,7 +133,7 @@ class Schedule:
             # A record failed its checksum: name the shard (hashing them all costs only now).
             from pipeline import records
 
-            records.check_shards(self.s.shards, "train", content=True)
+            records.check_shards(self.s.shards, self.s.train_split, content=True)
             raise ValueError(f"rank {self.s.rank}: a shard of {self.s.shards.root} is damaged ({err.message})") from err
         except StopIteration:
             if self.s.budget_in_data:
@@ -153,7 +161,7 @@ class Schedule:
     def sample_batch(self, epoch: int):
         """One fixed batch for the per-module profile (read once, outside the training pipeline)."""
         dataset, _ = self.s.task.dataset(
-            self.s.shards, "train", self.s.config.input, self.s.rank, self.s.size, epoch, True
+            self.s.shards, self.s.train_split, self.s.config.input, self.s.rank, self.s.size, epoch, True
         )
         self.profile_sample = next(iter(dataset.take(1)))
         return self.profile_sample

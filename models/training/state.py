@@ -28,6 +28,7 @@ class TrainingState:
     threads: dict  # common/runtime.py configure_tensorflow: this rank's intra- and inter-op threads
     gpus: list  # this rank's logical GPU devices (empty on a CPU)
     shards: Any  # pipeline/records.py ShardSet, the manifest read and checked once
+    train_split: str  # the split of `shards` it trains on (TrainConfig.train_split: train, or train_aug)
     task: Any  # models/interfaces.py Task
     model: Any  # the Keras model
     optimizer: Any
@@ -68,7 +69,15 @@ def set_up(config, shard_dir: Path, workdir: Path) -> TrainingState:
     if c.precision == "mixed_bfloat16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     shards = records.open_shard_set(shard_dir)  # the manifest read and checked once
-    records.check_shards(shards, "train")  # sizes: a truncated shard stops us here
+    train_split = c.train_split
+    if train_split not in shards.splits:
+        raise ValueError(
+            f"{c.model} trains on the split {train_split!r} (its settings ask for copies of the training audio), "
+            f"which the shards in {shard_dir} do not hold (they have {sorted(shards.splits)}): make it with "
+            f"`python -m pipeline.augment --data DATA/train --out DATA/{train_split}` with the same settings, "
+            f"then its features and `pipeline.shards ... --split {train_split}=DATA/{train_split}`"
+        )
+    records.check_shards(shards, train_split)  # sizes: a truncated shard stops us here
     task = catalog.task_class(c.model).create(c, shards)
     c = task.resolved(c)
     if hvd.rank() == 0:
@@ -90,6 +99,7 @@ def set_up(config, shard_dir: Path, workdir: Path) -> TrainingState:
         threads=threads,
         gpus=gpus,
         shards=shards,
+        train_split=train_split,
         task=task,
         model=model,
         optimizer=optimizer,

@@ -13,6 +13,7 @@ import tensorflow as tf
 from models.interfaces import DevLoss
 from models.tts import model as tts
 from pipeline import dataset, records, text
+from pipeline.augment_config import CLEAN_SPLIT  # the synthesis model reads clean audio only: no copies
 
 
 def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfig:
@@ -21,7 +22,7 @@ def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfi
     own: a trained model's, read back for evaluation or serving). ValueError with the fix for a
     model with phoneme input on shards without phonemes."""
     speakers = config.speakers
-    train = shards.splits.get("train")
+    train = shards.splits.get(CLEAN_SPLIT)
     if not speakers and config.speaker_dim > 0 and train is not None:
         speakers = train.speakers
     vocabulary = shards.vocabulary
@@ -151,7 +152,7 @@ class TtsTask(DevLoss):
         own = {name: i for i, name in enumerate(self.config.speakers)}
         unseen = [s for s in speakers if s not in own]
         nearest = dict.fromkeys(unseen, 0)
-        train = shards.splits.get("train")
+        train = shards.splits.get(CLEAN_SPLIT)
         known = [s for s in self.config.speakers if train is not None and s in train.cmvn_speakers]
         if unseen and known:
             means, voices = _speaker_means(part), _speaker_means(train)
@@ -188,7 +189,7 @@ class TtsTask(DevLoss):
         from models.tts.refit import refit_durations
 
         ordered = dataclasses.replace(config.input, shuffle_buffer=1)
-        batches, _ = self.dataset(shards, "train", ordered, 0, 1, 0, False)
+        batches, _ = self.dataset(shards, config.train_split, ordered, 0, 1, 0, False)
         return refit_durations(model, batches, self.config.duration_refit_epochs, seed=config.seed)
 
     def flops_per_frame(self) -> float:
