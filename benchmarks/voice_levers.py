@@ -6,8 +6,11 @@ heard) and `test_engine` (the held-out speakers slt and kal in every engine's re
     python benchmarks/voice_levers.py --arms base,natural_third [--seeds 0,1] [--json out.json]
                                       [--utterances 2500] [--work DIR] [--tiny]
 
-An arm is corpus settings (`pipeline.corpus --set`) and training settings (`models.train --set`);
-arms with the same corpus settings share one corpus and its shards. A lever is kept when its
+An arm is corpus settings (`pipeline.corpus --set`), augmented copies of the training split
+(`asr.augment.copies.*`: `pipeline.augment` makes `train_aug`, which the acoustic model then trains
+on) and other training settings (`models.train --set`); arms with the same corpus share it. An arm
+with copies trains the base arm's number of steps (`max_steps=BASE`): the same budget over more
+audio, as the demo's time allows. A lever is kept when its
 seeds' mean held-out CER improves on the base arm's by more than the seeds' spread and `test`
 stays <= 3.0% (issue 59's rule; the JSON holds each seed's figures to judge it). `--tiny`: 40
 utterances and a few steps of the tiny config, for the tests.
@@ -28,11 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import PYTHON, ROOT, evaluate_model, print_table, run_training, write_json  # noqa: E402
 
-# name -> (corpus --set items, training --set items)
-ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "base": ((), ()),
-    "natural_third": (("natural_share=0.3333",), ()),
-    "natural_half": (("natural_share=0.5",), ()),
+# name -> (corpus --set items, asr.augment.copies items, other training --set items)
+ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "base": ((), (), ()),
+    "natural_third": (("natural_share=0.3333",), (), ()),
+    "natural_half": (("natural_share=0.5",), (), ()),
+    "speed": ((), ("speed_factors=[0.9, 1.1]",), ("max_steps=BASE",)),
+    "reverb": ((), ("reverb_share=0.5",), ("max_steps=BASE",)),
+    "noise": ((), ("noise_share=0.5",), ("max_steps=BASE",)),
+    "telephone": ((), ("telephone_share=0.5",), ("max_steps=BASE",)),
 }
 SPLITS = ("test", "test_engine")
 
@@ -43,16 +50,35 @@ def run(cmd: list[str]) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def shards_for(work: Path, corpus_sets: tuple[str, ...], utterances: int) -> tuple[Path, dict]:
-    """The arm's corpus -> features -> shards (the stages skip work that is up to date); (shards, corpus.json)."""
-    key = hashlib.sha256(json.dumps([corpus_sets, utterances]).encode()).hexdigest()[:10]
-    data, shards = work / f"corpus-{key}", work / f"shards-{key}"
+def shards_for(work: Path, corpus_sets: tuple[str, ...], copies: tuple[str, ...], utterances: int) -> tuple[Path, dict]:
+    """The arm's corpus (-> augmented copies) -> features -> shards (the stages skip work that is up
+    to date); (shards, corpus.json)."""
+    data = work / f"corpus-{hashlib.sha256(json.dumps([corpus_sets, utterances]).encode()).hexdigest()[:10]}"
+    shards = work / f"shards-{hashlib.sha256(json.dumps([corpus_sets, copies, utterances]).encode()).hexdigest()[:10]}"
     sets = [a for item in corpus_sets for a in ("--set", item)]
     run([PYTHON, "-m", "pipeline.corpus", "--out", str(data), "--num-utterances", str(utterances), *sets])
     splits = [s for s in ("train", "dev", *SPLITS) if (data / s).is_dir()]
+    if copies:  # a train_aug of its own per arm, beside the corpus
+        augmented = shards.with_name(shards.name + "-train_aug")
+        sets = [a for item in copies for a in ("--set", item)]
+        run(
+            [
+                PYTHON,
+                "-m",
+                "pipeline.augment",
+                "--data",
+                str(data / "train"),
+                "--out",
+                str(augmented),
+                *sets,
+                "--no-progress",
+            ]
+        )
+        run([PYTHON, "-m", "pipeline.features", "--data-dir", str(augmented), "--no-progress"])
     for split in splits:
         run([PYTHON, "-m", "pipeline.features", "--data-dir", str(data / split), "--no-progress"])
     split_args = [a for s in splits for a in ("--split", f"{s}={data / s}")]
+    split_args += ["--split", f"train_aug={augmented}"] if copies else []
     run([PYTHON, "-m", "pipeline.shards", *split_args, "--out", str(shards), "--no-progress"])
     return shards, json.loads((data / "corpus.json").read_text())
 
@@ -64,9 +90,15 @@ def per_voice(workdir: Path, split: str) -> dict[str, float]:
     return {row[0]: float(row[3]) for row in rows}
 
 
-def measure(arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool) -> dict:
-    corpus_sets, train_sets = ARMS[arm]
-    shards, corpus = shards_for(work, corpus_sets, utterances)
+def measure(arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool, base_steps: int | None) -> dict:
+    corpus_sets, copies, train_sets = ARMS[arm]
+    if "max_steps=BASE" in train_sets:
+        if base_steps is None:
+            raise ValueError(f"arm {arm} trains the base arm's steps: run the base arm first (--arms base,{arm})")
+        train_sets = tuple(f"max_steps={base_steps}" if s == "max_steps=BASE" else s for s in train_sets)
+        train_sets = ("epochs=1000", *train_sets)
+    train_sets = (*(f"asr.augment.copies.{item}" for item in copies), *train_sets)
+    shards, corpus = shards_for(work, corpus_sets, copies, utterances)
     config = ROOT / ("tests/configs/tiny_asr.yaml" if tiny else "configs/demo_asr.yaml")
     runs = []
     for seed in seeds:
@@ -91,6 +123,7 @@ def measure(arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool)
     voices = sorted(runs[0]["test_engine_voices"])
     return {
         "corpus_sets": list(corpus_sets),
+        "copies": list(copies),
         "train_sets": list(train_sets),
         "natural_share_seconds": corpus.get("natural_share_seconds"),
         "corpus_voices": corpus["voices"],
@@ -127,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json and args.json.exists():  # arms measured earlier stay; an arm run again is replaced
         results = json.loads(args.json.read_text()).get("arms", {})
     for arm in arms:
-        results[arm] = measure(arm, work, seeds, utterances, args.tiny)
+        base_steps = results["base"]["runs"][0]["steps"] if "base" in results else None
+        results[arm] = measure(arm, work, seeds, utterances, args.tiny, base_steps)
     rows = []
     for arm, r in results.items():
         rows.append(
