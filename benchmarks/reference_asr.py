@@ -39,6 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import machine, print_table, shown_path, write_json  # noqa: E402
+from benchmarks.report_format import pct  # noqa: E402
 from common import fsutil  # noqa: E402
 from common.parallel import worker_pool  # noqa: E402
 from common.progress import progress  # noqa: E402
@@ -293,10 +294,6 @@ def guard(name: str, result: dict) -> dict | None:
     return {**GUARD, "cer": cer, "within": abs(cer - GUARD["target"]) <= GUARD["tolerance"]}
 
 
-def pct(value) -> str:
-    return "" if value is None else f"{100 * value:.1f}%"
-
-
 def tables(results: dict) -> None:
     """Prints the splits' table and, where splits have voices, the voices' table."""
     headers = ["split", "utterances", "CER pocketsphinx", "WER pocketsphinx", "CER ours", "WER ours", "ours from"]
@@ -314,7 +311,9 @@ def tables(results: dict) -> None:
     print_table(headers, rows)
     if voice_rows:
         print()
-        print_table(["split", "voice", *headers[1:-1]], voice_rows)
+        # ours per voice only from an evaluation's hypotheses
+        keep = len(headers) - 1 if any(row[-1] for row in voice_rows) else len(headers) - 3
+        print_table(["split", "voice", *headers[1:keep]], [row[: keep + 1] for row in voice_rows])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -152,3 +152,15 @@ def test_without_pocketsphinx_it_says_which_environment_has_it(split):
         text=True,
     )
     assert proc.returncode == 2 and "`make setup` builds .venv-benchmarks" in proc.stderr, proc.stderr
+
+
+def test_the_reused_modules_get_the_versions_they_train_with():
+    """requirements/benchmarks.in pins what the project's modules need at train.lock's versions, and
+    both lock files agree on them."""
+    pins = {}
+    for name in ("benchmarks.in", "benchmarks.lock", "train.lock"):
+        lines = (ROOT / "requirements" / name).read_text().splitlines()
+        pins[name] = dict(line.split("#")[0].strip().lower().split("==") for line in lines if "==" in line)
+    reused = {k: v for k, v in pins["benchmarks.in"].items() if k != "pocketsphinx"}
+    assert reused and pins["benchmarks.in"]["pocketsphinx"] == "5.1.1"
+    assert reused == {k: pins["train.lock"][k] for k in reused} == {k: pins["benchmarks.lock"][k] for k in reused}
