@@ -9,7 +9,8 @@ A split is a Kaldi data directory with `wav.scp`, `text` and `utt2spk` (and `utt
 corpus' `ENGINE:VOICE` of each utterance: then a table per voice too). Its audio is read as the
 feature stage reads it (pipeline/kaldi.py, pipeline/features.py: the segment, one channel) at
 16 kHz, the rate of pocketsphinx's model; each utterance is decoded whole by a `Decoder` of
-pocketsphinx's default configuration, in a pool of `--jobs` processes. References are the
+pocketsphinx's default configuration, as a new one decodes it (nothing carried over from the
+utterances before: `recognize`), in a pool of `--jobs` processes. References are the
 transcripts as the shard stage writes them (pipeline/text.py `normalize_transcript`), hypotheses
 are normalized the same way, and CER and WER are models/asr/scoring.py's, Kaldi's alignment.
 
@@ -127,6 +128,22 @@ def decoder():
     return Decoder(loglevel="FATAL")
 
 
+def recognize(pcm: bytes):
+    """pocketsphinx's Hypothesis (hypstr, score, prob) of one whole utterance, 16-bit samples at
+    16 kHz; None when it hears nothing.
+
+    The feature stage is reset first: its cepstral mean is otherwise carried from one utterance to
+    the next (live CMN even in whole-utterance decoding), so an utterance's words would depend on
+    which utterances the same process decoded before it, and a pool's figures on the scheduling.
+    Reset, each utterance is decoded as a new Decoder decodes it."""
+    recognizer = decoder()
+    recognizer.reinit_feat()
+    recognizer.start_utt()
+    recognizer.process_raw(pcm, full_utt=True)
+    recognizer.end_utt()
+    return recognizer.hyp()
+
+
 def decode_recording(task: tuple[str, list[kaldi.Entry]]) -> list[tuple[str, str, float, float]]:
     """Worker: one recording's utterances -> (utt, hypothesis, seconds of audio, CPU seconds decoding:
     this process's, so other jobs on shared cores do not count)."""
@@ -138,11 +155,7 @@ def decode_recording(task: tuple[str, list[kaldi.Entry]]) -> list[tuple[str, str
             wave = prepare_waveform(rate, samples, entry.segment, AUDIO, entry.channel)  # float32 [n] at 16 kHz
             pcm = np.clip(np.rint(wave), -32768, 32767).astype("<i2").tobytes()  # what process_raw reads
             started = time.process_time()
-            recognizer = decoder()
-            recognizer.start_utt()
-            recognizer.process_raw(pcm, full_utt=True)
-            recognizer.end_utt()
-            hypothesis = recognizer.hyp()
+            hypothesis = recognize(pcm)
             seconds = time.process_time() - started
             results.append(
                 (entry.utt_id, hypothesis.hypstr if hypothesis else "", len(wave) / AUDIO.sample_rate, seconds)
@@ -264,7 +277,7 @@ def recognizer_record() -> dict:
     return {
         "name": RECOGNIZER,
         "version": importlib.metadata.version("pocketsphinx"),
-        "configuration": "Decoder() defaults, whole utterances",
+        "configuration": "Decoder() defaults, whole utterances, each as a new Decoder hears it",
         "acoustic_model": Path(config["hmm"]).name,
         "language_model": Path(config["lm"]).name,
         "dictionary": Path(config["dict"]).name,

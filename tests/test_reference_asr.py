@@ -164,3 +164,22 @@ def test_the_reused_modules_get_the_versions_they_train_with():
     reused = {k: v for k, v in pins["benchmarks.in"].items() if k != "pocketsphinx"}
     assert reused and pins["benchmarks.in"]["pocketsphinx"] == "5.1.1"
     assert reused == {k: pins["train.lock"][k] for k in reused} == {k: pins["benchmarks.lock"][k] for k in reused}
+
+
+@needs_pocketsphinx
+def test_an_utterance_is_heard_alike_whatever_came_before_it(split):
+    """pocketsphinx carries its cepstral mean from one utterance to the next; the benchmark resets
+    it, so a pool's figures do not depend on which worker decoded what before."""
+    script = f"""
+import soundfile
+from benchmarks import reference_asr
+pcm = {{u: soundfile.read(f"{split}/wav/{{u}}.wav", dtype="int16")[0].tobytes() for u in {sorted(SENTENCES)}}}
+def heard(u):
+    h = reference_asr.recognize(pcm[u])
+    return (h.hypstr, h.score)
+first = {{u: heard(u) for u in pcm}}
+again = {{u: heard(u) for u in reversed(pcm)}}
+assert first == again, (first, again)
+"""
+    proc = subprocess.run([str(BENCH_PYTHON), "-c", script], cwd=ROOT, env=quiet_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
