@@ -55,7 +55,8 @@ SECTIONS: dict[str, Section] = {
         "test splits whole, scored as our acoustic model is scored (the same transcript normalization, Kaldi's "
         "alignment); beside it, the demo's acoustic model on the same split.",
         reference_asr,
-        "Our model hears only this corpus' synthesizers; pocketsphinx learned from recorded speech and knows "
+        "Ours are the evaluation the line above the table names, on a corpus of the same code and seed. Our "
+        "model hears only this corpus' synthesizers; pocketsphinx learned from recorded speech and knows "
         "none of them, and its language model knows English at large, not our grammar. Ours per voice on "
         "`test_engine` is in [Held-out voices: vocal-tract length](#held-out-voices-vocal-tract-length) (warp "
         "`1.0`).",
