@@ -53,7 +53,8 @@ mlflow-ui: setup
 	  --backend-store-uri "$(MLFLOW_TRACKING_URI)" --artifacts-destination "$(RUNS)/mlartifacts"
 
 # All benchmarks at full size (hours on 2 cores); tables on stdout, JSON in benchmarks/results/, then the page.
-# The demo's run (kept under .runs/bench-demo/) is also where the synthesis seeds are trained and heard.
+# The demo's run (kept under .runs/bench-demo/) is also where the synthesis seeds are trained and heard,
+# and whose corpus pocketsphinx hears beside the demo's acoustic model (in .venv-benchmarks).
 BENCHMARKS := input_pipeline throughput straggler speedup_model convergence faults time_to_accuracy
 bench: setup
 	@mkdir -p benchmarks/results
@@ -66,6 +67,10 @@ bench: setup
 	@echo "== tts_seeds"
 	$(PY) benchmarks/tts_seeds.py --json benchmarks/results/tts_seeds.json \
 	  --demo-run "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
+	@echo "== reference_asr"
+	run="$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"; \
+	  .venv-benchmarks/bin/python benchmarks/reference_asr.py --data "$$run/corpus/test_engine" \
+	  --data "$$run/corpus/test" --ours "$$run" --json benchmarks/results/reference_asr.json
 	$(MAKE) bench-report
 
 # docs/benchmarks.md from benchmarks/results/*.json (tables, provenance, plots); tests/test_docs.py
@@ -79,6 +84,7 @@ lock:
 	.venv-airflow/bin/pip freeze --exclude-editable | grep -v '^-e' > requirements/airflow.lock
 	.venv-k8s/bin/pip freeze > requirements/k8s.lock
 	.venv-try/bin/pip freeze > requirements/try.lock
+	.venv-benchmarks/bin/pip freeze > requirements/benchmarks.lock
 
 clean:
 	rm -rf .runs .pytest_cache

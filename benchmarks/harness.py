@@ -191,17 +191,18 @@ def run_metadata(seeds) -> dict:
     }
 
 
+def shown_path(arg: str) -> str:
+    """`arg` as a results file may name it: a path inside the repository relative to it, another
+    absolute path (a directory of the machine that ran it) as PATH, anything else as it is."""
+    if not arg.startswith("/"):
+        return arg
+    path = Path(arg).resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else "PATH"
+
+
 def command_line() -> str:
-    """sys.argv as a shell would take it back (quoted where needed), paths inside the repository
-    relative to it, and other absolute paths (a directory of the machine that ran it) as PATH."""
-
-    def shown(arg: str) -> str:
-        if not arg.startswith("/"):
-            return arg
-        path = Path(arg).resolve()
-        return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else "PATH"
-
-    return shlex.join(shown(a) for a in sys.argv)
+    """sys.argv as a shell would take it back (quoted where needed), its paths as `shown_path` shows them."""
+    return shlex.join(shown_path(a) for a in sys.argv)
 
 
 def write_json(path: Path | None, results: dict, seeds) -> None:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report_format import provenance  # noqa: E402
 from benchmarks.report_levers import levers  # noqa: E402
-from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy, voice_warp  # noqa: E402
+from benchmarks.report_runs import convergence, demo, faults, reference_asr, time_to_accuracy, voice_warp  # noqa: E402
 from benchmarks.report_speed import input_pipeline, serving, speedup_model, straggler, throughput  # noqa: E402
 from benchmarks.report_tts import tts_durations, tts_levers, tts_seed_levers, tts_seeds  # noqa: E402
 
@@ -47,6 +47,19 @@ SECTIONS: dict[str, Section] = {
         "recordings themselves (the listener's own errors). The filterbank cepstral distance is the "
         "formula of mel-cepstral distortion applied to the predicted filterbank; it does not compare with "
         "the MCD that papers report.",
+    ),
+    "reference_asr.json": (
+        "An off-the-shelf recognizer beside ours",
+        "`benchmarks/reference_asr.py` (in `.venv-benchmarks`): pocketsphinx with the acoustic model, language "
+        "model and dictionary it ships, never trained on our data, decoding each utterance of the demo corpus' "
+        "test splits whole, scored as our acoustic model is scored (the same transcript normalization, Kaldi's "
+        "alignment); beside it, the demo's acoustic model on the same split.",
+        reference_asr,
+        "Ours are the evaluation the line above the table names, on a corpus of the same code and seed. Our "
+        "model hears only this corpus' synthesizers; pocketsphinx learned from recorded speech and knows "
+        "none of them, and its language model knows English at large, not our grammar. Ours per voice on "
+        "`test_engine` is in [Held-out voices: vocal-tract length](#held-out-voices-vocal-tract-length) (warp "
+        "`1.0`).",
     ),
     "tts_seeds.json": (
         "Synthesis: the mean of its seeds",

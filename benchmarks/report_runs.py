@@ -292,3 +292,39 @@ def voice_warp(r: dict) -> list[str]:
         out += [f"`{split}`:", ""]
         out += table(["voice", "utterances", *(num(w, 2) for w in warps), "best warp"], rows)
     return out
+
+
+def reference_asr(r: dict) -> list[str]:
+    """benchmarks/reference_asr.py: per split and per voice, pocketsphinx's CER and WER beside ours."""
+    rec = r["recognizer"]
+    ours = f"from `{r['ours']}`, greedy" if r.get("ours") else "not given"
+    out = [
+        f"pocketsphinx {rec['version']} as it ships (`{rec['acoustic_model']}`, `{rec['language_model']}`, "
+        f"`{rec['dictionary']}`; {rec['configuration']}); ours: {ours}.",
+        "",
+    ]
+    measured = {"hypotheses": "the same utterances", "metrics": "the whole split"}
+    rows, voice_rows, guards = [], [], []
+    for split, s in r["splits"].items():
+        theirs, mine = s["pocketsphinx"], s.get("ours") or {}
+        rows.append([f"`{split}`", str(s["utterances"]), pct(theirs["all"]["cer"]), pct(theirs["all"]["wer"]),
+                     pct(mine.get("all", {}).get("cer")), pct(mine.get("all", {}).get("wer")),
+                     measured.get(mine.get("from"), ""), num(s["real_time_factor"], 2)])  # fmt: skip
+        for voice, rates in theirs["voices"].items():
+            own = mine.get("voices", {}).get(voice, {})
+            voice_rows.append([f"`{split}`", f"`{voice}`", str(rates["utterances"]), pct(rates["cer"]),
+                               pct(rates["wer"]), pct(own.get("cer")), pct(own.get("wer"))])  # fmt: skip
+        if s.get("guard"):
+            g = s["guard"]
+            verdict = "within" if g["within"] else "outside"
+            guards.append(
+                f"`{split}`: CER {pct(g['cer'])}, {verdict} the issue's {pct(g['target'])} ± {pct(g['tolerance'])}"
+            )
+    heads = ["CER pocketsphinx", "WER pocketsphinx", "CER ours", "WER ours"]
+    out += table(["split", "utterances", *heads, "ours on", "real-time factor (CPU time)"], rows)
+    if voice_rows:
+        keep = 7 if any(row[-1] for row in voice_rows) else 5  # ours per voice only from hypotheses
+        out += table(["split", "voice", "utterances", *heads][:keep], [row[:keep] for row in voice_rows])
+    if guards:
+        out += ["Guard: " + "; ".join(guards) + ".", ""]
+    return out

@@ -3,6 +3,7 @@
 #   .venv          training stack (TensorFlow, Horovod compiled against it, MLflow, kaldiio, ...)
 #   .venv-airflow  Apache Airflow and its providers (needs protobuf 5+, TensorFlow needs <5)
 #   .venv-try      Gradio, for the page that tries the models (`make try`; Gradio needs pillow<13)
+#   .venv-benchmarks  pocketsphinx, the reference recognizer of the benchmarks (benchmarks/reference_asr.py)
 # Each step leaves a stamp holding the hash of its inputs; a step whose stamp matches is skipped,
 # so Horovod (about 3 minutes of C++) is only rebuilt when TensorFlow or Horovod's pin changes.
 set -euo pipefail
@@ -96,6 +97,10 @@ k8s_job=$!
 # Gradio, for the page that tries the models (apps/try_page.py, which imports nothing of the project).
 build_pinned try "Gradio, for make try" > build/setup-try.log 2>&1 &
 try_job=$!
+# pocketsphinx, the off-the-shelf recognizer whose CER the benchmarks print beside ours
+# (benchmarks/reference_asr.py, which imports only the project's TensorFlow-free modules).
+build_pinned benchmarks "pocketsphinx, the reference recognizer of the benchmarks" > build/setup-benchmarks.log 2>&1 &
+benchmarks_job=$!
 
 # --- training environment ---------------------------------------------------------------------
 train_hash=$(hash_of "$REQ/train.in" "$REQ/train.lock" setup.cfg)
@@ -126,11 +131,11 @@ fi
 .venv/bin/python -m pip check >/dev/null || { .venv/bin/python -m pip check; die ".venv has broken requirements"; }
 
 # --- wait for the side environments -----------------------------------------------------------
-for job in "airflow:$airflow_job" "k8s:$k8s_job" "try:$try_job"; do
+for job in "airflow:$airflow_job" "k8s:$k8s_job" "try:$try_job" "benchmarks:$benchmarks_job"; do
   if ! wait "${job#*:}"; then
     cat "build/setup-${job%%:*}.log" >&2
     die "building the ${job%%:*} environment failed (log above, also in build/setup-${job%%:*}.log)"
   fi
   cat "build/setup-${job%%:*}.log"
 done
-say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks), .venv-try (the try page)"
+say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks), .venv-try (the try page), .venv-benchmarks (the reference recognizer)"
