@@ -318,7 +318,8 @@ def reference_asr(r: dict) -> list[str]:
             g = s["guard"]
             verdict = "within" if g["within"] else "outside"
             guards.append(
-                f"`{split}`: CER {pct(g['cer'])}, {verdict} the issue's {pct(g['target'])} ± {pct(g['tolerance'])}"
+                f"`{split}`{' in ' + ', '.join(f'`{v}`' for v in g['voices']) if g.get('voices') else ''}: CER "
+                f"{pct(g['cer'])}, {verdict} the issue's {pct(g['target'])} ± {pct(g['tolerance'])}"
             )
     heads = ["CER pocketsphinx", "WER pocketsphinx", "CER ours", "WER ours"]
     out += table(["split", "utterances", *heads, "ours on", "real-time factor (CPU time)"], rows)
