@@ -90,7 +90,11 @@ def per_voice(workdir: Path, split: str) -> dict[str, float]:
     return {row[0]: float(row[3]) for row in rows}
 
 
-def measure(arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool, base_steps: int | None) -> dict:
+def measure(
+    arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool, base_steps: int | None, earlier: dict | None
+) -> dict:
+    """The arm trained and scored once per seed of `seeds`; with `earlier` (this arm's record of an
+    earlier run with the same settings) its other seeds' runs are kept beside them."""
     corpus_sets, copies, train_sets = ARMS[arm]
     if "max_steps=BASE" in train_sets:
         if base_steps is None:
@@ -118,6 +122,8 @@ def measure(arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool,
             }
         )
         print(f"  {arm} seed {seed}: " + ", ".join(f"{s} CER {100 * runs[-1][f'{s}_cer']:.2f}%" for s in SPLITS))
+    if earlier and earlier["train_sets"] == list(train_sets) and earlier["corpus_sets"] == list(corpus_sets):
+        runs = sorted([r for r in earlier["runs"] if r["seed"] not in seeds] + runs, key=lambda r: r["seed"])
     mean = {f"{s}_cer": statistics.fmean(r[f"{s}_cer"] for r in runs) for s in SPLITS}
     spread = {f"{s}_cer": max(r[f"{s}_cer"] for r in runs) - min(r[f"{s}_cer"] for r in runs) for s in SPLITS}
     voices = sorted(runs[0]["test_engine_voices"])
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(args.json.read_text()).get("arms", {})
     for arm in arms:
         base_steps = results["base"]["runs"][0]["steps"] if "base" in results else None
-        results[arm] = measure(arm, work, seeds, utterances, args.tiny, base_steps)
+        results[arm] = measure(arm, work, seeds, utterances, args.tiny, base_steps, results.get(arm))
     rows = []
     for arm, r in results.items():
         rows.append(
