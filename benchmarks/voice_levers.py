@@ -165,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     if args.json and args.json.exists():  # arms measured earlier stay; an arm run again is replaced
         results = json.loads(args.json.read_text()).get("arms", {})
-    for arm in arms:
+    for arm in arms:  # the JSON is written as each arm ends
         base_steps = results["base"]["runs"][0]["steps"] if "base" in results else None
         results[arm] = measure(arm, work, seeds, utterances, args.tiny, base_steps, results.get(arm))
+        write_json(args.json, {"arms": results, "splits": list(SPLITS)}, {"training": seeds, "corpus": 0})
     rows = []
     for arm, r in results.items():
         rows.append(
@@ -175,7 +176,6 @@ def main(argv: list[str] | None = None) -> int:
             + [f"{100 * r['mean'][f'{s}_cer']:.2f}% (±{100 * r['spread'][f'{s}_cer'] / 2:.2f})" for s in SPLITS]
         )
     print_table(["arm", "natural share of seconds", "test CER", "test_engine CER"], rows)
-    write_json(args.json, {"arms": results, "splits": list(SPLITS)}, {"training": seeds, "corpus": 0})
     return 0
 
 
