@@ -21,7 +21,15 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report_format import provenance  # noqa: E402
 from benchmarks.report_levers import levers  # noqa: E402
-from benchmarks.report_runs import convergence, demo, faults, reference_asr, time_to_accuracy, voice_warp  # noqa: E402
+from benchmarks.report_runs import (  # noqa: E402
+    convergence,
+    demo,
+    faults,
+    reference_asr,
+    time_to_accuracy,
+    voice_levers,
+    voice_warp,
+)
 from benchmarks.report_speed import input_pipeline, serving, speedup_model, straggler, throughput  # noqa: E402
 from benchmarks.report_tts import tts_durations, tts_levers, tts_seed_levers, tts_seeds  # noqa: E402
 
@@ -60,6 +68,18 @@ SECTIONS: dict[str, Section] = {
         "none of them, and its language model knows English at large, not our grammar. Ours per voice on "
         "`test_engine` is in [Held-out voices: vocal-tract length](#held-out-voices-vocal-tract-length) (warp "
         "`1.0`).",
+    ),
+    "voice_levers.json": (
+        "Held-out speakers: the corpus' natural share and the augmentations",
+        "`benchmarks/voice_levers.py`: each arm builds its corpus through the real stages (corpus, "
+        "`pipeline.augment`'s copies of the training split where the arm has them, features, shards) and "
+        "trains the demo's acoustic config at `horovodrun -np 2` once per seed; an arm with copies trains "
+        "the base arm's number of steps over `train_aug`. Greedy CER on `test` (espeak-ng voices never "
+        "heard) and on `test_engine` (the held-out speakers slt and kal in every rendering flite and "
+        "Festival have), each seed's in brackets, and per held-out voice the seeds' mean.",
+        voice_levers,
+        "A lever is kept when its seeds' mean on the held-out speakers improves on the base arm's by more "
+        "than the seeds' spread and `test` stays at or below 3.0%; the kept ones are the demo's defaults.",
     ),
     "tts_seeds.json": (
         "Synthesis: the mean of its seeds",

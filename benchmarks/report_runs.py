@@ -329,3 +329,39 @@ def reference_asr(r: dict) -> list[str]:
     if guards:
         out += ["Guard: " + "; ".join(guards) + ".", ""]
     return out
+
+
+def voice_levers(r: dict) -> list[str]:
+    """benchmarks/voice_levers.py: each arm's test and held-out-speaker CER (seeds' mean, each seed
+    beside it), per held-out voice, and issue 59's verdict against the base arm."""
+    arms, base = r["arms"], r["arms"].get("base")
+
+    def seeds(arm: dict, key: str) -> str:
+        each = ", ".join(pct(run[key], 2) for run in arm["runs"])
+        return f"{pct(arm['mean'][key], 2)} ({each})"
+
+    def verdict(name: str, arm: dict) -> str:
+        if name == "base" or not base:
+            return "the base"
+        if len(arm["runs"]) < 2:
+            return "one seed: not judged"
+        gain = base["mean"]["test_engine_cer"] - arm["mean"]["test_engine_cer"]
+        spread = max(base["spread"]["test_engine_cer"], arm["spread"]["test_engine_cer"])
+        if arm["mean"]["test_cer"] > 0.030:
+            return f"rejected: test {pct(arm['mean']['test_cer'], 2)} > 3.0%"
+        return "kept" if gain > spread else f"rejected: held-out gain {pct(gain, 2)} within the seeds' spread"
+
+    rows = []
+    for name, arm in arms.items():
+        settings = [*arm["corpus_sets"], *(f"copies.{c}" for c in arm.get("copies", []))]
+        rows.append([f"`{name}`", "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults", pct(arm["natural_share_seconds"]),
+                     seeds(arm, "test_cer"), seeds(arm, "test_engine_cer"), verdict(name, arm)])  # fmt: skip
+    out = table(
+        ["arm", "settings", "natural share of train seconds", "test CER", "held-out speakers CER", "verdict"], rows
+    )
+    voices = sorted({v for arm in arms.values() for v in arm["test_engine_voices_mean"]})
+    out += table(
+        ["held-out voice", *(f"`{name}`" for name in arms)],
+        [[f"`{v}`", *(pct(arm["test_engine_voices_mean"].get(v), 1) for arm in arms.values())] for v in voices],
+    )
+    return out
