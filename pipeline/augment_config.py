@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-CLEAN_SPLIT = "train"  # the corpus' training split, which every model without copies trains on
-AUGMENTED_SPLIT = "train_aug"  # the clean split and its copies: what a model with copies trains on
+from common.splits import AUGMENTED_SPLIT, CLEAN_SPLIT  # noqa: F401  (names of this stage's splits)
+
 NOISES = ("babble", "white", "pink", "brown")
 CODECS = ("mulaw", "gsm")
 

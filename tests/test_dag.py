@@ -41,7 +41,7 @@ DEFAULTS = {
     "allow_pipes": False,
     "phonemes": "en-us",
     "demo_utterances": 2500,
-    "demo_engines": ["espeak-ng", "flite"],
+    "demo_engines": ["espeak-ng", "flite", "festival"],
     "demo_train_voices": [],
     "demo_test_voices": [],
     "demo_test_engine_voices": [],
@@ -371,7 +371,7 @@ def test_command_lines_of_the_stages():
     assert tts_eval[tts_eval.index("--asr-model") + 1] == allreduce.workdirs["asr"]
     assert "--asr-model" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
     assert commands.corpus_args(allreduce) == [
-        "--out", allreduce.data_root, "--num-utterances", "40", "--engines", "espeak-ng", "flite",
+        "--out", allreduce.data_root, "--num-utterances", "40", "--engines", "espeak-ng", "flite", "festival",
     ]  # fmt: skip
     # A training setting from the trigger form reaches every model's trainer as it is written there.
     tuned = make_plan({**DEFAULTS, **TINY, "train_overrides": ["optim.learning_rate=0.002"]}, "speech_pipeline", "r")
@@ -435,7 +435,7 @@ def test_the_forms_engines_and_voices_reach_the_corpus_stage():
     kal = make_plan({**DEFAULTS, "demo_test_engine_voices": ["flite:kal"]}, "speech_pipeline", "r")
     assert "test_engine" in kal.splits and commands.corpus_args(kal)[-2:] == ["--test-engine-voices", "flite:kal"]
     for change, message in (
-        ({"demo_engines": ["festival"]}, "demo_engines: engines must be"),
+        ({"demo_engines": ["mbrola"]}, "demo_engines: engines must be"),
         ({"demo_test_voices": ["en+m3"]}, r"demo_test_voices: voice 'en\+m3' does not name its engine"),
     ):
         with pytest.raises(ValueError, match=message):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from common import catalog
-from pipeline.augment_config import AUGMENTED_SPLIT, CLEAN_SPLIT
+from common.splits import AUGMENTED_SPLIT, CLEAN_SPLIT
 from workflow.plan import POD_XCOM_FILE, Plan
 
 CORPUS, AUGMENT, FEATURES, SHARDS = "pipeline.corpus", "pipeline.augment", "pipeline.features", "pipeline.shards"

@@ -17,7 +17,7 @@ from typing import Any
 
 from common import catalog, voices
 from common.fsutil import slug
-from pipeline.augment_config import AUGMENTED_SPLIT
+from common.splits import AUGMENTED_SPLIT
 from workflow.local import REPO, training_python
 
 # Of the demo corpus (test_engine only when an engine in use has voices for it); train and test are required.
