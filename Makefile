@@ -55,7 +55,7 @@ mlflow-ui: setup
 # All benchmarks at full size (hours on 2 cores); tables on stdout, JSON in benchmarks/results/, then the page.
 # The demo's run (kept under .runs/bench-demo/) is also where the synthesis seeds are trained and heard,
 # and whose corpus pocketsphinx hears beside the demo's acoustic model (in .venv-benchmarks).
-BENCHMARKS := input_pipeline throughput straggler speedup_model convergence faults time_to_accuracy
+BENCHMARKS := input_pipeline throughput straggler speedup_model convergence faults time_to_accuracy voice_levers
 bench: setup
 	@mkdir -p benchmarks/results
 	@for b in $(BENCHMARKS); do \
