@@ -77,6 +77,15 @@ HALF_SPEED_TABLE = [
 HOSTS = "localhost:2,127.0.0.1:2"  # two hosts of two ranks on this machine (Horovod groups by host name)
 
 
+def demo_copies() -> list[str]:
+    """`pipeline.augment --set` items of the copies configs/demo_asr.yaml asks for; [] for none."""
+    from common import config as configlib
+    from models.training.config import TrainConfig
+
+    copies = configlib.load(TrainConfig, ROOT / "configs/demo_asr.yaml").settings.augment.copies
+    return [f"{k}={json.dumps(v)}" for k, v in configlib.to_dict(copies).items()] if copies.enabled else []
+
+
 def demo_shards(work: Path, utterances: int) -> Path:
     """The demo corpus through the real stages: corpus -> features -> shards."""
     data = work / "data"
@@ -96,6 +105,15 @@ def demo_shards(work: Path, utterances: int) -> Path:
         )
     out = work / "shards"
     split_args = [arg for s in splits for arg in ("--split", f"{s}={data / s}")]
+    if items := demo_copies():  # the demo's acoustic model trains on the clean split and its copies
+        augmented = data / "train_aug"
+        sets = [a for item in items for a in ("--set", item)]
+        for cmd in (
+            [PYTHON, "-m", "pipeline.augment", "--data", str(data / "train"), "--out", str(augmented), *sets],
+            [PYTHON, "-m", "pipeline.features", "--data-dir", str(augmented)],
+        ):
+            subprocess.run([*cmd, "--no-progress"], cwd=ROOT, check=True, capture_output=True)
+        split_args += ["--split", f"train_aug={augmented}"]
     subprocess.run(
         [PYTHON, "-m", "pipeline.shards", *split_args, "--out", str(out), "--no-progress"],
         cwd=ROOT,

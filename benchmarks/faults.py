@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import PYTHON, ROOT, print_table, write_json  # noqa: E402
+from benchmarks.harness import NO_COPIES, PYTHON, ROOT, print_table, write_json  # noqa: E402
 from workflow import commands  # noqa: E402
 
 # The table's columns (benchmarks/report.py prints the same ones from the JSON).
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     utterances, epochs, kill_at, every = (60, 6, 5, 2) if args.tiny else (args.utterances, args.epochs, 20, 5)
     # The demo's model, so that the final CERs compare a model that learned something.
     config = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
-    sets = [f"checkpoint_every={every}", f"commit_every={every}", "log_every=1", "log_model=false"]
+    sets = [NO_COPIES, f"checkpoint_every={every}", f"commit_every={every}", "log_every=1", "log_model=false"]
     cer = (lambda workdir, shards: None) if args.tiny else evaluate_cer
     uri = f"sqlite:///{work / 'mlflow.db'}"
     results: dict = {"tiny": args.tiny, "epochs": epochs, "kill_at_step": kill_at}

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import ROOT, SHORT_RUN_SEEDS, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks.harness import NO_COPIES, ROOT, SHORT_RUN_SEEDS, print_table, run_training, synthetic_shards, write_json  # noqa: E402
 
 
 def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         shards = args.shards or synthetic_shards(work, 1200)
         steps, warmup = args.steps, 5
     common = [
+        NO_COPIES,
         f"max_steps={steps}",
         f"warmup_exclude={warmup}",
         "checkpoint_every=100000",

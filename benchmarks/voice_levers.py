@@ -29,7 +29,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import PYTHON, ROOT, evaluate_model, print_table, run_training, write_json  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    NO_COPIES,
+    PYTHON,
+    ROOT,
+    evaluate_model,
+    print_table,
+    run_training,
+    write_json,
+)
 
 # name -> (corpus --set items, asr.augment.copies items, other training --set items)
 ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
@@ -101,7 +109,8 @@ def measure(
             raise ValueError(f"arm {arm} trains the base arm's steps: run the base arm first (--arms base,{arm})")
         train_sets = tuple(f"max_steps={base_steps}" if s == "max_steps=BASE" else s for s in train_sets)
         train_sets = ("epochs=1000", *train_sets)
-    train_sets = (*(f"asr.augment.copies.{item}" for item in copies), *train_sets)
+    # Every arm's copies are its own: none but those it names, whatever the demo config holds.
+    train_sets = (NO_COPIES, *(f"asr.augment.copies.{item}" for item in copies), *train_sets)
     shards, corpus = shards_for(work, corpus_sets, copies, utterances)
     config = ROOT / ("tests/configs/tiny_asr.yaml" if tiny else "configs/demo_asr.yaml")
     runs = []

@@ -293,7 +293,9 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         "test",
         "test_noisy",
         "test_engine",
+        "train_aug",  # the demo's acoustic config trains on speed-perturbed copies
     )
+    assert plan.augment["speed_factors"] == [0.9, 1.1]
     assert plan.workdirs == {"asr": f"{run_dir}/asr", "tts": f"{run_dir}/tts"}
     assert plan.configs["asr"] == str(ROOT / "configs" / "demo_asr.yaml")
     assert Plan.from_xcom(json.loads(json.dumps(plan.to_xcom()))) == plan
@@ -304,7 +306,7 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         "speech_pipeline",
         "r",
     )
-    assert not given.make_corpus and given.splits == ("train", "dev", "test")
+    assert not given.make_corpus and given.splits == ("train", "dev", "test", "train_aug")
     assert given.data_root == str(tmp_path / "data")
 
 

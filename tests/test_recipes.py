@@ -462,7 +462,7 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
     by_hand = substitute(
         doc_block("README.md", "### The stages by hand"),
         {
-            "--out data/": "--out data/ --num-utterances 40",
+            "--out data/ ": "--out data/ --num-utterances 40 ",
             "--config configs/demo_asr.yaml": f"--config {ROOT}/tests/configs/tiny_asr.yaml --max-steps 4",
         },
     )
@@ -479,7 +479,7 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
         )
         assert proc.returncode == 0, f"{name}:\n{script}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     manifest = records.load_manifest(work / "shards")
-    assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine"}
+    assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine", "train_aug"}
     metrics = json.loads((work / "runs" / "asr" / "eval.json").read_text())
     assert {"test_cer", "test_noisy_cer", "test_engine_cer"} <= set(metrics)
     # The registered model, named by its URI, evaluated on a data directory no shards had held.
