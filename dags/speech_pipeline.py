@@ -91,6 +91,15 @@ PARAMS = {
         section=DATA,
         description="Utterances of the demo corpus (train, dev and test together); only used when data_dir is empty.",
     ),
+    "demo_text": Param(
+        "open",
+        type="string",
+        enum=["open", "grammar"],
+        title="Demo corpus sentences",
+        section=DATA,
+        description="open: sentences of open English (WordNet's examples, spelled out as spoken); grammar: the "
+        "small grammar of commands, numbers and times. Only used when data_dir is empty.",
+    ),
     "demo_engines": Param(
         list(voices.ENGINES),
         type="array",

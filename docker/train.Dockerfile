@@ -60,7 +60,8 @@ RUN pip install --no-cache-dir --no-deps . \
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
-# espeak-ng, flite, Festival with its voices, and sox: the synthetic corpus stage (pipeline.corpus) calls them.
+# espeak-ng, flite, Festival with its voices, and sox: the synthetic corpus stage (pipeline.corpus) calls them;
+# wordnet-base: WordNet's example sentences, the corpus' open English text.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
@@ -68,7 +69,7 @@ RUN apt-get update \
  && apt-get update \
  && apt-get install -y --no-install-recommends \
       python3.11 python3.11-venv openmpi-bin libopenmpi3 openssh-server openssh-client \
-      espeak-ng flite festival festvox-kdlpc16k festvox-kallpc16k festvox-us-slt-hts sox libsndfile1 \
+      espeak-ng flite festival festvox-kdlpc16k festvox-kallpc16k festvox-us-slt-hts sox wordnet-base libsndfile1 \
  && apt-get purge -y software-properties-common gpg-agent \
  && apt-get autoremove -y \
  && rm -rf /var/lib/apt/lists/*

@@ -2,7 +2,7 @@
 
     python -m pipeline.corpus --out DIR [--num-utterances 2500] [--seed 0] [--jobs 2]
         [--engines espeak-ng flite festival] [--train-voices SPEC ...] [--test-voices SPEC ...]
-        [--test-engine-voices SPEC ...]
+        [--test-engine-voices SPEC ...] [--text open|grammar] [--text-file FILE]
 
 writes `DIR/{train,dev,test,test_noisy,test_engine}/` (Kaldi data directories: `wav.scp`, `text`,
 `utt2spk`, `spk2utt`, sorted by id, and `utt2voice`: each utterance's `ENGINE:VOICE`) over 16 kHz
@@ -16,8 +16,11 @@ utterances mixed with pink noise at a fixed SNR, and `test_engine/` the test sen
 held-out natural speakers slt and kal, in every engine that has them (flite's slt, kal16 and kal,
 Festival's slt HTS and kal diphone, as they ship); it is left out when none of its voices is of an
 engine in use. An engine that is not installed here is left out with a warning naming its
-packages. Sentences come from a small grammar of commands, numbers, names, places and times,
-spelled out exactly as spoken.
+packages. Sentences come from open English text (`--text open`, the default: WordNet's example
+sentences, or `--text-file`'s, normalized into what the voices say by pipeline/open_text.py; a
+sentence that cannot be said as written is left out and counted in corpus.json) or from a small
+grammar of commands, numbers, names, places and times (`--text grammar`). corpus.json records each
+split's out-of-vocabulary rate against the training sentences' words.
 
 `plan_corpus` (pipeline/corpus_plan.py) is the pure core (config -> list of utterances); `build_corpus`
 runs each engine's batches (pipeline/engines/, one process per batch where the engine can) and sox
@@ -47,7 +50,7 @@ import soundfile as sf
 from common import cli, fsutil, voices
 from common import config as configlib
 from common.progress import progress as progress_bar
-from pipeline import corpus_plan, grammar, synthesizers
+from pipeline import corpus_plan, grammar, open_text, synthesizers
 from pipeline.corpus_plan import (
     ALL_SPLITS,
     PlannedUtterance,
@@ -61,6 +64,9 @@ from pipeline.grammar import grammar_vocabulary
 from pipeline.synthesizers import installed_voices
 
 log = logging.getLogger(__name__)
+
+
+TEXTS = ("open", "grammar")  # CorpusConfig.text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +115,14 @@ class CorpusConfig:
     # Output sample rate in Hz (espeak-ng synthesizes at 22050, flite at 16000 (its kal at 8000),
     # Festival's diphone voices at 16000 and its HTS voice at 32000).
     sample_rate: int = 16000
-    # Fewest words in a sentence; shorter grammar outputs are redrawn.
+    # Where the sentences come from: "open" (English text: text_file's sentences, or WordNet's
+    # example sentences; pipeline/open_text.py) or "grammar" (pipeline/grammar.py's commands).
+    text: str = "open"
+    # With text "open": a UTF-8 file of one sentence per line ("": WordNet's examples, Debian's wordnet-base).
+    text_file: str = ""
+    # Fewest words in a sentence; shorter ones are left out (grammar: redrawn).
     min_words: int = 3
-    # Most words in a sentence; longer grammar outputs are redrawn.
+    # Most words in a sentence; longer ones are left out (grammar: redrawn).
     max_words: int = 14
 
     def __post_init__(self):
@@ -151,6 +162,10 @@ class CorpusConfig:
             )
         if not 0 <= self.natural_share <= 1:
             raise ValueError(f"natural_share must lie in 0-1, got {self.natural_share}")
+        if self.text not in TEXTS:
+            raise ValueError(f"text must be one of {list(TEXTS)}, got {self.text!r}")
+        if self.text_file and self.text != "open":
+            raise ValueError(f"text_file {self.text_file} is read with text 'open', not {self.text!r}")
         if not 1 <= self.min_words <= self.max_words:
             raise ValueError(f"need 1 <= min_words <= max_words, got {self.min_words}, {self.max_words}")
         if not 0 < self.amplitude <= 200 or self.sample_rate < 8000:
@@ -180,7 +195,7 @@ def code_version() -> str:
     """Hash of this module's source and the voice lists: a changed grammar, pipeline or default voice
     list invalidates old corpora."""
     runners = [sys.modules[synthesizers.engine(name).__class__.__module__] for name in voices.ENGINES]
-    return fsutil.code_version(sys.modules[__name__], corpus_plan, synthesizers, grammar, voices, *runners)
+    return fsutil.code_version(sys.modules[__name__], corpus_plan, synthesizers, grammar, open_text, voices, *runners)
 
 
 def _add_noise(utt_id: str, clean_wav: Path, noisy_wav: Path, noise: np.ndarray, config: CorpusConfig) -> float:
@@ -206,7 +221,16 @@ def _up_to_date(out: Path, config: CorpusConfig) -> dict | None:
         return None  # never built, or a marker that is not ours: build
     complete = all((out / split / "wav.scp").is_file() for split in done.get("counts", ALL_SPLITS))
     same = done.get("config") == configlib.to_dict(config) and done.get("code_version") == code_version()
+    same = same and done.get("text", {}).get("sha256") == _text_source(config)["sha256"]
     return done if complete and same else None
+
+
+def _text_source(config: CorpusConfig) -> dict:
+    """What the sentences came from: {"source", "sha256" (of the raw text: a changed file rebuilds),
+    "sentences" (usable), "left_out": {reason: count}}; for the grammar, its name and code hash."""
+    if config.text == "grammar":
+        return {"source": "grammar", "sha256": fsutil.code_version(grammar), "sentences": None, "left_out": {}}
+    return open_text.load_pool(config.text_file, config.min_words, config.max_words)[1]
 
 
 # Utterances an engine renders in one call (Festival: one process for all of them); small enough
@@ -332,6 +356,12 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
         "natural_share_seconds": _natural_share_seconds(rows["train"]),
         "vocabulary_size": len({w for utt in plan for w in utt.text.split()}),
         "grammar_vocabulary_size": len(grammar_vocabulary()),
+        "text": _text_source(config),
+        # Of each split's word tokens, the share that no training sentence has.
+        "oov_rate": open_text.oov_rates(
+            {split: [row[2] for row in rows[split]] for split in splits},
+            {w for row in rows["train"] for w in row[2].split()},
+        ),
         "snr_db": {
             "min": min(snrs.values()),
             "mean": math.fsum(snrs.values()) / len(snrs),  # fsum: exact, so the order of completion cannot show
@@ -342,6 +372,9 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
     fsutil.atomic_write_text(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
     log.info("wrote %s: %s utterances, %d words; voices: %s", out, summary["counts"], summary["vocabulary_size"],
              {split: voices.describe(v) for split, v in summary["voices"].items()})  # fmt: skip
+    log.info("sentences from %s (%s usable; left out: %s); out-of-vocabulary words per split: %s",
+             summary["text"]["source"], summary["text"]["sentences"], summary["text"]["left_out"] or "none",
+             summary["oov_rate"])  # fmt: skip
     return summary
 
 
@@ -361,9 +394,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--test-engine-voices",
         nargs="+",
         metavar="ENGINE:VOICE",
-        help="voices of test_engine, the test sentences in an engine's voices that training never hears "
-        "(default: flite:slt flite:kal16)",
+        help="voices of test_engine, the test sentences in the held-out natural speakers' voices (default: "
+        "common/voices.py TEST_ENGINE_VOICES)",
     )
+    parser.add_argument("--text", choices=TEXTS, help="open English text (default) or the grammar's sentences")
+    parser.add_argument("--text-file", help="with --text open: a UTF-8 file of one sentence per line (default: WordNet's examples)")
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "CorpusConfig")
     args = parser.parse_args(argv)
@@ -380,6 +415,8 @@ def _main(args: argparse.Namespace) -> None:
         "train_voices": args.train_voices,
         "test_voices": args.test_voices,
         "test_engine_voices": args.test_engine_voices,
+        "text": args.text,
+        "text_file": args.text_file,
     }
     config = configlib.load(CorpusConfig, args.config, args.set, flags=flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

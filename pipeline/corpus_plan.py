@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from common import voices
-from pipeline import synthesizers
+from pipeline import open_text, synthesizers
 from pipeline.grammar import make_sentence
 from pipeline.synthesizers import VoiceInventory
 
@@ -138,18 +138,55 @@ def _heard_speakers(natural: list[Speaker], others: list[Speaker], size: int, sh
     return slots
 
 
-def plan_corpus(config, inventory: VoiceInventory | None = None) -> list[PlannedUtterance]:
+def sentence_draw(config, rng: random.Random, sentences: Sequence[str] | None = None):
+    """A function giving the next sentence of the corpus' text, never one it gave before:
+    `config.text` "open" (the shuffled `sentences`, by default open_text.load_pool's of
+    `config.text_file`) or "grammar" (pipeline/grammar.py's, redrawn until new)."""
+    if config.text == "grammar":
+        seen: set[str] = set()
+
+        def from_grammar() -> str:
+            for _ in range(1000):
+                text = make_sentence(rng, config.min_words, config.max_words)
+                if text not in seen:
+                    seen.add(text)
+                    return text
+            raise ValueError(f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances")
+
+        return from_grammar
+    if sentences is None:
+        sentences = open_text.load_pool(config.text_file, config.min_words, config.max_words)[0]
+    pool = list(sentences)
+    random.Random(f"{config.seed}/text").shuffle(pool)
+    source = iter(pool)
+
+    def from_pool() -> str:
+        text = next(source, None)
+        if text is None:
+            raise ValueError(
+                f"the text has {len(pool)} usable sentences of {config.min_words}-{config.max_words} words, fewer "
+                "than num_utterances; lower num_utterances, widen min_words/max_words or give a larger text_file"
+            )
+        return text
+
+    return from_pool
+
+
+def plan_corpus(
+    config, inventory: VoiceInventory | None = None, sentences: Sequence[str] | None = None
+) -> list[PlannedUtterance]:
     """Every utterance of the corpus, without synthesizing: train, dev, test, then test_engine.
 
     Sentences are unique across train, dev and test, so dev and test never repeat a training
     sentence; test_engine speaks the test sentences again. In train and dev (the same speakers)
     `config.natural_share` of the utterances go to the natural voices' speakers; test's go
-    round-robin over a shuffled list of the held-out voices.
+    round-robin over a shuffled list of the held-out voices. `sentences`: the open text's
+    normalized sentences (default: `config.text_file`'s, or WordNet's; see `sentence_draw`).
     """
     selection = select_voices(config, inventory)
     per_voice = dict(config.speakers_per_voice)
     rng = random.Random(config.seed)
-    seen: set[str] = set()
+    next_sentence = sentence_draw(config, rng, sentences)
     plan: list[PlannedUtterance] = []
     heard = [s for v in selection.train for s in _speakers(v, per_voice.get(voices.parse(v)[0], 1), config)]
     natural = [s for s in heard if voices.engine(s.engine).natural]
@@ -164,13 +201,7 @@ def plan_corpus(config, inventory: VoiceInventory | None = None) -> list[Planned
         else:  # train, and dev in the same speakers and the same natural share
             speakers = _heard_speakers(natural, others, size, config.natural_share, rng)
         for spk in speakers:
-            for _ in range(1000):
-                text = make_sentence(rng, config.min_words, config.max_words)
-                if text not in seen:
-                    break
-            else:
-                raise ValueError(f"the grammar ran out of new sentences after {len(seen)}; lower num_utterances")
-            seen.add(text)
+            text = next_sentence()
             plan.append(PlannedUtterance(split, f"{spk.id}-{len(plan) + 1:05d}", spk.id, *spk[1:5], text, spk.warp))
     # The held-out engine's voices say the test sentences, with the test utterances' numbers.
     engine_speakers = [_as_shipped(v) for v in selection.test_engine]

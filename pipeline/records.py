@@ -148,6 +148,8 @@ class ShardSet:
     lowercase: bool  # transcripts were lower-cased before tokenization
     num_targets: int  # frame-target (pdf) classes; 0: the shards carry no frame targets
     splits: dict[str, SplitShards]
+    # split -> its transcripts' distinct words, sorted (empty: shards written before they were recorded)
+    words: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def split(self, name: str) -> SplitShards:
         """The split `name`; ValueError naming the manifest and its splits when it has no such split."""
@@ -177,6 +179,7 @@ class ShardSet:
             lowercase=bool(manifest.get("lowercase", True)),
             num_targets=int(manifest.get("num_targets", 0)),
             splits={name: _split(Path(root), name, info, dim) for name, info in manifest["splits"].items()},
+            words={name: tuple(words) for name, words in manifest.get("words", {}).items()},
         )
 
 

@@ -328,6 +328,12 @@ def make_shards(
         "phonemes": cfg.phonemes,
         "phoneme_vocabulary": phoneme_vocabulary,
         "num_targets": split_validation.num_targets(plans),
+        # Each split's distinct words: a model records its training split's, so that evaluation can
+        # tell the words it never heard (models/asr/evaluation.py's out-of-vocabulary figures).
+        "words": {
+            name: sorted({w for e in plan.entries.values() for w in text.normalize_transcript(e.transcript, cfg.lowercase).split()})
+            for name, plan in plans.items()
+        },
         "splits": {
             name: {
                 "data_dir": str(plan.data_dir.resolve()),

@@ -23,6 +23,8 @@ stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 declare -A NEED=([espeak-ng]=espeak-ng [flite]=flite [sox]=sox [cmake]=cmake [g++]=g++ [make]=make)
 missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
+# WordNet's example sentences: the demo corpus' open English text (pipeline/open_text.py).
+[ -f /usr/share/wordnet/data.noun ] || missing+=(wordnet-base)
 # PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_dag.py starts its
 # own cluster). Debian keeps initdb off PATH, in /usr/lib/postgresql/VERSION/bin. Optional: without
 # root, that test is skipped and says why.

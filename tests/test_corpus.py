@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 
 from common import voices
-from pipeline import corpus, corpus_plan, grammar, synthesizers
+from pipeline import corpus, corpus_plan, grammar, open_text, synthesizers
 from pipeline.corpus import CorpusConfig
 from pipeline.corpus_plan import plan_corpus, select_voices
 from pipeline.synthesizers import VoiceInventory
@@ -37,8 +37,20 @@ def by_split(plan, field):
 
 
 # --- the plan -----------------------------------------------------------------------------------
-def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
+def test_plan_of_open_text_has_thousands_of_words_and_new_ones_in_test():
     plan = plan_corpus(CorpusConfig())
+    texts = by_split(plan, "text")
+    heard = {w for t in texts["train"] for w in t.split()}
+    assert len(heard) > 3000 and not heard <= grammar.grammar_vocabulary()
+    assert not texts["test"] & texts["train"] and texts["test_engine"] == texts["test"]
+    assert 0.05 < open_text.oov_rates({"test": sorted(texts["test"])}, heard)["test"] < 0.5
+    for u in plan:
+        assert re.fullmatch(r"[a-z']+( [a-z']+)*", u.text), u.text
+        assert 3 <= len(u.text.split()) <= 14, u.text
+
+
+def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
+    plan = plan_corpus(CorpusConfig(text="grammar"))
     assert {s: sum(u.split == s for u in plan) for s in corpus_plan.SPLITS} == {
         "train": 2000,
         "dev": 250,
@@ -143,7 +155,11 @@ def test_config_rejects_overlapping_voices_and_empty_splits():
     with pytest.raises(ValueError, match="natural_share must lie in 0-1"):
         CorpusConfig(natural_share=1.5)
     with pytest.raises(ValueError, match="widen the range"):
-        plan_corpus(CorpusConfig(max_words=2, min_words=1))
+        plan_corpus(CorpusConfig(max_words=2, min_words=1, text="grammar"))
+    with pytest.raises(ValueError, match="text must be one of"):
+        CorpusConfig(text="poetry")
+    with pytest.raises(ValueError, match="usable sentences of 3-14 words, fewer than num_utterances"):
+        plan_corpus(CorpusConfig(), sentences=["a short sentence here"] * 3)
 
 
 def test_numbers_are_spelled_as_spoken():

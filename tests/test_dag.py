@@ -41,6 +41,7 @@ DEFAULTS = {
     "allow_pipes": False,
     "phonemes": "en-us",
     "demo_utterances": 2500,
+    "demo_text": "open",
     "demo_engines": ["espeak-ng", "flite", "festival"],
     "demo_train_voices": [],
     "demo_test_voices": [],
@@ -373,7 +374,8 @@ def test_command_lines_of_the_stages():
     assert tts_eval[tts_eval.index("--asr-model") + 1] == allreduce.workdirs["asr"]
     assert "--asr-model" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
     assert commands.corpus_args(allreduce) == [
-        "--out", allreduce.data_root, "--num-utterances", "40", "--engines", "espeak-ng", "flite", "festival",
+        "--out", allreduce.data_root, "--num-utterances", "40", "--text", "open",
+        "--engines", "espeak-ng", "flite", "festival",
     ]  # fmt: skip
     # A training setting from the trigger form reaches every model's trainer as it is written there.
     tuned = make_plan({**DEFAULTS, **TINY, "train_overrides": ["optim.learning_rate=0.002"]}, "speech_pipeline", "r")
@@ -436,7 +438,11 @@ def test_the_forms_engines_and_voices_reach_the_corpus_stage():
     ]  # fmt: skip
     kal = make_plan({**DEFAULTS, "demo_test_engine_voices": ["flite:kal"]}, "speech_pipeline", "r")
     assert "test_engine" in kal.splits and commands.corpus_args(kal)[-2:] == ["--test-engine-voices", "flite:kal"]
+    assert commands.corpus_args(plan)[4:6] == ["--text", "open"]
+    grammar = make_plan({**DEFAULTS, "demo_text": "grammar"}, "speech_pipeline", "r")
+    assert commands.corpus_args(grammar)[4:6] == ["--text", "grammar"]
     for change, message in (
+        ({"demo_text": "poetry"}, "demo_text: 'poetry' is neither"),
         ({"demo_engines": ["mbrola"]}, "demo_engines: engines must be"),
         ({"demo_test_voices": ["en+m3"]}, r"demo_test_voices: voice 'en\+m3' does not name its engine"),
     ):

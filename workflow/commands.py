@@ -35,7 +35,8 @@ def horovodrun_local(python: str, np: int, module: str, args: Sequence[str], hos
 
 
 def corpus_args(plan: Plan) -> list[str]:
-    args = ["--out", plan.data_root, "--num-utterances", str(plan.demo_utterances), "--engines", *plan.demo_engines]
+    args = ["--out", plan.data_root, "--num-utterances", str(plan.demo_utterances), "--text", plan.demo_text]
+    args += ["--engines", *plan.demo_engines]
     for group, specs in plan.demo_voices.items():
         args += [f"--{group.replace('_', '-')}-voices", *specs]
     return args

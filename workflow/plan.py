@@ -68,6 +68,8 @@ class Plan:
     data_service_workers: int = 0
     # `models.train --set` items (KEY=VALUE of TrainConfig) for every model's training
     train_overrides: tuple[str, ...] = ()
+    # where the demo corpus' sentences come from: "open" English text or the "grammar" (pipeline/corpus.py TEXTS)
+    demo_text: str = "open"
     # the demo corpus' synthesizers (common/voices.py ENGINES)
     demo_engines: tuple[str, ...] = voices.ENGINES
     # the demo corpus' ENGINE:VOICE specs of a group (VOICE_GROUPS) where the form names them;
@@ -219,10 +221,19 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         phonemes=str(params.get("phonemes") or "").strip(),
         data_service_workers=data_service_workers,
         train_overrides=overrides,
+        demo_text=_demo_text(params),
         demo_engines=demo_engines,
         demo_voices=demo_voices,
         augment=augment,
     )
+
+
+def _demo_text(params: Mapping[str, Any]) -> str:
+    """The demo corpus' text (pipeline/corpus.py TEXTS); ValueError naming the param."""
+    text = str(params.get("demo_text") or "open")
+    if text not in ("open", "grammar"):
+        raise ValueError(f"demo_text: {text!r} is neither 'open' (English text) nor 'grammar'")
+    return text
 
 
 def _augment(loaded: Mapping[str, Any]) -> dict[str, Any]:

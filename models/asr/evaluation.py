@@ -5,16 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.asr import network as asr
-from models.asr.scoring import COUNTS, compute_wer_lines, error_rates, rates_of  # noqa: F401 (as before)
+from models.asr.scoring import COUNTS, compute_wer_lines, error_rates, oov_figures, rates_of  # noqa: F401 (as before)
 from models.asr.task import AsrTask
 
 
-def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Path, beam_width: int) -> dict:
+def evaluate_asr(
+    model, vocabulary: list[str], dataset, split: str, out_dir: Path, beam_width: int, known_words: set[str] = frozenset()
+) -> dict:
     """Transcribes every utterance of `dataset` (the acoustic input pipeline in evaluation mode),
     writes `OUT/{split}_hypotheses.tsv`, `OUT/{split}_wer.txt` (Kaldi's `compute-wer` lines) and
     `OUT/{split}_speakers.tsv` (each speaker's error rates, `speaker_rows`), and returns the split's
     CER and WER, greedy and beam, with the substitution, deletion and insertion counts behind them
-    (`{split}_word_sub`, ..., `_beam` for beam search)."""
+    (`{split}_word_sub`, ..., `_beam` for beam search); with `known_words` (the model's training
+    words), the share of the split's words outside them and their greedy CER (`{split}_oov_rate`,
+    `{split}_oov_cer`: scoring.oov_figures)."""
     rows, speakers = [], {}
     for batch in dataset:
         feats, lengths = AsrTask.features(batch), batch["feat_lengths"]
@@ -36,7 +40,9 @@ def evaluate_asr(model, vocabulary: list[str], dataset, split: str, out_dir: Pat
     report += [f"# {split}, beam search (width {beam_width})"] + compute_wer_lines(beam_rates)
     (out_dir / f"{split}_wer.txt").write_text("\n".join(report) + "\n", encoding="utf-8")
     counts = ("words", "word_sub", "word_del", "word_ins", "chars", "char_sub", "char_del", "char_ins")
+    oov = oov_figures(refs, [r[2] for r in rows], set(known_words))
     return {
+        **{f"{split}_{key}": value for key, value in oov.items()},
         f"{split}_cer": greedy_rates["cer"],
         f"{split}_wer": greedy_rates["wer"],
         f"{split}_cer_beam": beam_rates["cer"],
@@ -71,6 +77,7 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     metrics = {}
     for split in splits:
         dataset = batches(split, cfg.frames_per_batch)
-        metrics.update(evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width))
+        known = set(data.get("words", ()))
+        metrics.update(evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width, known))
     metrics["primary_metric"] = f"{splits[0]}_cer"
     return metrics

@@ -76,3 +76,32 @@ def compute_wer_lines(rates: dict) -> list[str]:
     )
     lines.append(f"Scored {rates['utterances']} sentences, 0 not present in hyp.")
     return lines
+
+
+def oov_figures(references: list[str], hypotheses: list[str], known: set[str]) -> dict:
+    """How the words that `known` (the training transcripts' words) lacks were heard.
+
+    `oov_rate`: the share of the references' word tokens not in `known`; `oov_cer`: the character
+    error rate of those words alone, each scored against the hypothesis word Kaldi's word alignment
+    pairs it with (a deleted word counts all its characters; a word split in two is scored against
+    the part aligned with it, so the rate is an estimate of how the unknown words are spelled, not a
+    sum that adds up to the split's CER); `oov_tokens`, `oov_chars`: the counts behind them (no `oov_cer` without such words). Empty
+    `known` (a model that did not record its words): {}."""
+    import kaldialign
+
+    if not known:
+        return {}
+    tokens = oov = chars = errors = 0
+    for ref, hyp in zip(references, hypotheses, strict=True):
+        words = ref.split()
+        tokens += len(words)
+        if all(w in known for w in words):
+            continue
+        for r, h in kaldialign.align(words, hyp.split(), "\0"):
+            if r == "\0" or r in known:
+                continue
+            oov += 1
+            chars += len(r)
+            errors += kaldialign.edit_distance(list(r), [] if h == "\0" else list(h))["total"]
+    figures = {"oov_rate": oov / max(tokens, 1), "oov_tokens": oov, "oov_chars": chars}
+    return figures | ({"oov_cer": errors / chars} if chars else {})

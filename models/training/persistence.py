@@ -90,6 +90,8 @@ class Persistence:
                 "mel_std": std.tolist(),
                 # the fbank settings serving computes features from audio with (null: Kaldi made them)
                 "features": features.recorded_config(self.s.shards, self.s.train_split),
+                # the words of its training transcripts: evaluation scores the words it never heard apart
+                "words": list(self.s.shards.words.get(self.s.train_split, ())),
                 **self.s.task.model_data(),  # e.g. the synthesis model's voices, asked for by name
             },
         )

@@ -231,8 +231,14 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
 def encode_input(config: tts.TtsConfig, data: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Sentences -> the model's input as its shards wrote it: (ids int32 [B, N] 0-padded, lengths
     [B]); characters, or for `input: phonemes` espeak-ng's phonemes in the voice the shards used;
-    framed as `prepare` frames them (`frame_sentences`)."""
-    normalized = [text.normalize_transcript(t, data.get("lowercase", True)) for t in texts]
+    framed as `prepare` frames them (`frame_sentences`). A typed sentence is first spelled out as the
+    corpus' sentences are (numbers, money, abbreviations: pipeline/open_text.py, leniently) when the
+    model's text is lower-case, as every corpus sentence is."""
+    from pipeline import open_text
+
+    lowercase = data.get("lowercase", True)
+    spoken = [open_text.normalize(t, strict=False) if lowercase else t for t in texts]
+    normalized = [text.normalize_transcript(t, lowercase) for t in spoken]
     if config.input != "phonemes":
         ids = [text.encode(t, data["vocabulary"]) for t in normalized]
     else:
