@@ -4,7 +4,7 @@ each arm builds its corpus through the real stages, trains the demo's acoustic m
 heard) and `test_engine` (the held-out speakers slt and kal in every engine's rendering), per voice.
 
     python benchmarks/voice_levers.py --arms base,natural_third [--seeds 0,1] [--json out.json]
-                                      [--utterances 2500] [--work DIR] [--tiny]
+                                      [--text grammar|open] [--utterances 2500] [--work DIR] [--tiny]
 
 An arm is corpus settings (`pipeline.corpus --set`), augmented copies of the training split
 (`asr.augment.copies.*`: `pipeline.augment` makes `train_aug`, which the acoustic model then trains
@@ -12,7 +12,9 @@ on) and other training settings (`models.train --set`); arms with the same corpu
 with copies trains the base arm's number of steps (`max_steps=BASE`): the same budget over more
 audio, as the demo's time allows. A lever is kept when its
 seeds' mean held-out CER improves on the base arm's by more than the seeds' spread and `test`
-stays <= 3.0% (issue 59's rule; the JSON holds each seed's figures to judge it). `--tiny`: 40
+stays <= 3.0% (issue 59's rule; the JSON holds each seed's figures to judge it). `--text`: the
+corpus' sentences (`pipeline.corpus --text`): the grammar's (default: the arms of
+benchmarks/results/voice_levers.json were judged on them) or open English (text_levers.json). `--tiny`: 40
 utterances and a few steps of the tiny config, for the tests.
 """
 
@@ -60,12 +62,15 @@ def run(cmd: list[str]) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def shards_for(work: Path, corpus_sets: tuple[str, ...], copies: tuple[str, ...], utterances: int) -> tuple[Path, dict]:
+def shards_for(
+    work: Path, corpus_sets: tuple[str, ...], copies: tuple[str, ...], utterances: int, text: str = "grammar"
+) -> tuple[Path, dict]:
     """The arm's corpus (-> augmented copies) -> features -> shards (the stages skip work that is up
     to date); (shards, corpus.json)."""
-    data = work / f"corpus-{hashlib.sha256(json.dumps([corpus_sets, utterances]).encode()).hexdigest()[:10]}"
-    shards = work / f"shards-{hashlib.sha256(json.dumps([corpus_sets, copies, utterances]).encode()).hexdigest()[:10]}"
-    sets = [a for item in corpus_sets for a in ("--set", item)]
+    key = [corpus_sets, utterances] + ([text] if text != "grammar" else [])  # the grammar's corpora keep their names
+    data = work / f"corpus-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:10]}"
+    shards = work / f"shards-{hashlib.sha256(json.dumps([*key, copies]).encode()).hexdigest()[:10]}"
+    sets = [a for item in (f"text={text}", *corpus_sets) for a in ("--set", item)]
     run([PYTHON, "-m", "pipeline.corpus", "--out", str(data), "--num-utterances", str(utterances), *sets])
     splits = [s for s in ("train", "dev", *SPLITS) if (data / s).is_dir()]
     if copies:  # a train_aug of its own per arm, beside the corpus
@@ -93,6 +98,15 @@ def shards_for(work: Path, corpus_sets: tuple[str, ...], copies: tuple[str, ...]
     return shards, json.loads((data / "corpus.json").read_text())
 
 
+def config_steps(tiny: bool) -> int | None:
+    """The training config's own max_steps (what the base arm trains), for an arm with copies
+    measured before the base arm; None when the config sets none."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / ("tests/configs/tiny_asr.yaml" if tiny else "configs/demo_asr.yaml")).read_text())
+    return config.get("max_steps")
+
+
 def per_voice(workdir: Path, split: str) -> dict[str, float]:
     """speaker -> greedy CER of `split` (models/asr/evaluation.py `{split}_speakers.tsv`)."""
     table = workdir / "eval" / f"{split}_speakers.tsv"
@@ -101,7 +115,14 @@ def per_voice(workdir: Path, split: str) -> dict[str, float]:
 
 
 def measure(
-    arm: str, work: Path, seeds: list[int], utterances: int, tiny: bool, base_steps: int | None, earlier: dict | None
+    arm: str,
+    work: Path,
+    seeds: list[int],
+    utterances: int,
+    tiny: bool,
+    base_steps: int | None,
+    earlier: dict | None,
+    text: str = "grammar",
 ) -> dict:
     """The arm trained and scored once per seed of `seeds`; with `earlier` (this arm's record of an
     earlier run with the same settings) its other seeds' runs are kept beside them."""
@@ -109,11 +130,12 @@ def measure(
     if "max_steps=BASE" in train_sets:
         if base_steps is None:
             raise ValueError(f"arm {arm} trains the base arm's steps: run the base arm first (--arms base,{arm})")
+        # (without a base arm in the JSON: the config's max_steps, which the base arm trains)
         train_sets = tuple(f"max_steps={base_steps}" if s == "max_steps=BASE" else s for s in train_sets)
         train_sets = ("epochs=1000", *train_sets)
     # Every arm's copies are its own: none but those it names, whatever the demo config holds.
     train_sets = (NO_COPIES, *(f"asr.augment.copies.{item}" for item in copies), *train_sets)
-    shards, corpus = shards_for(work, corpus_sets, copies, utterances)
+    shards, corpus = shards_for(work, corpus_sets, copies, utterances, text)
     config = ROOT / ("tests/configs/tiny_asr.yaml" if tiny else "configs/demo_asr.yaml")
     runs = []
     for seed in seeds:
@@ -129,6 +151,13 @@ def measure(
                 "steps": summary["steps"],
                 **{f"{s}_cer": metrics[f"{s}_cer"] for s in SPLITS},
                 **{f"{s}_wer": metrics[f"{s}_wer"] for s in SPLITS},
+                # the words no training sentence has: their share and CER (open text; none in the grammar's test)
+                **{
+                    f"{s}_{k}": metrics[f"{s}_{k}"]
+                    for s in SPLITS
+                    for k in ("oov_rate", "oov_cer")
+                    if f"{s}_{k}" in metrics
+                },
                 "test_engine_voices": per_voice(workdir, "test_engine"),
             }
         )
@@ -158,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="base", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--seeds", help="comma-separated training seeds (default 0,1; --tiny: 0)")
     parser.add_argument("--utterances", type=int, default=2500)
+    parser.add_argument("--text", choices=("grammar", "open"), default="grammar", help="the corpus' sentences")
     parser.add_argument(
         "--work", type=Path, help="corpora, shards and models (default .runs/voice-levers; --tiny: a temporary one)"
     )
@@ -175,11 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = {}
     if args.json and args.json.exists():  # arms measured earlier stay; an arm run again is replaced
-        results = json.loads(args.json.read_text()).get("arms", {})
+        earlier = json.loads(args.json.read_text())
+        if earlier.get("text", "grammar") != args.text:
+            parser.error(f"{args.json} holds arms on --text {earlier.get('text', 'grammar')}; name another --json")
+        results = earlier.get("arms", {})
     for arm in arms:  # the JSON is written as each arm ends
-        base_steps = results["base"]["runs"][0]["steps"] if "base" in results else None
-        results[arm] = measure(arm, work, seeds, utterances, args.tiny, base_steps, results.get(arm))
-        write_json(args.json, {"arms": results, "splits": list(SPLITS)}, {"training": seeds, "corpus": 0})
+        base_steps = results["base"]["runs"][0]["steps"] if "base" in results else config_steps(args.tiny)
+        results[arm] = measure(arm, work, seeds, utterances, args.tiny, base_steps, results.get(arm), args.text)
+        record = {"arms": results, "splits": list(SPLITS), "text": args.text}
+        write_json(args.json, record, {"training": seeds, "corpus": 0})
     rows = []
     for arm, r in results.items():
         rows.append(

@@ -398,7 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "common/voices.py TEST_ENGINE_VOICES)",
     )
     parser.add_argument("--text", choices=TEXTS, help="open English text (default) or the grammar's sentences")
-    parser.add_argument("--text-file", help="with --text open: a UTF-8 file of one sentence per line (default: WordNet's examples)")
+    parser.add_argument(
+        "--text-file", help="with --text open: a UTF-8 file of one sentence per line (default: WordNet's examples)"
+    )
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "CorpusConfig")
     args = parser.parse_args(argv)

@@ -85,7 +85,7 @@ def _number(text: str, year: bool = False, ordinal: bool = False) -> str:
 
 
 def _plural(words: str) -> str:
-    """"nineteen ninety" -> "nineteen nineties"."""
+    """ "nineteen ninety" -> "nineteen nineties"."""
     return words[:-1] + "ies" if words.endswith("y") else words + "s"
 
 
@@ -144,7 +144,9 @@ def wordnet_examples(directory: Path = WORDNET_DIR) -> list[str]:
     """The quoted examples of WordNet's glosses, in file order."""
     missing = [name for name in WORDNET_FILES if not (directory / name).is_file()]
     if missing:
-        raise FileNotFoundError(f"WordNet's {', '.join(missing)} are not in {directory}: {INSTALL_HINT}, or use --text grammar")
+        raise FileNotFoundError(
+            f"WordNet's {', '.join(missing)} are not in {directory}: {INSTALL_HINT}, or use --text grammar"
+        )
     examples = []
     for name in WORDNET_FILES:
         with open(directory / name, encoding="utf-8", errors="replace") as lines:
@@ -161,7 +163,9 @@ def read_sentences(path: Path) -> list[str]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise FileNotFoundError(f"text_file {path} does not exist; name a UTF-8 file of one sentence per line") from None
+        raise FileNotFoundError(
+            f"text_file {path} does not exist; name a UTF-8 file of one sentence per line"
+        ) from None
     except UnicodeDecodeError as err:
         raise ValueError(f"text_file {path} is not UTF-8 ({err}); convert it, e.g. with iconv") from None
     sentences = [line.strip() for line in lines if line.strip()]

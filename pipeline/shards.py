@@ -331,7 +331,13 @@ def make_shards(
         # Each split's distinct words: a model records its training split's, so that evaluation can
         # tell the words it never heard (models/asr/evaluation.py's out-of-vocabulary figures).
         "words": {
-            name: sorted({w for e in plan.entries.values() for w in text.normalize_transcript(e.transcript, cfg.lowercase).split()})
+            name: sorted(
+                {
+                    w
+                    for e in plan.entries.values()
+                    for w in text.normalize_transcript(e.transcript, cfg.lowercase).split()
+                }
+            )
             for name, plan in plans.items()
         },
         "splits": {

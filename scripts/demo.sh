@@ -143,6 +143,12 @@ if "asr" in models:
             for speaker, utts, _, cer, cer_beam, wer, _ in rows:
                 print(f"                     {speaker:<34} CER {100 * float(cer):5.1f}% (beam {100 * float(cer_beam):5.1f}%), "
                       f"WER {100 * float(wer):5.1f}%, {utts} utterances")
+    unheard = [(split, m[f"{split}_oov_rate"], m.get(f"{split}_oov_cer")) for split in ("test", "test_noisy", "test_engine")
+               if f"{split}_oov_rate" in m]
+    if unheard:  # the words no training sentence has (models/asr/scoring.py oov_figures)
+        print("                   words never heard in training: " + "; ".join(
+            f"{split} {100 * rate:.1f}% of words" + (f", read at {100 * cer:.1f}% CER" if cer is not None else "")
+            for split, rate, cer in unheard))
     print(f"                   {registry(models['asr'])}")
 if "tts" in models:
     m = models["tts"]["metrics"]
@@ -156,6 +162,11 @@ if "tts" in models:
           f"{pct(m, 'dev_intelligibility_cer_recordings')} on the recordings themselves")
     print(f"                   filterbank cepstral distance {fcd} (test, free-running), mel L1 {l1} (test, teacher-forced)")
     print(f"                   {registry(models['tts'])}")
+text = json.loads(corpus_file.read_text()).get("text") if corpus_file.exists() else None
+if text:  # where the sentences came from (pipeline/open_text.py), and what was left out
+    left = sum(text["left_out"].values())
+    usable = f"{text['sentences']:,} usable sentences, {left:,} left out" if text["sentences"] else "its own sentences"
+    print(f"Sentences of the demo corpus: {text['source']} ({usable})")
 if heard:  # dev has the voices of train, test_noisy those of test
     print("Voices of the demo corpus (synthetic speech only: the models have never heard a human voice)")
     for split, what in (("train", "heard in training"), ("test", "held out"), ("test_engine", "held out")):

@@ -127,6 +127,9 @@ PLAYABLE = """async (el) => {
 }"""
 
 
+TYPED = "Dr. Lee paid $12 for 3 tickets, didn't she?"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(why_no_browser_test() is not None, reason=why_no_browser_test() or "")
 def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_path, sqlite_store, monkeypatch):
@@ -157,8 +160,13 @@ def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_pa
             None, pd.DataFrame({"audio": [base64.b64encode(wav.read_bytes()).decode()]})
         )[0]
         assert expected.strip(), "the untrained model wrote nothing: the comparison below could not fail"
-        sentence = pd.DataFrame({"text": ["the taxi is late"], "voice": ["bob"]})
+        # A typed sentence of open English, numbers and punctuation in it: the model speaks it spelled out.
+        sentence = pd.DataFrame({"text": [TYPED], "voice": ["bob"]})
         spoken = base64.b64decode(served(tts_dir).predict(None, sentence)["audio"][0])
+        spelled = pd.DataFrame(
+            {"text": ["doctor lee paid twelve dollars for three tickets didn't she"], "voice": ["bob"]}
+        )
+        assert base64.b64decode(served(tts_dir).predict(None, spelled)["audio"][0]) == spoken
 
         deadline = time.monotonic() + 240
         while "[try] ready" not in log.read_text():
@@ -183,7 +191,7 @@ def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_pa
             page.locator("#speak").click()  # no sentence yet: the page says what to do
             expect(errors.get_by_test_id("toast-text")).to_have_text("type a sentence first")
             errors.get_by_test_id("toast-close").click()
-            page.locator("#sentence textarea").fill("the taxi is late")
+            page.locator("#sentence textarea").fill(TYPED)
             page.locator("#voice input").click()
             page.get_by_role("option", name="bob").click()
             page.locator("#speak").click()

@@ -10,7 +10,13 @@ from models.asr.task import AsrTask
 
 
 def evaluate_asr(
-    model, vocabulary: list[str], dataset, split: str, out_dir: Path, beam_width: int, known_words: set[str] = frozenset()
+    model,
+    vocabulary: list[str],
+    dataset,
+    split: str,
+    out_dir: Path,
+    beam_width: int,
+    known_words: set[str] = frozenset(),
 ) -> dict:
     """Transcribes every utterance of `dataset` (the acoustic input pipeline in evaluation mode),
     writes `OUT/{split}_hypotheses.tsv`, `OUT/{split}_wer.txt` (Kaldi's `compute-wer` lines) and
