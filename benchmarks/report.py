@@ -26,6 +26,7 @@ from benchmarks.report_runs import (  # noqa: E402
     demo,
     faults,
     reference_asr,
+    text_levers,
     time_to_accuracy,
     voice_levers,
     voice_warp,
@@ -81,6 +82,18 @@ SECTIONS: dict[str, Section] = {
         "A lever is kept when its seeds' mean on the held-out speakers improves on the base arm's by more "
         "than the seeds' spread and `test` stays within the issue's ceiling (the verdict names it); the kept "
         "ones are the demo's defaults.",
+    ),
+    "text_levers.json": (
+        "Open English: the acoustic recipe on sentences no grammar made",
+        "`benchmarks/voice_levers.py --text open`: as the section above, on a corpus whose sentences are WordNet's "
+        "examples spelled out as spoken (`pipeline.corpus --text open`, the demo's default): greedy CER on `test` "
+        "(espeak-ng voices never heard) and on `test_engine` (the held-out speakers), each seed's in brackets; "
+        "the share of test's word tokens that no training sentence has, and the CER of those words alone "
+        "(`models/asr/scoring.py` `oov_figures`).",
+        text_levers,
+        "Test sentences share no sentence with training and many of their words are new to the model: the "
+        "unheard words' CER says how well it spells a word from its sound alone. The issue's ceiling for test is "
+        "the last column's.",
     ),
     "tts_seeds.json": (
         "Synthesis: the mean of its seeds",

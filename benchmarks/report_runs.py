@@ -4,6 +4,8 @@ synthesis model's: benchmarks/report_tts.py)."""
 
 from __future__ import annotations
 
+import statistics
+
 # The benchmarks' own table columns; importing them loads no TensorFlow.
 import benchmarks.convergence
 import benchmarks.faults
@@ -365,3 +367,29 @@ def voice_levers(r: dict) -> list[str]:
         [[f"`{v}`", *(pct(arm["test_engine_voices_mean"].get(v), 1) for arm in arms.values())] for v in voices],
     )
     return out
+
+
+def text_levers(r: dict) -> list[str]:
+    """benchmarks/voice_levers.py --text open: each arm's CER on open-text sentences (test, the
+    held-out speakers), the share of each split's words no training sentence has and their own CER
+    (seeds' mean, each seed beside it), against issue 60's ceiling for test."""
+
+    def seeds(arm: dict, key: str) -> str:
+        values = [run.get(key) for run in arm["runs"]]
+        if any(v is None for v in values):
+            return ""
+        return f"{pct(statistics.fmean(values), 2)} ({', '.join(pct(v, 2) for v in values)})"
+
+    rows = []
+    for name, arm in r["arms"].items():
+        settings = [*arm["corpus_sets"], *(f"copies.{c}" for c in arm.get("copies", []))]
+        mean_test = statistics.fmean(run["test_cer"] for run in arm["runs"])
+        verdict = "one seed" if len(arm["runs"]) < 2 else "within 5.0%" if mean_test <= 0.05 else "above 5.0%"
+        rows.append([f"`{name}`", "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults",
+                     seeds(arm, "test_cer"), pct(arm["runs"][0].get("test_oov_rate")), seeds(arm, "test_oov_cer"),
+                     seeds(arm, "test_engine_cer"), seeds(arm, "test_engine_oov_cer"), verdict])  # fmt: skip
+    return table(
+        ["arm", "settings", "test CER", "test words unheard", "their CER", "held-out speakers CER", "their unheard words' CER",
+         "test against 5.0%"],
+        rows,
+    )  # fmt: skip

@@ -66,7 +66,7 @@ EXPECTED = {
         "mlflow_down_none_lost",
     ],
     "time_to_accuracy": ["arms", "targets", "meta"],
-    "voice_levers": ["arms", "splits", "meta"],
+    "voice_levers": ["arms", "splits", "text", "meta"],
     "serving": ["rtf_1_client", "p99_s_4_clients", "failed_16_clients", "w1_c1", "w1_batch", "meta"],
     "speedup_model": [
         "tcalc_s",
