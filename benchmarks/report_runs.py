@@ -333,6 +333,15 @@ def reference_asr(r: dict) -> list[str]:
     return out
 
 
+def measured_on(arm: dict) -> str:
+    """An arm's own commit and machine (arms of one results file may come from several runs)."""
+    run = arm.get("run")
+    if not run:
+        return "as the file's"
+    machine = run["machine"]
+    return f"`{run['commit'][:7]}`, {machine['cpu_model']} ({', '.join(machine['flags'])}), {run['date'][:10]}"
+
+
 def voice_levers(r: dict) -> list[str]:
     """benchmarks/voice_levers.py: each arm's test and held-out-speaker CER (seeds' mean, each seed
     beside it), per held-out voice, and issue 59's verdict against the base arm."""
@@ -357,9 +366,10 @@ def voice_levers(r: dict) -> list[str]:
     for name, arm in arms.items():
         settings = [*arm["corpus_sets"], *(f"copies.{c}" for c in arm.get("copies", []))]
         rows.append([f"`{name}`", "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults", pct(arm["natural_share_seconds"]),
-                     seeds(arm, "test_cer"), seeds(arm, "test_engine_cer"), verdict(name, arm)])  # fmt: skip
+                     seeds(arm, "test_cer"), seeds(arm, "test_engine_cer"), verdict(name, arm), measured_on(arm)])  # fmt: skip
     out = table(
-        ["arm", "settings", "natural share of train seconds", "test CER", "held-out speakers CER", "verdict"], rows
+        ["arm", "settings", "natural share of train seconds", "test CER", "held-out speakers CER", "verdict", "run"],
+        rows,
     )
     voices = sorted({v for arm in arms.values() for v in arm["test_engine_voices_mean"]})
     out += table(
@@ -387,9 +397,9 @@ def text_levers(r: dict) -> list[str]:
         verdict = "one seed" if len(arm["runs"]) < 2 else "within 5.0%" if mean_test <= 0.05 else "above 5.0%"
         rows.append([f"`{name}`", "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults",
                      seeds(arm, "test_cer"), pct(arm["runs"][0].get("test_oov_rate")), seeds(arm, "test_oov_cer"),
-                     seeds(arm, "test_engine_cer"), seeds(arm, "test_engine_oov_cer"), verdict])  # fmt: skip
+                     seeds(arm, "test_engine_cer"), seeds(arm, "test_engine_oov_cer"), verdict, measured_on(arm)])  # fmt: skip
     return table(
         ["arm", "settings", "test CER", "test words unheard", "their CER", "held-out speakers CER", "their unheard words' CER",
-         "test against 5.0%"],
+         "test against 5.0%", "run"],
         rows,
     )  # fmt: skip

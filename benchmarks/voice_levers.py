@@ -37,6 +37,7 @@ from benchmarks.harness import (  # noqa: E402
     ROOT,
     evaluate_model,
     print_table,
+    run_metadata,
     run_training,
     write_json,
 )
@@ -168,6 +169,8 @@ def measure(
     spread = {f"{s}_cer": max(r[f"{s}_cer"] for r in runs) - min(r[f"{s}_cer"] for r in runs) for s in SPLITS}
     voices = sorted(runs[0]["test_engine_voices"])
     return {
+        # arms of one JSON may come from runs on other days and machines: each records its own
+        "run": {k: v for k, v in run_metadata({"training": seeds, "corpus": 0}).items() if k != "seeds"},
         "corpus_sets": list(corpus_sets),
         "copies": list(copies),
         "train_sets": list(train_sets),
