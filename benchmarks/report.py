@@ -93,7 +93,7 @@ SECTIONS: dict[str, Section] = {
         text_levers,
         "Test sentences share no sentence with training and many of their words are new to the model: the "
         "unheard words' CER says how well it spells a word from its sound alone. The issue's ceiling for test is "
-        "the last column's.",
+        "the verdict column's.",
     ),
     "tts_seeds.json": (
         "Synthesis: the mean of its seeds",
