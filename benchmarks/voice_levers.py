@@ -99,6 +99,20 @@ def shards_for(
     return shards, json.loads((data / "corpus.json").read_text())
 
 
+def finished(workdir: Path, items: list[str]) -> tuple[dict, dict] | None:
+    """(train_summary.json, eval.json) of a seed's run that ended and was evaluated with these
+    training settings (its `run.json` records them), else None: a rerun after an interruption
+    trains only what is missing. A reused run has no job minutes (the harness timed the launch)."""
+    try:
+        same = json.loads((workdir / "run.json").read_text())["items"] == items
+        summary = json.loads((workdir / "train_summary.json").read_text())
+        metrics = json.loads((workdir / "eval.json").read_text())
+    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        return None
+    wall = json.loads((workdir / "run.json").read_text()).get("job_wall_s")
+    return ({**summary, **({"job_wall_s": wall} if wall is not None else {})}, metrics) if same else None
+
+
 def config_steps(tiny: bool) -> int | None:
     """The training config's own max_steps (what the base arm trains), for an arm with copies
     measured before the base arm; None when the config sets none."""
@@ -142,13 +156,19 @@ def measure(
     for seed in seeds:
         workdir = work / f"{arm}-seed{seed}"
         items = [f"seed={seed}", "log_model=false", *train_sets, *(["max_steps=4"] if tiny else [])]
-        summary = run_training(shards, workdir, 2, config, items, timeout=3600)
-        split_args = [a for s in SPLITS for a in ("--split", s)]
-        metrics = evaluate_model(workdir, shards, *split_args)  # eval.json: {split}_cer, {split}_wer, ...
+        done = finished(workdir, items)
+        if done:  # an interrupted run of the benchmark: this seed's run ended, read it back
+            summary, metrics = done
+            print(f"  {arm} seed {seed}: reusing the finished run in {workdir}")
+        else:
+            summary = run_training(shards, workdir, 2, config, items, timeout=3600)
+            split_args = [a for s in SPLITS for a in ("--split", s)]
+            metrics = evaluate_model(workdir, shards, *split_args)  # eval.json: {split}_cer, {split}_wer, ...
+            (workdir / "run.json").write_text(json.dumps({"items": items, "job_wall_s": summary["job_wall_s"]}) + "\n")
         runs.append(
             {
                 "seed": seed,
-                "job_minutes": summary["job_wall_s"] / 60,
+                "job_minutes": summary["job_wall_s"] / 60 if "job_wall_s" in summary else None,
                 "steps": summary["steps"],
                 **{f"{s}_cer": metrics[f"{s}_cer"] for s in SPLITS},
                 **{f"{s}_wer": metrics[f"{s}_wer"] for s in SPLITS},
