@@ -116,7 +116,13 @@ def tts_seeds(r: dict) -> list[str]:
     )
     out = [
         f"`{r['config']}`{' with ' + ', '.join(r['overrides']) if r['overrides'] else ''}; {r['max_utterances']} "
-        f"sentences per split; the listener's own test CER: {pct(r['listener_test_cer'])}.",
+        f"sentences per split; the listener's own test CER: {pct(r['listener_test_cer']) or 'not measured'}"
+        + (
+            f"; the listener, pinned: {r['listener']['model']} ({r['listener']['weights']}, sha256 "
+            f"{r['listener']['sha256'][:12]})."
+            if r.get("listener")
+            else "."
+        ),
         "",
     ]
     return out + table(

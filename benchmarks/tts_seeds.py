@@ -6,7 +6,8 @@
                                    [--run-config C] [--set KEY=VALUE ...] [--max-utterances 100]
 
 DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
-`shards/`, its acoustic model `asr/` as the listener and its `summary.json`. The run's own synthesis
+`shards/`, its acoustic model `asr/` as the listener (or `--listener WORKDIR`; the JSON pins it by its
+weights' sha256) and its `summary.json`. The run's own synthesis
 model (trained with `--run-config`, default the demo's) is the seed its saved config names: when
 `--config` is that config and every setting of the file as it is now and every `--set` item hold in the
 run's saved config (e.g. a `max_steps` it was run with), its evaluation is read from the summary, not trained again; a `--set` the run did not
@@ -49,6 +50,21 @@ def evaluate(workdir: Path, shards: Path, listener: Path, max_utterances: int) -
     return evaluate_model(workdir, shards, "--asr-model", str(listener), "--max-utterances", str(max_utterances))
 
 
+def pinned(listener: Path, run_dir: Path) -> dict:
+    """What pins the listener every seed is heard by: its model's weights file and their sha256, and
+    where it came from (the demo run's own acoustic model, or another workdir)."""
+    import hashlib
+
+    weights = sorted((listener / "model").glob("ckpt-*.npz"))
+    if not weights:
+        raise SystemExit(f"{listener}: no acoustic model (model/ckpt-*.npz); pass --listener a finished asr workdir")
+    return {
+        "model": "the demo run's acoustic model" if listener == run_dir / "asr" else listener.name,
+        "weights": weights[-1].name,
+        "sha256": hashlib.sha256(weights[-1].read_bytes()).hexdigest(),
+    }
+
+
 def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) -> int | None:
     """The seed the demo run's synthesis model was trained with, when that model is what `config`
     with the `--set` items `sets` trains: `config` is the run's config (`run_config`), and every
@@ -83,14 +99,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--work", type=Path, help="where the seeds' training workdirs go (default: a new temporary one)"
     )
+    parser.add_argument(
+        "--listener",
+        type=Path,
+        help="the acoustic model that hears every seed (a training workdir; default: the demo run's asr/)",
+    )
     parser.add_argument("--lever", help="a name for this run among the levers (with --levers-json)")
     parser.add_argument("--levers-json", type=Path, help="the file that keeps every lever's run")
     args = parser.parse_args(argv)
     run_dir = args.demo_run.resolve()
-    shards, listener = run_dir / "shards", run_dir / "asr"
+    shards = run_dir / "shards"
+    listener = (args.listener or run_dir / "asr").resolve()
     summary = json.loads((run_dir / "summary.json").read_text())
     seeds = [int(s) for s in args.seeds.split(",")]
-    run_seed = seed_of_run(run_dir, args.config, args.run_config, args.set)
+    # Another listener has not heard the run's own model: every seed is trained and heard here.
+    run_seed = seed_of_run(run_dir, args.config, args.run_config, args.set) if args.listener is None else None
     work = args.work.resolve() if args.work else Path(tempfile.mkdtemp(prefix="tts-seeds-"))
     work.mkdir(parents=True, exist_ok=True)
     per_seed: dict[str, dict] = {}
@@ -126,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.config.resolve().is_relative_to(ROOT)
         else str(args.config),
         "overrides": args.set,
-        "listener_test_cer": summary["models"].get("asr", {}).get("metrics", {}).get("test_cer"),
+        "listener_test_cer": summary["models"].get("asr", {}).get("metrics", {}).get("test_cer")
+        if args.listener is None
+        else None,
+        "listener": pinned(listener, run_dir),
         "max_utterances": args.max_utterances,
         "seeds": per_seed,
         "mean": means,
