@@ -4,8 +4,8 @@ The entry point: it opens the trained model (`--model`: a training workdir, its 
 registry URI, as every command names a model: models/opening.py), builds each split's input, and
 runs the model's evaluation (models/asr/evaluation.py, models/tts/evaluation.py), then logs to MLflow.
 
-Acoustic model: CER and WER with greedy and beam-search decoding, and a file of hypotheses next
-to the references, for the test split and, when the shards have them, the noisy test and the test in
+Acoustic model: CER and WER with greedy and beam-search decoding (and with `--lm DIR`, beam search
+with that word language model: models/asr/lm.py), and a file of hypotheses next to the references, for the test split and, when the shards have them, the noisy test and the test in
 an engine's voices never heard in training (test_engine). Synthesis
 model: mel L1 (teacher-forced) and filterbank cepstral distance (free-running, DTW-aligned) against
 the references, attention plots and a monotonicity measure, predicted-versus-reference mel
@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         help="tts: the acoustic model that listens, for intelligibility (any form --model takes)",
     )
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")
+    p.add_argument(
+        "--lm", help="asr: a word LM's directory (python -m pipeline.lm): beam search with it is reported too"
+    )
     p.add_argument("--max-utterances", type=int, help="tts: utterances to synthesize (default 100)")
     p.add_argument("--num-audio", type=int, help="tts: sentences to render as audio with Griffin-Lim (default 3)")
     p.add_argument(
@@ -264,6 +267,7 @@ def _main(args: argparse.Namespace) -> None:
     flags = {
         "splits": list(args.split) or None,
         "beam_width": args.beam_width,
+        "lm": args.lm,
         "max_utterances": args.max_utterances,
         "num_audio": args.num_audio,
         "voice": args.voice,

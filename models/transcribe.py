@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from common import cli
 from models.asr import transcribe as batch
 
 
@@ -21,17 +22,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", type=Path, help="audio files (instead of --data-dir)")
     parser.add_argument("--out", type=Path, required=True, help="directory for text, ctm and rejected.tsv")
     parser.add_argument("--beam-width", type=int, default=0, help="CTC beam search of this width (0: greedy)")
+    parser.add_argument(
+        "--lm",
+        type=Path,
+        help="a word LM's directory (python -m pipeline.lm): beam search with it (its tuned settings)",
+    )
     parser.add_argument("--allow-pipes", action="store_true", help="run wav.scp commands that are not decoders")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if (args.data_dir is None) == (not args.files):
         parser.error("give either --data-dir or audio files")
     cfg = batch.TranscribeConfig(
-        beam_width=args.beam_width, allow_pipes=args.allow_pipes, progress=not args.no_progress
+        beam_width=args.beam_width, lm=str(args.lm or ""), allow_pipes=args.allow_pipes, progress=not args.no_progress
     )
+    return cli.run(lambda: _run(args, cfg))
+
+
+def _run(args: argparse.Namespace, cfg) -> None:
     summary = batch.transcribe(args.model, args.out, cfg, args.data_dir, args.files)
     print(f"{summary['transcribed']} utterances transcribed ({summary['rejected']} rejected): {summary['text']}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
 # WordNet's example sentences: the demo corpus' open English text (pipeline/open_text.py).
 [ -f /usr/share/wordnet/data.noun ] || missing+=(wordnet-base)
+# KenLM's lmplz, which builds the word LM (pipeline/lm.py), is compiled below: it needs Boost and zlib.
+[ -f /usr/include/boost/program_options.hpp ] && [ -f /usr/include/boost/thread.hpp ] \
+  || missing+=(libboost-program-options-dev libboost-system-dev libboost-thread-dev)
+[ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 # PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_dag.py starts its
 # own cluster). Debian keeps initdb off PATH, in /usr/lib/postgresql/VERSION/bin. Optional: without
 # root, that test is skipped and says why.
@@ -132,6 +136,29 @@ if ! stamp_ok .venv/.stamp-horovod "$hvd_hash" || ! .venv/bin/python -c 'import 
     || die "the Horovod build failed; see docs/troubleshooting.md."
   .venv/bin/python -c 'import horovod.tensorflow as h; assert h.gloo_built(), "Horovod built without Gloo"'
   echo "$hvd_hash" > .venv/.stamp-horovod
+fi
+# KenLM's lmplz and build_binary (the word LM's estimator, pipeline/lm.py), compiled from the sources in
+# the sdist of the kenlm module that train.lock pins (that module compiles only KenLM's query code).
+# The binaries are kept in the user's cache per version, so a second checkout copies them.
+kenlm_version=$(sed -n 's/^kenlm==//p' "$REQ/train.lock")
+[ -n "$kenlm_version" ] || die "requirements/train.lock pins no kenlm version"
+kenlm_cache="${XDG_CACHE_HOME:-$HOME/.cache}/speechflow/kenlm-$kenlm_version"
+if ! stamp_ok .venv/.stamp-lmplz "$kenlm_version" || [ ! -x .venv/bin/lmplz ]; then
+  if [ ! -x "$kenlm_cache/bin/lmplz" ] || [ ! -x "$kenlm_cache/bin/build_binary" ]; then
+    say "compiling KenLM's lmplz $kenlm_version from its sdist (about 3 minutes on 2 cores; cached afterwards)"
+    kenlm_src=$(mktemp -d)
+    .venv/bin/python -m pip download -q --no-deps --no-binary kenlm "kenlm==$kenlm_version" -d "$kenlm_src" \
+      || die "could not download the kenlm $kenlm_version sdist"
+    tar xzf "$kenlm_src/kenlm-$kenlm_version.tar.gz" -C "$kenlm_src"
+    { cmake -S "$kenlm_src/kenlm-$kenlm_version" -B "$kenlm_src/build" -DCMAKE_BUILD_TYPE=Release \
+        && make -C "$kenlm_src/build" -j"$(nproc)" lmplz build_binary; } > build/setup-kenlm.log 2>&1 \
+      || { tail -30 build/setup-kenlm.log >&2; die "the lmplz build failed (log in build/setup-kenlm.log)"; }
+    mkdir -p "$kenlm_cache/bin"
+    cp "$kenlm_src/build/bin/lmplz" "$kenlm_src/build/bin/build_binary" "$kenlm_cache/bin/"
+    rm -rf "$kenlm_src"
+  fi
+  cp "$kenlm_cache/bin/lmplz" "$kenlm_cache/bin/build_binary" .venv/bin/
+  echo "$kenlm_version" > .venv/.stamp-lmplz
 fi
 .venv/bin/python -m pip check >/dev/null || { .venv/bin/python -m pip check; die ".venv has broken requirements"; }
 

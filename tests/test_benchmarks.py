@@ -67,6 +67,7 @@ EXPECTED = {
     ],
     "time_to_accuracy": ["arms", "targets", "meta"],
     "voice_levers": ["arms", "splits", "text", "meta"],
+    "lm_decoding": ["conditions", "splits", "meta"],
     "serving": ["rtf_1_client", "p99_s_4_clients", "failed_16_clients", "w1_c1", "w1_batch", "meta"],
     "speedup_model": [
         "tcalc_s",

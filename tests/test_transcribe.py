@@ -214,3 +214,32 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_st
     assert uri_eval["test_cer"] == json.loads((root / "work" / "eval.json").read_text())["test_cer"]
     with pytest.raises(ValueError, match="models:/missing@champion"):
         opening.open_model("models:/missing@champion")
+
+
+def test_evaluate_and_transcribe_decode_with_a_word_lm_of_the_transcripts(decoded, tmp_path):
+    """`--lm DIR` (pipeline/lm.py's LM of the data's own transcripts): the evaluation reports beam
+    search with it beside greedy and beam, with the LM's coverage of the split; transcription uses it."""
+    from pipeline import lm as lmstage
+
+    root, data, _ = decoded
+    model = root / "work" / "model"
+    assert lmstage.main(["--data", str(data), "--vocabulary-from", str(model), "--out", str(tmp_path / "lm")]) == 0
+    args = ["--model", str(model), "--shards", str(root / "shards"), "--split", "test", "--no-mlflow"]
+    assert evaluate.main([*args, "--lm", str(tmp_path / "lm"), "--out-dir", str(tmp_path / "e")]) == 0
+    metrics = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert {"test_cer_lm", "test_wer_lm", "test_word_sub_lm", "lm_weight", "lm_order"} <= set(metrics)
+    assert metrics["test_lm_oov_rate"] == 0.0, "the LM's text is the split's transcripts"
+    assert "beam_lm" in (tmp_path / "e" / "eval" / "test_hypotheses.tsv").read_text().splitlines()[0]
+    assert "with the word LM" in (tmp_path / "e" / "eval" / "test_wer.txt").read_text()
+    out = tmp_path / "t"
+    assert (
+        transcribe.main(
+            ["--model", str(model), "--data-dir", str(data), "--out", str(out), "--lm", str(tmp_path / "lm")]
+        )
+        == 0
+    )
+    text = dict(line.split(" ", 1) for line in (out / "text").read_text().splitlines())
+    ctm_words = [line.split()[4] for line in (out / "ctm").read_text().splitlines()]
+    assert len(text) == 6 and ctm_words == [w for u in sorted(text) for w in text[u].split()]
+    missing = ["--model", str(model), "--data-dir", str(data), "--out", str(out), "--lm", str(tmp_path / "x")]
+    assert transcribe.main(missing) == 1, "a missing LM is an error, never a silent greedy decoding"

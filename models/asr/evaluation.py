@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from models.asr import lm
 from models.asr import network as asr
 from models.asr.scoring import COUNTS, compute_wer_lines, error_rates, oov_figures, rates_of  # noqa: F401 (as before)
 from models.asr.task import AsrTask
@@ -17,6 +18,7 @@ def evaluate_asr(
     out_dir: Path,
     beam_width: int,
     known_words: set[str] = frozenset(),
+    lm_decoder=None,
 ) -> dict:
     """Transcribes every utterance of `dataset` (the acoustic input pipeline in evaluation mode),
     writes `OUT/{split}_hypotheses.tsv`, `OUT/{split}_wer.txt` (Kaldi's `compute-wer` lines) and
@@ -24,30 +26,49 @@ def evaluate_asr(
     CER and WER, greedy and beam, with the substitution, deletion and insertion counts behind them
     (`{split}_word_sub`, ..., `_beam` for beam search); with `known_words` (the model's training
     words), the share of the split's words outside them and their greedy CER (`{split}_oov_rate`,
-    `{split}_oov_cer`: scoring.oov_figures)."""
+    `{split}_oov_cer`: scoring.oov_figures). With `lm_decoder` (models/asr/lm.py), the beam search
+    with the word LM too (`_lm`), and beside it how well the LM's text knows the split
+    (`{split}_lm_oov_rate`, `{split}_lm_3gram_hit`)."""
     rows, speakers = [], {}
     for batch in dataset:
         feats, lengths = AsrTask.features(batch), batch["feat_lengths"]
-        greedy, beam = asr.transcriptions(model, feats, lengths, vocabulary, (0, beam_width))
+        logits, out_lengths = asr.forward(model, feats, lengths)
+        greedy, beam = asr.decode_logits(logits, out_lengths, vocabulary, (0, beam_width))
+        with_lm = lm_decoder.decode(lm.log_probs_of(logits, out_lengths)) if lm_decoder else [None] * len(greedy)
         tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
         for i, (utt, speaker) in enumerate(zip(batch["utt_id"].numpy(), batch["speaker"].numpy())):
             reference = "".join(vocabulary[t] for t in tokens[i, : token_lengths[i]])
             name = utt.decode()
-            rows.append((name, reference, greedy[i], beam[i]))
+            rows.append((name, reference, greedy[i], beam[i], with_lm[i]))
             speakers[name] = speaker.decode()
     rows.sort()
     (out_dir / f"{split}_speakers.tsv").write_text("\n".join(speaker_rows(rows, speakers)) + "\n", encoding="utf-8")
     refs = [r[1] for r in rows]
     greedy_rates = error_rates(refs, [r[2] for r in rows])
     beam_rates = error_rates(refs, [r[3] for r in rows])
-    lines = ["utt_id\treference\tgreedy\tbeam"] + ["\t".join(r) for r in rows]
+    header = ["utt_id", "reference", "greedy", "beam"] + (["beam_lm"] if lm_decoder else [])
+    lines = ["\t".join(header)] + ["\t".join(r[: len(header)]) for r in rows]
     (out_dir / f"{split}_hypotheses.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     report = [f"# {split}, greedy"] + compute_wer_lines(greedy_rates)
     report += [f"# {split}, beam search (width {beam_width})"] + compute_wer_lines(beam_rates)
-    (out_dir / f"{split}_wer.txt").write_text("\n".join(report) + "\n", encoding="utf-8")
     counts = ("words", "word_sub", "word_del", "word_ins", "chars", "char_sub", "char_del", "char_ins")
+    with_lm = {}
+    if lm_decoder:
+        lm_rates = error_rates(refs, [r[4] for r in rows])
+        s = lm_decoder.settings
+        report += [
+            f"# {split}, beam search (width {s.beam_width}) with the word LM (weight {s.weight}, word bonus {s.word_bonus})"
+        ] + compute_wer_lines(lm_rates)
+        with_lm = {
+            f"{split}_cer_lm": lm_rates["cer"],
+            f"{split}_wer_lm": lm_rates["wer"],
+            **{f"{split}_{key}_lm": lm_rates[key] for key in counts if key not in ("words", "chars")},
+            **{f"{split}_{key}": value for key, value in lm.coverage(lm_decoder.lm_dir, refs).items()},
+        }
+    (out_dir / f"{split}_wer.txt").write_text("\n".join(report) + "\n", encoding="utf-8")
     oov = oov_figures(refs, [r[2] for r in rows], set(known_words))
     return {
+        **with_lm,
         **{f"{split}_{key}": value for key, value in oov.items()},
         f"{split}_cer": greedy_rates["cer"],
         f"{split}_wer": greedy_rates["wer"],
@@ -59,11 +80,11 @@ def evaluate_asr(
     }
 
 
-def speaker_rows(rows: list[tuple[str, str, str, str]], speakers: dict[str, str]) -> list[str]:
+def speaker_rows(rows: list[tuple], speakers: dict[str, str]) -> list[str]:
     """`{split}_speakers.tsv`'s lines: each speaker's utterances, characters and greedy and beam CER
     and WER, the worst greedy CER first (a held-out voice the split's total hides shows here).
-    `rows`: (utt_id, reference, greedy, beam); `speakers`: utt_id -> speaker."""
-    by_speaker: dict[str, list[tuple[str, str, str, str]]] = {}
+    `rows`: (utt_id, reference, greedy, beam, ...); `speakers`: utt_id -> speaker."""
+    by_speaker: dict[str, list[tuple]] = {}
     for row in rows:
         by_speaker.setdefault(speakers[row[0]], []).append(row)
     table = []
@@ -81,9 +102,12 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     of `splits` (`batches(split, frames_per_batch)` gives its input); the champion is chosen on the
     first split's CER (dev, when the shards have it)."""
     metrics = {}
+    decoder = lm.LmDecoder(cfg.lm, data["vocabulary"]) if cfg.lm else None
+    if decoder:
+        metrics.update(decoder.describe())
     for split in splits:
         dataset = batches(split, cfg.frames_per_batch)
         known = set(data.get("words", ()))
-        metrics.update(evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width, known))
+        metrics.update(evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width, known, decoder))
     metrics["primary_metric"] = f"{splits[0]}_cer"
     return metrics

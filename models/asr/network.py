@@ -216,11 +216,21 @@ def transcribe(model, feats, lengths, vocabulary: list[str], beam_width: int = 0
     return transcriptions(model, feats, lengths, vocabulary, (beam_width,))[0]
 
 
+def forward(model, feats, lengths):
+    """(logits [B, T', V], output lengths [B]) of a batch: feats float32 [B, T, D], lengths [B] in frames."""
+    return compiled(model, feats.shape[-1])(feats, tf.cast(lengths, tf.int32))
+
+
 def transcriptions(model, feats, lengths, vocabulary: list[str], beam_widths=(0,)) -> list[list[str]]:
     """`transcribe` with each of `beam_widths` (0: greedy) from one forward pass of the batch: one
     list of texts per width. The forward pass is most of a transcription's time, so an evaluation
     that reports greedy and beam search runs it once."""
-    logits, out_lengths = compiled(model, feats.shape[-1])(feats, tf.cast(lengths, tf.int32))
+    logits, out_lengths = forward(model, feats, lengths)
+    return decode_logits(logits, out_lengths, vocabulary, beam_widths)
+
+
+def decode_logits(logits, out_lengths, vocabulary: list[str], beam_widths=(0,)) -> list[list[str]]:
+    """Texts of the model's output logits [B, T', V] with real lengths [B], for each of `beam_widths`."""
     decoded = []
     for width in beam_widths:
         ids = beam_decode(logits, out_lengths, width) if width else greedy_decode(logits.numpy(), out_lengths.numpy())

@@ -1,7 +1,7 @@
 """Batch transcription: a Kaldi data directory or audio files -> Kaldi-style `text` and a CTM.
 
     python -m models.transcribe --model models:/speechflow-asr@champion --data-dir data/test --out decode/test
-    python -m models.transcribe --model runs/asr a.wav b.flac --out decode/mine [--beam-width 8]
+    python -m models.transcribe --model runs/asr a.wav b.flac --out decode/mine [--beam-width 8] [--lm runs/lm]
 
 Audio is read as the feature stage reads it (pipeline/features.py): `wav.scp` files and the
 decoder commands of Kaldi recipes (other commands only with `--allow-pipes`), `segments`, the
@@ -27,13 +27,14 @@ import numpy as np
 from common import fsutil
 from common.progress import progress as progress_bar
 from models import opening
-from models.asr import alignment, inference
+from models.asr import alignment, inference, lm
 from pipeline import features, kaldi, text
 
 
 @dataclasses.dataclass(frozen=True)
 class TranscribeConfig:
     beam_width: int = 0  # 0: greedy CTC decoding; > 0: CTC beam search of this width
+    lm: str = ""  # a word LM's directory (pipeline/lm.py): beam search with it, its tuned settings
     allow_pipes: bool = False  # run `cmd |` entries of wav.scp that are not a recognized decoder call
     progress: bool = True  # a progress bar on stderr
 
@@ -87,8 +88,9 @@ def normalization(feats: dict, speakers: dict, cmvn: str, data: dict) -> dict:
     return out
 
 
-def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shift_ms):
-    """[(utt, hypothesis, [(word, start s, duration s)])] of one batch."""
+def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shift_ms, lm_decoder=None):
+    """[(utt, hypothesis, [(word, start s, duration s)])] of one batch; with `lm_decoder`
+    (models/asr/lm.py) the hypotheses are its beam search's with the word LM."""
     import tensorflow as tf
 
     from models.asr import network as asr
@@ -98,11 +100,14 @@ def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shif
     batch = inference.features_batch([feats[u] for u in utts], stats, config.input.cmvn)
     lengths = batch["feat_lengths"]
     logits, out_lengths = model(AsrTask.features(batch), lengths)  # [B, T', V], [B]
-    if beam_width:
+    log_probs = tf.nn.log_softmax(logits).numpy()  # [B, T', V]
+    if lm_decoder is not None:
+        hypotheses = lm_decoder.decode([log_probs[i, : out_lengths[i]] for i in range(len(utts))])
+        ids = [text.encode(h, data["vocabulary"]) for h in hypotheses]  # the path to align the words on
+    elif beam_width:
         ids = asr.beam_decode(logits, out_lengths, beam_width)
     else:
         ids = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
-    log_probs = tf.nn.log_softmax(logits).numpy()  # [B, T', V]
     frame_seconds = frame_shift_ms / 1000.0 * config.settings.subsample  # one output frame per `subsample` inputs
     out = []
     for i, (u, labels) in enumerate(zip(utts, ids)):
@@ -122,6 +127,8 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
     if config.model != "asr":
         raise ValueError(f"{model_spec} is a {config.model} model; transcription needs an acoustic model")
     feature_cfg = dataclasses.replace(opening.feature_config(data), allow_pipes=cfg.allow_pipes)
+    # A broken LM fails here, before any audio is read: never a silent fallback to decoding without it.
+    decoder = lm.LmDecoder(cfg.lm, data["vocabulary"]) if cfg.lm else None
     entries, rejections = audio_entries(data_dir, [Path(f) for f in files], cfg.allow_pipes)
     feats, unusable = compute_features(entries, feature_cfg, cfg.progress)
     rejections += unusable
@@ -133,7 +140,9 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
         batches = [[ids[i] for i in b] for b in inference.length_batches([len(feats[u]) for u in ids])]
         bar = progress_bar(total=len(ids), desc="transcribe", unit="utt", disable=not cfg.progress)
         for utts in batches:
-            results += decode_batch(model, config, data, utts, feats, norms, cfg.beam_width, feature_cfg.frame_shift_ms)
+            results += decode_batch(
+                model, config, data, utts, feats, norms, cfg.beam_width, feature_cfg.frame_shift_ms, decoder
+            )
             bar.update(len(utts))
         bar.close()
     results.sort()
