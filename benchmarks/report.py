@@ -25,6 +25,7 @@ from benchmarks.report_runs import (  # noqa: E402
     convergence,
     demo,
     faults,
+    lm_decoding,
     reference_asr,
     text_levers,
     time_to_accuracy,
@@ -95,11 +96,23 @@ SECTIONS: dict[str, Section] = {
         "unheard words' CER says how well it spells a word from its sound alone. The issue's ceiling for test is "
         "the verdict column's.",
     ),
+    "lm_decoding.json": (
+        "Decoding with a word LM",
+        "`benchmarks/lm_decoding.py`: the demo run's acoustic model decoding every split greedily, by beam search "
+        "and by beam search with a word n-gram (`pipeline.lm`, KenLM's lmplz; pyctcdecode's beam search with "
+        "`kenlm`), its weight and word bonus chosen on `dev` by `models.tune_lm` and then fixed for the test "
+        "splits. Two LM texts: the training split's transcripts (`corpus`), and WordNet's example sentences that "
+        "no split of the corpus holds (`general`); `_oN` is the n-gram's order.",
+        lm_decoding,
+        "`dev` chose the settings, so its row is not a held-out figure. The last two columns say how well the LM's "
+        "text knows the split: the share of its words the LM never saw, and of its word 3-grams the text had.",
+    ),
     "tts_seeds.json": (
         "Synthesis: the mean of its seeds",
         "`benchmarks/tts_seeds.py`: the demo's synthesis config trained alone at `horovodrun -np 2` with each "
         "seed on the demo run's shards, each evaluated as the DAG evaluates it (dev: held-out sentences in "
-        "training voices; test: voices never heard in training), heard by the demo run's acoustic model. The "
+        "training voices; test: voices never heard in training), every seed heard by one pinned listener (the "
+        "line above the table names its weights): the demo run's acoustic model unless another is named. The "
         "demo run's own synthesis model is the first seed when the demo trained this config (the table's `from`).",
         tts_seeds,
         "The model's figure is the mean; one seed is not the model's figure.",

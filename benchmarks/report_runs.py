@@ -403,3 +403,21 @@ def text_levers(r: dict) -> list[str]:
          "test against 5.0%", "run"],
         rows,
     )  # fmt: skip
+
+
+def lm_decoding(r: dict) -> list[str]:
+    """benchmarks/lm_decoding.py: per LM (its text and order) and split, greedy, beam and beam+LM CER
+    and WER, the LM's WER over beam search's, and how well the LM's text knows the split."""
+    rows = []
+    for name, c in r["conditions"].items():
+        chosen = f"{c['chosen']['weight']:g} / {c['chosen']['word_bonus']:g} (on `{c['chosen']['on']}`)"
+        for split, f in c["splits"].items():
+            ratio = f"{f['wer_lm_over_beam']:.2f}x" if f.get("wer_lm_over_beam") is not None else ""
+            rows.append([f"`{name}`", f"{num(c['sentences'])} sentences, {num(c['vocabulary_size'])} words",
+                         chosen, f"`{split}`", pct(f["cer"]), pct(f["cer_beam"]), pct(f["cer_lm"]), pct(f["wer"]),
+                         pct(f["wer_beam"]), pct(f["wer_lm"]), ratio, pct(f["lm_oov_rate"]), pct(f["lm_3gram_hit"])])  # fmt: skip
+    return table(
+        ["LM", "its text", "weight / word bonus", "split", "CER greedy", "CER beam", "CER beam+LM", "WER greedy",
+         "WER beam", "WER beam+LM", "WER: LM / beam", "words the LM lacks", "3-grams its text had"],
+        rows,
+    )  # fmt: skip
