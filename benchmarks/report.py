@@ -105,7 +105,7 @@ SECTIONS: dict[str, Section] = {
         "no split of the corpus holds (`general`); `_oN` is the n-gram's order.",
         lm_decoding,
         "`dev` chose the settings, so its row is not a held-out figure. The last two columns say how well the LM's "
-        "text knows the split: the share of its words the LM never saw, and of its word 3-grams the text had.",
+        "text knows the split: the share of its words the LM never saw, and of its word trigrams the text had.",
     ),
     "tts_seeds.json": (
         "Synthesis: the mean of its seeds",
