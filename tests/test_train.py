@@ -100,6 +100,15 @@ def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlfl
     assert (tmp_path / "w" / "train_summary.json").stat().st_mtime_ns == mtime
 
 
+def test_resuming_a_run_the_tracking_store_lacks_names_the_run_file_and_the_fix(
+    tiny_shards, tmp_path, mlflow_uri, monkeypatch
+):
+    train.train_and_evaluate(tiny("asr", "max_steps=2"), tiny_shards, tmp_path / "w")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    with pytest.raises(FileNotFoundError, match=r"w/mlflow_run.json names MLflow run \w+, which the tracking store"):
+        train.train_and_evaluate(tiny("asr", "max_steps=4"), tiny_shards, tmp_path / "w")
+
+
 def test_unknown_config_keys_are_errors(tiny_shards, tmp_path):
     proc = subprocess.run(
         [PYTHON, "-m", "models.train", "--shards", str(tiny_shards), "--workdir", str(tmp_path), "--set", "asr.unit=3"],

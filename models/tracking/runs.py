@@ -104,6 +104,19 @@ def start_run(
     return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
 
 
+def run_exists(run_id: str) -> bool:
+    """Whether the tracking store has run `run_id` (a workdir's run file may name one of another store)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client().get_run(run_id)
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
+    return True
+
+
 def log_params(params: dict[str, Any]) -> None:
     """Logs params in batches (MLflow takes at most 100 per call); long values are cut to 6000 chars."""
     import mlflow

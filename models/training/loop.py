@@ -163,6 +163,13 @@ class Trainer:
         atomic_write_json(self.workdir / "manifest_fingerprint.json", s.shards.fingerprint)
         previous = tracking.load_run_file(self.workdir)
         resume_id = previous["run_id"] if previous and s.position["step"] else None
+        if resume_id is not None and not tracking.run_exists(resume_id):
+            raise FileNotFoundError(
+                f"{self.workdir / tracking.RUN_FILE} names MLflow run {resume_id}, which the tracking store "
+                f"{tracking.tracking_uri()} does not have, so the checkpoint's run cannot be resumed: set "
+                "MLFLOW_TRACKING_URI to the store it was tracked in, or delete that file to go on from the "
+                "checkpoint in a new run"
+            )
         tags = {"speechflow.stage": f"train_{c.model}", "speechflow.strategy": c.strategy.name}
         with tracking.start_run(
             c.experiment, self.run_name or f"train-{c.model}-{c.strategy.name}", self.parent_run_id, resume_id, tags
