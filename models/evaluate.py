@@ -245,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")
     p.add_argument(
-        "--lm", help="asr: a word LM's directory (python -m pipeline.lm): beam search with it is reported too"
+        "--lm",
+        help="asr: a word LM's directory (python -m pipeline.lm): beam search with it is reported too "
+        "(default: the model's attached LM, if any)",
     )
+    p.add_argument("--no-lm", action="store_true", default=None, help="asr: no LM, not even the model's attached one")
     p.add_argument("--max-utterances", type=int, help="tts: utterances to synthesize (default 100)")
     p.add_argument("--num-audio", type=int, help="tts: sentences to render as audio with Griffin-Lim (default 3)")
     p.add_argument(
@@ -268,6 +271,7 @@ def _main(args: argparse.Namespace) -> None:
         "splits": list(args.split) or None,
         "beam_width": args.beam_width,
         "lm": args.lm,
+        "no_lm": args.no_lm,
         "max_utterances": args.max_utterances,
         "num_audio": args.num_audio,
         "voice": args.voice,

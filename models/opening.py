@@ -100,6 +100,8 @@ def load_model_dir(model_dir: Path):
     task = catalog.task_class(config.model).create(config, sizes)
     model = task.build()
     checkpoint.restore(weights, model.weights, owners=(model.name,))
+    if (model_dir / "lm" / "lm.json").is_file():
+        data["lm_dir"] = str(model_dir / "lm")  # an attached word LM (models/asr/lm.py `attach`)
     return model, config, data
 
 

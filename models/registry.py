@@ -231,6 +231,63 @@ def _logged_model_uri(run_id: str, experiment_id: str) -> str:
     return f"models:/{max(models, key=lambda m: m.creation_timestamp).model_id}"
 
 
+LM_TAG = "speechflow.lm"  # on a logged model: the attached LM it carries (its ARPA's sha256 and settings)
+
+
+def _lm_stamp(model_dir: Path) -> str | None:
+    """What identifies the word LM attached to a model directory (models/asr/lm.py), or None."""
+    from models.asr import lm
+
+    attached = lm.attached(model_dir)
+    if attached is None:
+        return None
+    record = lm.record_of(attached)
+    return f"{record['arpa']['sha256'][:16]}:{json.dumps(lm.settings_of(attached).__dict__, sort_keys=True)}"
+
+
+def _lm_tags(model_dir: Path) -> dict[str, str]:
+    """The model version's tags of its attached LM: its text's sha256, order, vocabulary size and the
+    settings chosen for it (none without an LM)."""
+    from models.asr import lm
+
+    attached = lm.attached(model_dir)
+    if attached is None:
+        return {}
+    record, settings = lm.record_of(attached), lm.settings_of(attached)
+    chosen = (read_json(attached / lm.DECODING) or {}).get("chosen_on", {})
+    return {
+        "speechflow.lm.text_sha256": record["text"]["sha256"],
+        "speechflow.lm.order": str(record["order"]),
+        "speechflow.lm.vocabulary_size": str(record["text"]["vocabulary_size"]),
+        "speechflow.lm.weight": repr(settings.weight),
+        "speechflow.lm.word_bonus": repr(settings.word_bonus),
+        "speechflow.lm.chosen_on": str(chosen.get("split", "")),
+    }
+
+
+def _logged_with_lm(run, model_dir: Path) -> str:
+    """The URI of the run's logged model that carries the model directory as it is now: the one
+    training logged, or, when a word LM was attached since (models.tune_lm --attach), the model logged
+    again into the same run with it (once per LM: the newest logged model carries it after that)."""
+    from common import catalog
+    from common import config as configlib
+    from models.training.config import TrainConfig
+
+    uri = _logged_model_uri(run.info.run_id, run.info.experiment_id)
+    stamp = _lm_stamp(model_dir)
+    if stamp is None:
+        return uri
+    mlflow = _mlflow()
+    if mlflow.get_logged_model(uri.removeprefix("models:/")).tags.get(LM_TAG) == stamp:
+        return uri
+    config = configlib.load(TrainConfig, model_dir / "config.yaml")
+    data = json.loads((model_dir / "data.json").read_text())
+    with tracking.start_run(config.experiment, run_id=run.info.run_id):
+        info = catalog.resolve(catalog.PYFUNC_LOGGER)(model_dir, config, data)
+    mlflow.set_logged_model_tags(info.model_id, {LM_TAG: stamp})
+    return f"models:/{info.model_id}"
+
+
 def _champion(name: str, alias: str, metric: str):
     """(version, its metric value or None) of the model's current champion, or (None, None)."""
     from mlflow.exceptions import MlflowException
@@ -280,12 +337,18 @@ def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: 
     lower_is_better(metric)
     client, mlflow = tracking.client(), _mlflow()
     run = client.get_run(trained["run_id"])
-    existing = client.search_model_versions(f"name = '{name}' and run_id = '{run.info.run_id}'")
+    logged = _logged_with_lm(run, workdir / "model")
+    existing = [
+        v
+        for v in client.search_model_versions(f"name = '{name}' and run_id = '{run.info.run_id}'")
+        if v.source == logged or getattr(v, "model_id", None) == logged.removeprefix("models:/")
+    ]
     if existing:
         version = max(existing, key=lambda v: int(v.version))
     else:
-        version = mlflow.register_model(_logged_model_uri(run.info.run_id, run.info.experiment_id), name)
+        version = mlflow.register_model(logged, name)
     tags = {METRIC_TAG: metric, VALUE_TAG: repr(value), "speechflow.workdir": str(workdir.resolve())}
+    tags.update(_lm_tags(workdir / "model"))
     if parent_run_id:
         tags["speechflow.parent_run_id"] = parent_run_id
     for key, val in tags.items():

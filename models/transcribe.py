@@ -25,15 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lm",
         type=Path,
-        help="a word LM's directory (python -m pipeline.lm): beam search with it (its tuned settings)",
+        help="a word LM's directory (python -m pipeline.lm): beam search with it (default: the model's attached LM)",
     )
+    parser.add_argument("--no-lm", action="store_true", help="decode without an LM, even the model's attached one")
     parser.add_argument("--allow-pipes", action="store_true", help="run wav.scp commands that are not decoders")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if (args.data_dir is None) == (not args.files):
         parser.error("give either --data-dir or audio files")
     cfg = batch.TranscribeConfig(
-        beam_width=args.beam_width, lm=str(args.lm or ""), allow_pipes=args.allow_pipes, progress=not args.no_progress
+        beam_width=args.beam_width,
+        lm=str(args.lm or ""),
+        no_lm=args.no_lm,
+        allow_pipes=args.allow_pipes,
+        progress=not args.no_progress,
     )
     return cli.run(lambda: _run(args, cfg))
 

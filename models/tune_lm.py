@@ -3,8 +3,9 @@
 A small grid of the LM's weight and word bonus (models/asr/lm.py `LmDecoding`), each point decoding
 one split of the shards with the acoustic model's output (its forward pass run once): the point with
 the lowest WER is written to `DIR/decoding.json` with the split, the model and the whole grid, and
-every later decoder of that LM (models.evaluate --lm, models.transcribe --lm, the served model) uses
-it. The split is one for choosing decoding settings: `dev_engine` (sentences of their own in the
+every later decoder of that LM (models.evaluate --lm, models.transcribe --lm) uses it. `--attach` then
+copies the LM with those settings into the model's directory (models/asr/lm.py `attach`), where every
+command that opens the model finds it, and the model logged to MLflow carries it. The split is one for choosing decoding settings: `dev_engine` (sentences of their own in the
 held-out speakers' voices) where the shards have it, else `dev`; never a test split.
 """
 
@@ -34,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="0.2,0.35,0.5,0.75,1.0", help="LM weights to try, comma-separated")
     p.add_argument("--word-bonuses", default="0,0.5,1,2", help="word bonuses to try, comma-separated")
     p.add_argument("--beam-width", type=int, default=32, help="the beam search's width")
+    p.add_argument(
+        "--attach",
+        action="store_true",
+        help="then copy the LM with its chosen settings into the model's directory (model/lm/): every command "
+        "that opens the model, the registered and served one too, decodes with it",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     return cli.run(lambda: _main(args))
@@ -52,6 +59,11 @@ def _main(args: argparse.Namespace) -> None:
     if args.split in TEST_SPLITS:
         raise ValueError(
             f"--split {args.split} is a test split: choose decoding settings on a dev split, never on test"
+        )
+    source = opening.locate(args.model)
+    if args.attach and source.model_dir is None:
+        raise ValueError(
+            f"--attach needs a training workdir or its model/, not {args.model}: the registry's is read-only"
         )
     configure_tensorflow()
     model, config, data = opening.open_model(args.model)
@@ -82,6 +94,8 @@ def _main(args: argparse.Namespace) -> None:
             f"weight {point['weight']:<5} word bonus {point['word_bonus']:<4} WER {100 * point['wer']:6.2f}%  CER {100 * point['cer']:6.2f}%"
         )
     print(f"chosen on {split}: weight {best.weight}, word bonus {best.word_bonus} -> {args.lm / lm.DECODING}")
+    if args.attach:
+        print(f"attached to the model: {lm.attach(args.lm, source.model_dir)}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -243,3 +245,75 @@ def test_evaluate_and_transcribe_decode_with_a_word_lm_of_the_transcripts(decode
     assert len(text) == 6 and ctm_words == [w for u in sorted(text) for w in text[u].split()]
     missing = ["--model", str(model), "--data-dir", str(data), "--out", str(out), "--lm", str(tmp_path / "x")]
     assert transcribe.main(missing) == 1, "a missing LM is an error, never a silent greedy decoding"
+
+
+@pytest.mark.slow  # logging a pyfunc model twice into a registry: about 40 s
+def test_an_attached_lm_travels_with_the_registered_model_and_decodes_everywhere(
+    decoded, tmp_path, sqlite_store, monkeypatch
+):
+    """An LM attached to a trained model (models/asr/lm.py `attach`) is logged again with it at
+    registration, tagged on the version; the registered model decodes with it when opened by its URI
+    (evaluation, transcription, the served model) unless told not to."""
+    import shutil
+
+    import mlflow
+
+    from models import registry
+    from models.asr import lm
+    from models.serving import pyfunc as serving
+    from models.tracking import runs as tracking
+    from pipeline import lm as lmstage
+
+    root, data, evaluated = decoded
+    work = tmp_path / "work"
+    shutil.copytree(root / "work", work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
+    mlflow.set_tracking_uri(sqlite_store)
+    try:
+        _, config, info = opening.load_model_dir(work / "model")
+        experiment = mlflow.create_experiment("lm", artifact_location=(tmp_path / "artifacts").as_uri())
+        with mlflow.start_run(experiment_id=experiment) as run:  # what training logs at its end
+            serving.log_model(work / "model", config, info)
+        tracking.save_run_file(work, run.info.run_id, "lm")
+        assert lmstage.main(["--data", str(data), "--vocabulary-from", str(work), "--out", str(tmp_path / "lm")]) == 0
+        lm.write_decoding(tmp_path / "lm", lm.LmDecoding(weight=0.5, word_bonus=1.0), {"split": "dev"})
+        lm.attach(tmp_path / "lm", work / "model")
+        registered = registry.register(work, "tiny-asr-lm")
+        again = registry.register(work, "tiny-asr-lm")
+        version = mlflow.MlflowClient().get_model_version("tiny-asr-lm", str(registered["version"]))
+        uri = "models:/tiny-asr-lm@champion"
+        _, _, served = opening.open_model(uri)
+        server = mlflow.pyfunc.load_model(uri).unwrap_python_model().server
+        wav = Path(kaldi.read_table(data / "wav.scp").values[sorted(evaluated)[0]])
+        request = [{"audio": base64.b64encode(wav.read_bytes()).decode()}]
+        calls = []
+        decode = server.lm.decode
+        server.lm.decode = lambda log_probs: calls.append(len(log_probs)) or decode(log_probs)
+        with_lm = server.predict(request, {}, server_settings())
+        without = server.predict(request, {"lm": False}, server_settings())
+        greedy = server.predict(request, {"lm": False, "beam_width": 0}, server_settings())
+        uri_eval = evaluate.evaluate(
+            uri, root / "shards", evaluate.eval_config("asr", assignments=["splits=[test]"]), out_dir=tmp_path / "e"
+        )
+        out = tmp_path / "t"
+        assert transcribe.main(["--model", uri, "--data-dir", str(data), "--out", str(out), "--no-lm"]) == 0
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert again["version"] == registered["version"], "registering again logs and registers nothing new"
+    assert version.tags["speechflow.lm.order"] == "3" and version.tags["speechflow.lm.weight"] == "0.5"
+    assert (
+        version.tags["speechflow.lm.text_sha256"]
+        == json.loads((tmp_path / "lm" / "lm.json").read_text())["text"]["sha256"]
+    )
+    assert served.get(lm.DATA_KEY) and server.lm is not None
+    assert calls == [1] and len(with_lm) == 1, "the served model decodes with its LM unless the request says lm: false"
+    assert without == greedy
+    assert "test_wer_lm" in uri_eval and uri_eval["lm_weight"] == 0.5
+    text = dict(line.split(" ", 1) for line in (out / "text").read_text().splitlines())
+    assert text == evaluated, "--no-lm: the model decodes as without one"
+
+
+def server_settings():
+    from models.request_policy import ServingConfig
+
+    return ServingConfig()

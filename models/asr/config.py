@@ -95,8 +95,9 @@ class AsrEvalConfig:
     beam_width: int = 16  # CTC beam search width (greedy decoding is always reported too)
     frames_per_batch: int = 40000  # padded input frames per evaluation batch
     # a word LM's directory (pipeline/lm.py): beam search with it is reported too, with its tuned
-    # settings (models/asr/lm.py); empty: none
+    # settings (models/asr/lm.py); empty: the model's attached LM, if it has one
     lm: str = ""
+    no_lm: bool = False  # no LM, not even the attached one
 
     def __post_init__(self):
         if self.beam_width < 0 or self.frames_per_batch < 1:

@@ -102,7 +102,7 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     of `splits` (`batches(split, frames_per_batch)` gives its input); the champion is chosen on the
     first split's CER (dev, when the shards have it)."""
     metrics = {}
-    decoder = lm.LmDecoder(cfg.lm, data["vocabulary"]) if cfg.lm else None
+    decoder = lm.choose(data, cfg.lm, cfg.no_lm)
     if decoder:
         metrics.update(decoder.describe())
     for split in splits:

@@ -68,18 +68,26 @@ def length_batches(lengths: list[int], frames_per_batch: int = FRAMES_PER_BATCH)
     return batches
 
 
-def transcribe_features(model, config, data: dict, feats: list[np.ndarray], beam_width: int = 0) -> list[str]:
+def transcribe_features(
+    model, config, data: dict, feats: list[np.ndarray], beam_width: int = 0, lm_decoder=None
+) -> list[str]:
     """What the served model answers: transcripts of float log-mels [T_i, D] (in order), in batches
-    `served_batch` builds; greedy, or CTC beam search of `beam_width`."""
+    `served_batch` builds; greedy, or CTC beam search of `beam_width`, or with `lm_decoder`
+    (models/asr/lm.py) beam search with its word LM."""
+    from models.asr import lm
     from models.asr import network as asr
     from models.asr.task import AsrTask
 
     out = [""] * len(feats)
     for chunk in length_batches([len(f) for f in feats]):
         batch = served_batch([feats[i] for i in chunk], config.input.cmvn, data)
-        hyps = asr.transcribe(
-            model, AsrTask.features(batch), batch["feat_lengths"], data["vocabulary"], beam_width=beam_width
-        )
+        if lm_decoder is not None:
+            logits, lengths = asr.forward(model, AsrTask.features(batch), batch["feat_lengths"])
+            hyps = lm_decoder.decode(lm.log_probs_of(logits, lengths))
+        else:
+            hyps = asr.transcribe(
+                model, AsrTask.features(batch), batch["feat_lengths"], data["vocabulary"], beam_width=beam_width
+            )
         for i, hyp in zip(chunk, hyps):
             out[i] = hyp
     return out

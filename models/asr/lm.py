@@ -10,6 +10,11 @@ log-probability + `word_bonus` x the number of words (alpha and beta in its term
 
 `LmDecoding` holds those settings; `DECODING` (decoding.json, beside lm.json) the ones a grid on a
 dev split chose (models/tune_lm.py), which every decoder of that LM then uses unless told otherwise.
+
+An LM travels with its acoustic model when it is attached (`attach`, `models.tune_lm --attach`): a
+copy in the model directory's `lm/`, which the MLflow model logged from that directory carries to
+the registry, so every command that opens the model (evaluation, transcription, the served model)
+decodes with it unless told not to (`--no-lm`, the request param `lm: false`); `choose` says which.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pipeline import lm as lmstage
 from pipeline.text import BLANK, UNK
 
 DECODING = "decoding.json"
+ATTACHED = "lm"  # in a model directory: the LM the model decodes with unless told otherwise (`attach`)
+DATA_KEY = "lm_dir"  # in a loaded model's data record: where its attached LM is (models/opening.py)
 UNK_LABEL = "\u2047"  # how the decoder is told of our `<unk>` id: a label no word holds
 
 
@@ -175,6 +182,42 @@ def coverage(lm_dir: str | Path, references: Sequence[str]) -> dict:
         "lm_oov_rate": sum(w not in words for w in tokens) / max(len(tokens), 1),
         "lm_3gram_hit": None if known is None else sum(t in known for t in trigrams) / max(len(trigrams), 1),
     }
+
+
+def attach(lm_dir: str | Path, model_dir: str | Path) -> Path:
+    """Copies the LM of `lm_dir` (its ARPA, record and chosen settings) into `model_dir`/lm, replacing
+    any LM attached before; returns that directory."""
+    import shutil
+
+    record = record_of(lm_dir)
+    if not (Path(lm_dir) / DECODING).is_file():
+        raise LmError(f"{Path(lm_dir) / DECODING}: missing: choose the LM's settings first (python -m models.tune_lm)")
+    target = Path(model_dir) / ATTACHED
+    staging = Path(model_dir) / f".{ATTACHED}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name in (record["arpa"]["file"], lmstage.RECORD, DECODING):
+        shutil.copy2(Path(lm_dir) / name, staging / name)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def attached(model_dir: str | Path) -> Path | None:
+    """The LM attached to a model directory, or None."""
+    target = Path(model_dir) / ATTACHED
+    return target if (target / lmstage.RECORD).is_file() else None
+
+
+def choose(data: dict, lm_dir: str | Path | None = None, no_lm: bool = False) -> LmDecoder | None:
+    """The LM decoder a command uses for a model of `data` (its loaded record): `lm_dir` when given,
+    else the model's attached LM, else none; `no_lm`: none (and an `lm_dir` beside it is an error)."""
+    if no_lm:
+        if lm_dir:
+            raise ValueError("both an LM directory and no LM were asked for: give one of them")
+        return None
+    chosen = lm_dir or data.get(DATA_KEY)
+    return LmDecoder(chosen, data["vocabulary"]) if chosen else None
 
 
 def write_decoding(lm_dir: str | Path, settings: LmDecoding, chosen_on: dict) -> None:

@@ -5,7 +5,8 @@ Rows (a pandas DataFrame, or JSON `dataframe_records` / `dataframe_split` over H
   a path of an audio file on the serving machine (WAV, FLAC, SPHERE: what the feature stage reads;
   any sample rate, resampled; several channels are averaged), or the base64-encoded bytes of such a
   file, or a waveform: a list of floats in [-1, 1] with the row's `sample_rate` (Hz);
-returns one transcript per utterance (greedy CTC decoding; param `beam_width` > 0: beam search).
+returns one transcript per utterance: greedy CTC decoding (param `beam_width` > 0: beam search), or,
+for a model with an attached word LM (models/asr/lm.py), beam search with it (param `lm: false`: without).
 What a request may hold is the operator's (models/request_policy.py).
 
 No skew between training and serving. The served model takes audio and runs what training ran on
@@ -29,6 +30,7 @@ import warnings
 
 import numpy as np
 
+from models.asr import lm
 from models.asr.inference import transcribe_features
 from models.opening import feature_config
 from models.request_policy import ENV_PREFIX, RequestError, audio_features, bounded_param, check_rows, utterances
@@ -48,6 +50,8 @@ class AsrServer:
                 "(train with input.cmvn=utterance for a served model)",
                 stacklevel=3,
             )
+        # Its attached word LM (models/asr/lm.py), opened now: a broken one stops the server from starting.
+        self.lm = lm.choose(data)
         self.infer = asr.compiled(model, data["feature_dim"])
         # Trace now, so the first request does not wait for the graph (about a second).
         dim = data["feature_dim"]
@@ -56,6 +60,7 @@ class AsrServer:
     def predict(self, model_input, params: dict, settings) -> list[str]:
         cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
         beam = bounded_param(params, "beam_width", 0, 0, 256)
+        with_lm = self.lm if params.get("lm", True) not in (False, "false", 0) else None
         rows = utterances(model_input)
         check_rows(len(rows), settings)
         feats, seconds = [], 0.0
@@ -72,7 +77,7 @@ class AsrServer:
                 )
         if not feats:
             return []
-        return transcribe_features(self.infer, self.config, self.data, feats, beam)
+        return transcribe_features(self.infer, self.config, self.data, feats, beam, with_lm)
 
     @classmethod
     def signature(cls, config, data: dict):
@@ -83,7 +88,7 @@ class AsrServer:
         # Any: a cell holds a string (path or base64) or a waveform; MLflow's typed columns take
         # neither both kinds nor a missing sample rate beside a file.
         inputs = Schema([ColSpec(AnyType(), "audio"), ColSpec(AnyType(), "sample_rate", required=False)])
-        params = ParamSchema([ParamSpec("beam_width", DataType.long, 0)])
+        params = ParamSchema([ParamSpec("beam_width", DataType.long, 0), ParamSpec("lm", DataType.boolean, True)])
         return ModelSignature(inputs=inputs, outputs=Schema([ColSpec(DataType.string)]), params=params)
 
     @classmethod

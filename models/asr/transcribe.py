@@ -34,7 +34,8 @@ from pipeline import features, kaldi, text
 @dataclasses.dataclass(frozen=True)
 class TranscribeConfig:
     beam_width: int = 0  # 0: greedy CTC decoding; > 0: CTC beam search of this width
-    lm: str = ""  # a word LM's directory (pipeline/lm.py): beam search with it, its tuned settings
+    lm: str = ""  # a word LM's directory (pipeline/lm.py): beam search with it; empty: the model's attached LM
+    no_lm: bool = False  # decode without an LM, even the model's attached one
     allow_pipes: bool = False  # run `cmd |` entries of wav.scp that are not a recognized decoder call
     progress: bool = True  # a progress bar on stderr
 
@@ -128,7 +129,7 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
         raise ValueError(f"{model_spec} is a {config.model} model; transcription needs an acoustic model")
     feature_cfg = dataclasses.replace(opening.feature_config(data), allow_pipes=cfg.allow_pipes)
     # A broken LM fails here, before any audio is read: never a silent fallback to decoding without it.
-    decoder = lm.LmDecoder(cfg.lm, data["vocabulary"]) if cfg.lm else None
+    decoder = lm.choose(data, cfg.lm, cfg.no_lm)
     entries, rejections = audio_entries(data_dir, [Path(f) for f in files], cfg.allow_pipes)
     feats, unusable = compute_features(entries, feature_cfg, cfg.progress)
     rejections += unusable

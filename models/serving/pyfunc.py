@@ -73,6 +73,10 @@ def log_model(model_dir: Path, config, data: dict, name: str = "model"):
         "numpy<2",
         "pyyaml",
     ]
+    if (Path(model_dir) / "lm" / "lm.json").is_file():  # an attached word LM (models/asr/lm.py)
+        from importlib.metadata import version
+
+        requirements += [f"kenlm=={version('kenlm')}", f"pyctcdecode=={version('pyctcdecode')}"]
     with warnings.catch_warnings():
         # MLflow suggests typed predict() signatures; ours is given explicitly (`signature` above).
         warnings.filterwarnings("ignore", message=".*type hint.*")
