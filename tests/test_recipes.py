@@ -482,8 +482,11 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
     assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine", "train_aug"}
     metrics = json.loads((work / "runs" / "asr" / "eval.json").read_text())
     assert {"test_cer", "test_noisy_cer", "test_engine_cer"} <= set(metrics)
+    assert {"test_cer_lm", "test_wer_lm", "test_lm_oov_rate"} <= set(metrics), "the attached LM decodes too"
+    assert (work / "runs" / "asr" / "model" / "lm" / "decoding.json").is_file()
     # The registered model, named by its URI, evaluated on a data directory no shards had held.
     evaluated = json.loads((work / "eval-other" / "eval.json").read_text())  # --model models:/..., --out-dir
     assert evaluated["primary_metric"] == "eval_cer" and evaluated["eval_cer"] >= 0
+    assert "eval_wer_lm" in evaluated, "the registered model carries its LM"
     assert records.load_manifest(work / "shards-eval")["vocabulary"] == manifest["vocabulary"]
     assert not list((work / "other" / "eval").glob("feats*")), "features were written into the corpus"
