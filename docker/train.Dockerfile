@@ -23,6 +23,7 @@ RUN apt-get update \
  && apt-get update \
  && apt-get install -y --no-install-recommends \
       python3.11 python3.11-dev python3.11-venv g++ make cmake git libopenmpi-dev openmpi-bin \
+      libboost-program-options-dev libboost-system-dev libboost-thread-dev zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -49,6 +50,15 @@ RUN ldconfig /usr/local/cuda/lib64/stubs \
  && horovodrun --check-build \
  && python -c 'import horovod.tensorflow as h; assert h.nccl_built() and h.mpi_built() and h.gloo_built()' \
  && ldconfig
+# KenLM's lmplz and build_binary, the word LM's estimator (pipeline/lm.py), from the sources in the sdist
+# of the kenlm module train.lock pins (that module compiles KenLM's query code only), as make setup does.
+RUN version=$(sed -n 's/^kenlm==//p' requirements/train.lock) \
+ && pip download --no-cache-dir --no-deps --no-binary kenlm "kenlm==${version}" -d /tmp/kenlm \
+ && tar xzf "/tmp/kenlm/kenlm-${version}.tar.gz" -C /tmp/kenlm \
+ && cmake -S "/tmp/kenlm/kenlm-${version}" -B /tmp/kenlm/build -DCMAKE_BUILD_TYPE=Release \
+ && make -C /tmp/kenlm/build -j"$(nproc)" lmplz build_binary \
+ && cp /tmp/kenlm/build/bin/lmplz /tmp/kenlm/build/bin/build_binary /opt/venv/bin/ \
+ && rm -rf /tmp/kenlm
 COPY setup.cfg pyproject.toml README.md ./
 COPY common/ common/
 COPY pipeline/ pipeline/
@@ -70,6 +80,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3.11 python3.11-venv openmpi-bin libopenmpi3 openssh-server openssh-client \
       espeak-ng flite festival festvox-kdlpc16k festvox-kallpc16k festvox-us-slt-hts sox wordnet-base libsndfile1 \
+      libboost-program-options1.74.0 libboost-thread1.74.0 \
  && apt-get purge -y software-properties-common gpg-agent \
  && apt-get autoremove -y \
  && rm -rf /var/lib/apt/lists/*
