@@ -23,7 +23,7 @@ RUN apt-get update \
  && apt-get update \
  && apt-get install -y --no-install-recommends \
       python3.11 python3.11-dev python3.11-venv g++ make cmake git libopenmpi-dev openmpi-bin \
-      libboost-program-options-dev libboost-system-dev libboost-thread-dev zlib1g-dev \
+      libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH

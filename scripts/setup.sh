@@ -25,9 +25,14 @@ missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}"); done
 # WordNet's example sentences: the demo corpus' open English text (pipeline/open_text.py).
 [ -f /usr/share/wordnet/data.noun ] || missing+=(wordnet-base)
-# KenLM's lmplz, which builds the word LM (pipeline/lm.py), is compiled below: it needs Boost and zlib.
-[ -f /usr/include/boost/program_options.hpp ] && [ -f /usr/include/boost/thread.hpp ] \
-  || missing+=(libboost-program-options-dev libboost-system-dev libboost-thread-dev)
+# KenLM's lmplz, which builds the word LM (pipeline/lm.py), is compiled below: it needs Boost's libraries
+# that its CMake asks for (the unit-test framework too: their CMake configurations are what it finds) and zlib.
+for lib in program_options system thread unit_test_framework; do
+  compgen -G "/usr/lib/*/cmake/boost_$lib-*" >/dev/null || compgen -G "/usr/lib/cmake/boost_$lib-*" >/dev/null || {
+    missing+=(libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev)
+    break
+  }
+done
 [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 # PostgreSQL's server, for the test of MLflow on PostgreSQL (tests/test_dag.py starts its
 # own cluster). Debian keeps initdb off PATH, in /usr/lib/postgresql/VERSION/bin. Optional: without
