@@ -121,6 +121,14 @@ class LmDecoder:
         language_model = LanguageModel(model, words, alpha=s.weight, beta=s.word_bonus, unk_score_offset=s.unk_offset)
         self._decoder = BeamSearchDecoderCTC(Alphabet.build_alphabet(labels(vocabulary)), language_model)
 
+    def use(self, settings: LmDecoding) -> LmDecoder:
+        """Decodes with `settings` from now on (the n-gram stays loaded: a grid loads it once)."""
+        self.settings = settings
+        self._decoder.reset_params(
+            alpha=settings.weight, beta=settings.word_bonus, unk_score_offset=settings.unk_offset
+        )
+        return self
+
     def decode(self, log_probs: Iterable[np.ndarray]) -> list[str]:
         """The best transcript of each utterance's log-probabilities float32 [T', V] (its real frames)."""
         out = []
@@ -252,9 +260,10 @@ def tune(
 
     grid = []
     points = [(w, b) for w in weights for b in word_bonuses]
+    decoder = LmDecoder(lm_dir, vocabulary, LmDecoding(beam_width=beam_width))
     for weight, bonus in progress_bar(points, desc="LM grid", unit="point", disable=not progress):
         settings = LmDecoding(weight=weight, word_bonus=bonus, beam_width=beam_width)
-        rates = error_rates(list(references), LmDecoder(lm_dir, vocabulary, settings).decode(log_probs))
+        rates = error_rates(list(references), decoder.use(settings).decode(log_probs))
         grid.append({"weight": weight, "word_bonus": bonus, "wer": rates["wer"], "cer": rates["cer"]})
     best = min(grid, key=lambda g: (g["wer"], g["cer"]))
     return LmDecoding(weight=best["weight"], word_bonus=best["word_bonus"], beam_width=beam_width), grid
