@@ -231,18 +231,7 @@ def _logged_model_uri(run_id: str, experiment_id: str) -> str:
     return f"models:/{max(models, key=lambda m: m.creation_timestamp).model_id}"
 
 
-LM_TAG = "speechflow.lm"  # on a logged model: the attached LM it carries (its ARPA's sha256 and settings)
-
-
-def _lm_stamp(model_dir: Path) -> str | None:
-    """What identifies the word LM attached to a model directory (models/asr/lm.py), or None."""
-    from models.asr import lm
-
-    attached = lm.attached(model_dir)
-    if attached is None:
-        return None
-    record = lm.record_of(attached)
-    return f"{record['arpa']['sha256'][:16]}:{json.dumps(lm.settings_of(attached).__dict__, sort_keys=True)}"
+LM_TAG = "speechflow.lm"  # on a logged model: the attached LM it carries (its text, order and settings)
 
 
 def _lm_tags(model_dir: Path) -> dict[str, str]:
@@ -274,9 +263,10 @@ def _logged_with_lm(run, model_dir: Path) -> str:
     from models.training.config import TrainConfig
 
     uri = _logged_model_uri(run.info.run_id, run.info.experiment_id)
-    stamp = _lm_stamp(model_dir)
-    if stamp is None:
+    tags = _lm_tags(model_dir)
+    if not tags:
         return uri
+    stamp = json.dumps(tags, sort_keys=True)  # the LM's text, order and settings: the same ARPA
     mlflow = _mlflow()
     if mlflow.get_logged_model(uri.removeprefix("models:/")).tags.get(LM_TAG) == stamp:
         return uri

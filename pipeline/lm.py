@@ -80,11 +80,10 @@ def read_lines(data: Path | None, text_file: Path | None) -> tuple[Path, list[tu
     lines = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
-            sentence = line.split(maxsplit=1)[1] if data is not None and len(line.split()) > 1 else line
-            if data is not None and len(line.split()) < 2:
-                continue  # an utterance with an empty transcript: no words
-            if sentence.strip():
-                lines.append((number, sentence))
+            if data is not None:  # the utterance id goes; an utterance with an empty transcript has no words
+                line = (line.split(maxsplit=1) + [""])[1]
+            if line.strip():
+                lines.append((number, line))
     return path, lines
 
 

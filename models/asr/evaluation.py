@@ -63,7 +63,7 @@ def evaluate_asr(
             f"{split}_cer_lm": lm_rates["cer"],
             f"{split}_wer_lm": lm_rates["wer"],
             **{f"{split}_{key}_lm": lm_rates[key] for key in counts if key not in ("words", "chars")},
-            **{f"{split}_{key}": value for key, value in lm.coverage(lm_decoder.lm_dir, refs).items()},
+            **{f"{split}_{key}": value for key, value in lm_decoder.coverage(refs).items()},
         }
     (out_dir / f"{split}_wer.txt").write_text("\n".join(report) + "\n", encoding="utf-8")
     oov = oov_figures(refs, [r[2] for r in rows], set(known_words))

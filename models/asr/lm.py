@@ -103,8 +103,9 @@ class LmDecoder:
         self.lm_dir = Path(lm_dir)
         self.record = record_of(self.lm_dir)
         self.settings = settings or settings_of(self.lm_dir)
-        arpa = self.lm_dir / self.record["arpa"]["file"]
+        arpa = self.arpa = self.lm_dir / self.record["arpa"]["file"]
         words = unigrams(arpa)
+        self.words, self._trigrams = set(words), None  # the 3-grams are read on the first `coverage`
         alphabet = {ch for ch in vocabulary if len(ch) == 1}
         outside = sorted({ch for w in words for ch in w} - alphabet)
         if outside:
@@ -120,6 +121,12 @@ class LmDecoder:
         s = self.settings
         language_model = LanguageModel(model, words, alpha=s.weight, beta=s.word_bonus, unk_score_offset=s.unk_offset)
         self._decoder = BeamSearchDecoderCTC(Alphabet.build_alphabet(labels(vocabulary)), language_model)
+
+    def coverage(self, references: Sequence[str]) -> dict:
+        """`coverage` of this decoder's LM, from the n-grams it has read already."""
+        if self._trigrams is None and self.record["order"] >= 3:
+            self._trigrams = ngrams(self.arpa, 3)
+        return _coverage(self.words, self._trigrams, references)
 
     def use(self, settings: LmDecoding) -> LmDecoder:
         """Decodes with `settings` from now on (the n-gram stays loaded: a grid loads it once)."""
@@ -182,10 +189,12 @@ def coverage(lm_dir: str | Path, references: Sequence[str]) -> dict:
     3-grams (within a sentence) that its text had (`lm_3gram_hit`; None for an LM of order < 3)."""
     record = record_of(lm_dir)
     arpa = Path(lm_dir) / record["arpa"]["file"]
-    words = set(unigrams(arpa))
+    return _coverage(set(unigrams(arpa)), ngrams(arpa, 3) if record["order"] >= 3 else None, references)
+
+
+def _coverage(words: set[str], known: set[str] | None, references: Sequence[str]) -> dict:
     tokens = [w for r in references for w in r.split()]
     trigrams = [" ".join(ws[i : i + 3]) for r in references for ws in [r.split()] for i in range(len(ws) - 2)]
-    known = ngrams(arpa, 3) if record["order"] >= 3 else None
     return {
         "lm_oov_rate": sum(w not in words for w in tokens) / max(len(tokens), 1),
         "lm_3gram_hit": None if known is None else sum(t in known for t in trigrams) / max(len(trigrams), 1),
