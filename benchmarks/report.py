@@ -286,13 +286,15 @@ SECTIONS: dict[str, Section] = {
     ),
     "serving.json": (
         "Serving under load",
-        "`benchmarks/serving.py`: `mlflow models serve` of an acoustic model of the demo's shapes under "
-        "concurrent clients, and one request of many rows; latency from post to answer, real-time factor = "
-        "latency / seconds of audio.",
+        "`benchmarks/serving.py`: `mlflow models serve` of the demo run's trained acoustic model with its word "
+        "LM, posted utterances of held-out voices (`test_engine`), under concurrent clients, and one request of "
+        "many rows, as served (beam search with the LM) and with the request param `lm: false` (greedy); "
+        "latency from post to answer, real-time factor = latency / seconds of audio.",
         serving,
         "One worker serves a two-core machine best: concurrent requests run in threads that share "
         "TensorFlow's thread pools, while two worker processes compete for the same cores. The model runs "
-        "as one traced graph for every input length. Untrained weights cost what trained ones do.",
+        "as one traced graph for every input length; the LM's beam search runs in Python after it, one utterance "
+        "at a time.",
     ),
     "tts_levers.json": (
         "Synthesis: what limits intelligibility",

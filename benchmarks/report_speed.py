@@ -3,6 +3,8 @@ training throughput, the speedup model, stragglers and serving under load, each 
 
 from __future__ import annotations
 
+import re
+
 # The benchmarks' own table columns; importing them loads no TensorFlow.
 import benchmarks.serving
 import benchmarks.speedup_model
@@ -161,32 +163,35 @@ def straggler(r: dict) -> list[str]:
 
 def serving(r: dict) -> list[str]:
     rows = []
-    for workers in sorted({int(k[1]) for k in r if k.startswith("w") and "_" in k}):
-        levels = sorted((v for k, v in r.items() if k.startswith(f"w{workers}_c")), key=lambda v: v["clients"])
-        for v in levels:
-            rows.append(
-                [
-                    f"{workers} worker(s), {v['clients']} client(s)",
-                    v["requests"],
-                    num(v["requests_per_s"], 1),
-                    num(v["p50_s"], 3),
-                    num(v["p99_s"], 3),
-                    num(v["rtf_p50"], 3),
-                    num(v["rtf_p99"], 3),
-                    v["failed"],
-                ]
-            )
-        b = r[f"w{workers}_batch"]
-        rtf = num(b["latency_s"] / b["audio_s"], 3)
-        latency = num(b["latency_s"], 3)
-        rows.append(
-            [f"{workers} worker(s), 1 request of {b['rows']} rows", 1, "", latency, latency, rtf, rtf, int(not b["ok"])]
-        )
+    arms = {"": "as served"} if not r.get("with_lm") else {"": "beam search + LM", "_greedy": "greedy"}
+    for workers in sorted({int(m[1]) for k in r if (m := re.match(r"w(\d+)_", k))}):
+        for arm, name in arms.items():
+            levels = [v for k, v in r.items() if k.startswith(f"w{workers}_c") and k.endswith(f"_c{v['clients']}{arm}")]
+            for v in sorted(levels, key=lambda v: v["clients"]):
+                rows.append(
+                    [
+                        f"{workers} worker(s), {v['clients']} client(s)" + (f", {name}" if len(arms) > 1 else ""),
+                        v["requests"],
+                        num(v["requests_per_s"], 1),
+                        num(v["p50_s"], 3),
+                        num(v["p99_s"], 3),
+                        num(v["rtf_p50"], 3),
+                        num(v["rtf_p99"], 3),
+                        v["failed"],
+                    ]
+                )
+            b = r[f"w{workers}_batch{arm}"]
+            rtf = num(b["latency_s"] / b["audio_s"], 3)
+            latency = num(b["latency_s"], 3)
+            label = f"{workers} worker(s), 1 request of {b['rows']} rows" + (f", {name}" if len(arms) > 1 else "")
+            rows.append([label, 1, "", latency, latency, rtf, rtf, int(not b["ok"])])
     goals = r["goals"]
-    out = [f"Model: {r['model']}. Clients post base64 WAVs of 3 to 6 s on the server's own machine.", ""]
+    posted = r.get("posted", "base64 WAVs of 3 to 6 s")
+    out = [f"Model: {r['model']}. Clients post {posted} on the server's own machine.", ""]
     out += table(benchmarks.serving.TABLE, rows)
     out += [
-        f"Goals at one worker: real-time factor at one client {num(r['rtf_1_client'], 3)} (goal <= "
+        ("As served (with its word LM). " if r.get("with_lm") else "")
+        + f"Goals at one worker: real-time factor at one client {num(r['rtf_1_client'], 3)} (goal <= "
         f"{goals['rtf_1_client']}); p99 latency at 4 clients {num(r['p99_s_4_clients'], 2)} s (goal <= "
         f"{goals['p99_s_4_clients']} s); failed requests at 16 clients {r['failed_16_clients']} (goal "
         f"{goals['failed_16_clients']}).",

@@ -55,6 +55,10 @@ class ModelEntry:
     # a rank's own batches may come from the tf.data service (pipeline/data_service.py makes them)
     data_service: bool = False
     eval_splits: tuple[str, ...] = ("dev", "test")  # what models.evaluate evaluates, of those the shards have
+    # it transcribes, and decodes with a word LM of its training transcripts (or a given text) once
+    # one is attached: the DAG builds one (pipeline.lm) and chooses its weights (models.tune_lm --attach)
+    # between its training and its evaluation
+    word_lm: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +118,7 @@ register_model(
         "models.asr.config:AsrEvalConfig",
         data_service=True,
         eval_splits=("dev", "test", "test_noisy", "test_engine"),
+        word_lm=True,
     )
 )
 register_model(

@@ -1,15 +1,20 @@
 """speech_pipeline: Kaldi data directories (or the demo corpus) to trained, evaluated, registered models.
 
-    plan -> start_mlflow_run -> prepare_corpus -> features_{train,dev,test,test_noisy,test_engine} -> make_shards
-                                               -> augment_train -> features_train_aug ---------->
-         -> train_asr -> evaluate_asr ------------------------------> register_asr -> finish_mlflow_run
-         -> train_tts -> evaluate_tts (with the new acoustic model) -> register_tts ->
+    plan -> start_mlflow_run -> prepare_corpus -> features_{train,dev,test,...,dev_engine} -> make_shards
+                                               -> augment_train -> features_train_aug ----------->
+         -> build_lm --------------------------------------------->
+         -> train_asr ------> tune_lm_asr -> evaluate_asr ---------------> register_asr -> finish_mlflow_run
+         -> train_tts -> evaluate_tts (with the new acoustic model) ------> register_tts ->
 
 `prepare_corpus` runs only when `data_dir` is empty; `augment_train` (pipeline/augment.py: speed,
 reverberation, noise and telephone copies of the training audio) and `features_train_aug` only when
 a selected model's training config asks for copies (`asr.augment.copies.*`, in the file or the
 form's overrides), and that model then trains on `train_aug`; the synthesis model reads clean
-`train`. Each task runs one stage's command line, from the training environment
+`train`. `build_lm` (pipeline/lm.py) makes a word n-gram of the training transcripts (or of the
+form's `lm_text`) while the models train, and `tune_lm_asr` (models/tune_lm.py) chooses its weight
+and word bonus on `dev_engine` (new sentences in held-out voices; `dev` where there is none) and
+attaches it to the trained acoustic model, which is then evaluated, registered and served with it;
+`word_lm` off skips both. Each task runs one stage's command line, from the training environment
 (`execution_mode=local`; training under `horovodrun -np num_workers`) or as a pod of the training
 image (`kubernetes`; training as an MPIJob). With `data_service_workers`, training reads its
 batches from a tf.data service started beside it. Every stage skips work that
@@ -223,6 +228,23 @@ PARAMS = {
         "(strategy.gossip=random-ring for adpsgd), a model's own (asr.units=256). Checked by `plan` "
         "before any work starts.",
     ),
+    "word_lm": Param(
+        True,
+        type="boolean",
+        title="Word language model",
+        section=TRAINING,
+        description="Build a word n-gram (pipeline.lm) beside training, choose its weights on a dev split "
+        "in held-out voices and decode the acoustic model with it in evaluation, the registry and serving. "
+        "Off: greedy and character beam search only.",
+    ),
+    "lm_text": Param(
+        "",
+        type="string",
+        title="Word LM text",
+        section=TRAINING,
+        description="A text of the domain, one sentence per line (normalized as the transcripts are), for the "
+        "word LM. Empty: the training split's transcripts. Relative paths are the repository's (local mode).",
+    ),
     "eval_utterances": Param(
         100,
         type="integer",
@@ -405,6 +427,31 @@ def speech_pipeline():
         return trained
 
     @task(trigger_rule="none_failed")
+    def build_lm(shards: dict) -> dict:
+        """The word LM (pipeline.lm) of the training transcripts or of `lm_text`, in the shards' alphabet."""
+        p = _plan()
+        if not p.lm_dir:
+            raise AirflowSkipException("no word LM: word_lm is off, or no selected model decodes with one")
+        runner.run_stage(p, get_current_context(), "lm", commands.LM, commands.lm_args(p))
+        return {"lm_dir": p.lm_dir}
+
+    @task(trigger_rule="none_failed")
+    def tune_lm(model: str, trained: dict | None, lm: dict | None) -> dict:
+        """Chooses the LM's weight and word bonus for the trained model on a dev split in held-out voices
+        and attaches the LM to it (models.tune_lm --attach); without an LM the model goes on as trained."""
+        p = _plan()
+        if trained is None:
+            raise AirflowSkipException(f"{model} was not trained in this run")
+        if lm is None:
+            log.info("%s: no word LM in this run; it is evaluated and registered without one", model)
+            return trained
+        args = commands.tune_lm_args(p, model)
+        runner.run_stage(
+            p, get_current_context(), f"tune-lm-{model}", commands.TUNE_LM, args, gpus=runner.evaluation_gpus(p)
+        )
+        return {**trained, "lm_dir": lm["lm_dir"]}
+
+    @task(trigger_rule="none_failed")
     def evaluate(model: str, trained: dict | None, acoustic: dict | None = None) -> dict:
         p = _plan()
         if trained is None:
@@ -465,11 +512,19 @@ def speech_pipeline():
     featurized.append(augmented)
     shards = make_shards(featurized)
     trained = {m: train.override(task_id=f"train_{m}", outlets=[TRAINED[m]])(m, shards) for m in MODELS}
+    lm = build_lm(shards)
+    # A model that decodes with a word LM is evaluated (and registered) with the one chosen for it.
+    decoding = {
+        m: tune_lm.override(task_id=f"tune_lm_{m}")(m, trained[m], lm) if catalog.model(m).word_lm else trained[m]
+        for m in MODELS
+    }
     # Intelligibility: a model whose output is heard (the synthesis model) is evaluated with its
     # listener (the acoustic model) trained a moment ago transcribing what it made.
     listeners = {m: catalog.model(m).listener for m in MODELS}
     evaluated = {
-        m: evaluate.override(task_id=f"evaluate_{m}")(m, trained[m], *([trained[listeners[m]]] if listeners[m] else []))
+        m: evaluate.override(task_id=f"evaluate_{m}")(
+            m, decoding[m], *([trained[listeners[m]]] if listeners[m] else [])
+        )
         for m in MODELS
     }
     registered = [register.override(task_id=f"register_{m}", outlets=[REGISTERED[m]])(m, evaluated[m]) for m in MODELS]

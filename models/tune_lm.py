@@ -6,7 +6,8 @@ the lowest WER is written to `DIR/decoding.json` with the split, the model and t
 every later decoder of that LM (models.evaluate --lm, models.transcribe --lm) uses it. `--attach` then
 copies the LM with those settings into the model's directory (models/asr/lm.py `attach`), where every
 command that opens the model finds it, and the model logged to MLflow carries it. The split is one for choosing decoding settings: `dev_engine` (sentences of their own in the
-held-out speakers' voices) where the shards have it, else `dev`; never a test split.
+held-out speakers' voices) where the shards have it, else `dev`; never a test split. A re-run for the
+same weights, LM, split and grid does nothing (the DAG's task is retried and cleared like any stage).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from common import cli
+from common import cli, fsutil
 
 TEST_SPLITS = ("test", "test_noisy", "test_engine")
 
@@ -74,7 +75,24 @@ def _main(args: argparse.Namespace) -> None:
     split = args.split or ("dev_engine" if "dev_engine" in shards.splits else "dev")
     if split not in shards.splits:
         raise ValueError(f"{args.shards} has no split {split!r} (it has {', '.join(shards.splits)})")
-    lm.record_of(args.lm)  # a broken LM fails here, before the forward pass
+    record = lm.record_of(args.lm)  # a broken LM fails here, before the forward pass
+    asked = {
+        "split": split,
+        "weights": _floats(args.weights),
+        "word_bonuses": _floats(args.word_bonuses),
+        "beam_width": args.beam_width,
+        "lm_sha256": record["arpa"]["sha256"],
+        "model_sha256": _weights_sha256(source.model_dir),
+    }
+    done = fsutil.read_json(args.lm / lm.DECODING) or {}
+    if source.model_dir is not None and done.get("chosen_on", {}).get("asked") == asked:
+        best = lm.settings_of(args.lm)
+        print(
+            f"up to date: chosen on {split}: weight {best.weight}, word bonus {best.word_bonus} ({args.lm / lm.DECODING})"
+        )
+        if args.attach:
+            print(f"attached to the model: {lm.attach(args.lm, source.model_dir)}")
+        return
     vocabulary = data["vocabulary"]
     task = catalog.task_class("asr").create(config, shards, None)
     references, log_probs = [], []
@@ -87,7 +105,7 @@ def _main(args: argparse.Namespace) -> None:
         references, log_probs, args.lm, vocabulary, _floats(args.weights), _floats(args.word_bonuses),
         args.beam_width, progress=not args.no_progress,
     )  # fmt: skip
-    chosen_on = {"split": split, "utterances": len(references), "model": str(args.model), "grid": grid}
+    chosen_on = {"split": split, "utterances": len(references), "model": str(args.model), "grid": grid, "asked": asked}
     lm.write_decoding(args.lm, best, chosen_on)
     for point in grid:
         print(
@@ -96,6 +114,13 @@ def _main(args: argparse.Namespace) -> None:
     print(f"chosen on {split}: weight {best.weight}, word bonus {best.word_bonus} -> {args.lm / lm.DECODING}")
     if args.attach:
         print(f"attached to the model: {lm.attach(args.lm, source.model_dir)}")
+
+
+def _weights_sha256(model_dir: Path | None) -> str | None:
+    """The trained weights' fingerprint (a model directory's checkpoint files); None for a registry URI."""
+    if model_dir is None:
+        return None
+    return fsutil.fingerprint_files(sorted(Path(model_dir).glob("ckpt-*")))
 
 
 if __name__ == "__main__":

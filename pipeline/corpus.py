@@ -4,7 +4,7 @@
         [--engines espeak-ng flite festival] [--train-voices SPEC ...] [--test-voices SPEC ...]
         [--test-engine-voices SPEC ...] [--text open|grammar] [--text-file FILE]
 
-writes `DIR/{train,dev,test,test_noisy,test_engine}/` (Kaldi data directories: `wav.scp`, `text`,
+writes `DIR/{train,dev,test,test_noisy,test_engine,dev_engine}/` (Kaldi data directories: `wav.scp`, `text`,
 `utt2spk`, `spk2utt`, sorted by id, and `utt2voice`: each utterance's `ENGINE:VOICE`) over 16 kHz
 mono 16-bit wavs under `DIR/wav/`, then `DIR/corpus.json` as the done marker. Voices are named
 `ENGINE:VOICE` (common/voices.py): espeak-ng voices with variants (`espeak-ng:en-gb-x-rp+f2`),
@@ -14,8 +14,9 @@ others); the few natural voices each make several speakers, and `natural_share` 
 utterances are theirs. `test/` has espeak-ng voices training never hears, `test_noisy/` the same
 utterances mixed with pink noise at a fixed SNR, and `test_engine/` the test sentences again in the
 held-out natural speakers slt and kal, in every engine that has them (flite's slt, kal16 and kal,
-Festival's slt HTS and kal diphone, as they ship); it is left out when none of its voices is of an
-engine in use. An engine that is not installed here is left out with a warning naming its
+Festival's slt HTS and kal diphone, as they ship), and `dev_engine/` new sentences in those voices, a dev
+split for choosing decoding settings (models.tune_lm); both are left out when none of their voices is of
+an engine in use. An engine that is not installed here is left out with a warning naming its
 packages. Sentences come from open English text (`--text open`, the default: WordNet's example
 sentences, or `--text-file`'s, normalized into what the voices say by pipeline/open_text.py; a
 sentence that cannot be said as written is left out and counted in corpus.json) or from a small
@@ -71,7 +72,7 @@ TEXTS = ("open", "grammar")  # CorpusConfig.text
 
 @dataclasses.dataclass(frozen=True)
 class CorpusConfig:
-    # Utterances in train + dev + test; test_noisy and test_engine mirror test and are not counted.
+    # Utterances in train + dev + test; test_noisy and test_engine mirror test, and with dev_engine are not counted.
     num_utterances: int = 2500
     # Seeds sentences, speaker rates and pitches, and noise offsets; same seed, same bytes.
     seed: int = 0
@@ -79,6 +80,9 @@ class CorpusConfig:
     dev_fraction: float = 0.1
     # Share of num_utterances for test (unseen voices, new sentences); train gets the rest.
     test_fraction: float = 0.1
+    # dev_engine, beside num_utterances as a share of it: new sentences in the test_engine voices, the
+    # split decoding settings are chosen on (models.tune_lm) in voices training never hears; 0: none.
+    dev_engine_fraction: float = 0.1
     # Synthesizers whose voices the corpus uses (of common/voices.py ENGINES); the voices below
     # of any other engine are left out.
     engines: tuple[str, ...] = voices.ENGINES
@@ -128,6 +132,10 @@ class CorpusConfig:
     def __post_init__(self):
         if not (self.dev_fraction > 0 and self.test_fraction > 0 and self.dev_fraction + self.test_fraction < 1):
             raise ValueError("dev_fraction and test_fraction must be positive and sum to less than 1")
+        if not 0 <= self.dev_engine_fraction <= 1:
+            raise ValueError(
+                f"dev_engine_fraction must be 0 (no dev_engine split) to 1, got {self.dev_engine_fraction}"
+            )
         if min(split_sizes(self).values()) < 1:
             raise ValueError(f"num_utterances={self.num_utterances} leaves a split empty; use at least 10")
         voices.check_engines(self.engines)

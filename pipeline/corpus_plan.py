@@ -14,8 +14,9 @@ from pipeline import open_text, synthesizers
 from pipeline.grammar import make_sentence
 from pipeline.synthesizers import VoiceInventory
 
-SPLITS = ("train", "dev", "test", "test_engine")  # what the plan holds; test_noisy mirrors test
-ALL_SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
+SPLITS = ("train", "dev", "test", "test_engine", "dev_engine")  # what the plan holds; test_noisy mirrors test
+ALL_SPLITS = ("train", "dev", "test", "test_noisy", "test_engine", "dev_engine")
+ENGINE_SPLITS = ("test_engine", "dev_engine")  # in the held-out natural speakers' voices: made only where one exists
 # Fewer voices than this and a model trained on the corpus cannot learn speaker-independent
 # features, or the test set cannot show whether it did.
 MIN_TRAIN_VOICES, MIN_TEST_VOICES = 2, 1
@@ -42,7 +43,7 @@ class Speaker(NamedTuple):
 
 
 class PlannedUtterance(NamedTuple):
-    split: str  # "train", "dev", "test" or "test_engine" (test_noisy mirrors test)
+    split: str  # "train", "dev", "test", "test_engine" or "dev_engine" (test_noisy mirrors test)
     utt_id: str  # starts with the speaker id, as Kaldi sorting requires
     speaker: str
     engine: str
@@ -175,10 +176,12 @@ def sentence_draw(config, rng: random.Random, sentences: Sequence[str] | None = 
 def plan_corpus(
     config, inventory: VoiceInventory | None = None, sentences: Sequence[str] | None = None
 ) -> list[PlannedUtterance]:
-    """Every utterance of the corpus, without synthesizing: train, dev, test, then test_engine.
+    """Every utterance of the corpus, without synthesizing: train, dev, test, test_engine, then dev_engine.
 
-    Sentences are unique across train, dev and test, so dev and test never repeat a training
-    sentence; test_engine speaks the test sentences again. In train and dev (the same speakers)
+    Sentences are unique across train, dev, test and dev_engine, so no other split repeats a training
+    sentence; test_engine speaks the test sentences again, and dev_engine new ones in the same voices
+    (`config.dev_engine_fraction` of num_utterances, drawn last so that the other splits' sentences do not
+    depend on it: a split for choosing decoding settings in voices training never hears). In train and dev (the same speakers)
     `config.natural_share` of the utterances go to the natural voices' speakers; test's go
     round-robin over a shuffled list of the held-out voices. `sentences`: the open text's
     normalized sentences (default: `config.text_file`'s, or WordNet's; see `sentence_draw`).
@@ -209,12 +212,19 @@ def plan_corpus(
         spk = engine_speakers[i % len(engine_speakers)]
         number = utt.utt_id.rsplit("-", 1)[1]
         plan.append(PlannedUtterance("test_engine", f"{spk.id}-{number}", spk.id, *spk[1:5], utt.text, spk.warp))
+    for i in range(round(config.num_utterances * config.dev_engine_fraction) if engine_speakers else 0):
+        spk = engine_speakers[i % len(engine_speakers)]
+        plan.append(
+            PlannedUtterance(
+                "dev_engine", f"{spk.id}-{len(plan) + 1:05d}", spk.id, *spk[1:5], next_sentence(), spk.warp
+            )
+        )
     return plan
 
 
 def corpus_splits(plan: Sequence[PlannedUtterance]) -> tuple[str, ...]:
-    """The splits a plan makes, of ALL_SPLITS: test_engine only when it has voices."""
-    return tuple(s for s in ALL_SPLITS if s != "test_engine" or any(u.split == s for u in plan))
+    """The splits a plan makes, of ALL_SPLITS: test_engine and dev_engine only when they have utterances."""
+    return tuple(s for s in ALL_SPLITS if s not in ENGINE_SPLITS or any(u.split == s for u in plan))
 
 
 def kaldi_files(rows: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:

@@ -131,12 +131,25 @@ print(f"speech_pipeline {'succeeded' if status == 0 else 'FAILED'} in {elapsed /
 models = s["models"]
 if "asr" in models:
     m = models["asr"]["metrics"]
-    print(f"  acoustic model   test CER {pct(m, 'test_cer')} (beam search {pct(m, 'test_cer_beam')}), "
-          f"WER {pct(m, 'test_wer')}; noisy test CER {pct(m, 'test_noisy_cer')}; {trained(models['asr'])}")
+    print(f"  acoustic model   {trained(models['asr'])}; greedy, beam search and beam search with the word LM:")
+    print(f"                   {'split':<12} {'CER greedy':>10} {'beam':>6} {'LM':>6}   {'WER greedy':>10} {'beam':>6} {'LM':>6}")
+    for split in ("dev", "test", "test_noisy", "test_engine"):
+        if f"{split}_cer" in m:
+            print(f"                   {split:<12} {pct(m, f'{split}_cer'):>10} {pct(m, f'{split}_cer_beam'):>6} "
+                  f"{pct(m, f'{split}_cer_lm'):>6}   {pct(m, f'{split}_wer'):>10} {pct(m, f'{split}_wer_beam'):>6} "
+                  f"{pct(m, f'{split}_wer_lm'):>6}")
+    lm_file = Path(models["asr"]["workdir"]) / "model" / "lm" / "decoding.json"
+    if lm_file.exists():  # the LM the model was evaluated and registered with (models/tune_lm.py)
+        d = json.loads(lm_file.read_text())
+        lm_text = json.loads(lm_file.with_name("lm.json").read_text())["text"]
+        print(f"                   word LM: {lm_text['sentences']:,} sentences, {lm_text['vocabulary_size']:,} words, "
+              f"weight {d['settings']['weight']}, word bonus {d['settings']['word_bonus']} (chosen on "
+              f"{d['chosen_on']['split']}); its words miss {pct(m, 'test_lm_oov_rate')} of test's")
+    else:
+        print("                   no word LM (the DAG's word_lm param is off)")
     if "test_engine_cer" in m:
-        print(f"                   engine test CER {pct(m, 'test_engine_cer')} (beam search "
-              f"{pct(m, 'test_engine_cer_beam')}), WER {pct(m, 'test_engine_wer')}: the test sentences in "
-              f"{voices(heard.get('test_engine', [])) or 'n/a'}, voices never heard in training")
+        print(f"                   test_engine: the test sentences in {voices(heard.get('test_engine', [])) or 'n/a'}, "
+              "voices never heard in training; per speaker:")
         table = Path(models["asr"]["workdir"]) / "eval" / "test_engine_speakers.tsv"
         if table.exists():  # the held-out speakers slt and kal, each engine's rendering apart
             rows = [line.split("\t") for line in table.read_text().splitlines()[1:] if line]

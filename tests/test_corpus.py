@@ -56,6 +56,7 @@ def test_plan_has_a_few_hundred_words_and_spoken_form_transcripts():
         "dev": 250,
         "test": 250,
         "test_engine": 250,
+        "dev_engine": 250,
     }
     words = {w for u in plan for w in u.text.split()}
     assert 300 <= len(words) <= 500
@@ -75,6 +76,14 @@ def test_plan_holds_test_voices_and_sentences_out_of_training():
     assert speakers["dev"] <= speakers["train"]
     assert not texts["dev"] & texts["train"]
     assert not texts["test"] & (texts["train"] | texts["dev"])
+    # dev_engine: sentences of its own in the held-out engines' voices, for choosing decoding settings
+    assert specs["dev_engine"] == specs["test_engine"]
+    assert not texts["dev_engine"] & (texts["train"] | texts["dev"] | texts["test"])
+    # drawn last: without it, every other split says the same sentences in the same voices
+    without = plan_corpus(CorpusConfig(dev_engine_fraction=0))
+    assert [u for u in plan if u.split != "dev_engine"] == without and "dev_engine" not in corpus_plan.corpus_splits(
+        without
+    )
 
 
 def test_training_hears_every_engine_and_test_engine_is_the_test_sentences_in_held_out_speakers():
@@ -376,10 +385,13 @@ def test_changed_config_rebuilds_and_drops_stale_wavs(tmp_path, monkeypatch, cap
     assert "rebuilding" in caplog.text and "espeak-ng:en-us+klatt is not installed" in caplog.text
     summary = json.loads((out / "corpus.json").read_text())
     assert summary["config"]["seed"] == 2 and "espeak-ng:en-us+klatt" in summary["skipped_voices"]
-    # Without flite and Festival there is no test_engine, and the earlier build's is gone.
+    # Without flite and Festival there is no test_engine nor dev_engine, and the earlier build's are gone.
     corpus.main(["--out", str(out), "--num-utterances", "12", "--seed", "2", "--engines", "espeak-ng"])
-    assert not (out / "test_engine").exists() and not (out / "wav" / "test_engine").exists()
-    assert set(json.loads((out / "corpus.json").read_text())["counts"]) == set(ALL_SPLITS) - {"test_engine"}
-    for split in set(ALL_SPLITS) - {"test_engine"}:
+    for split in corpus_plan.ENGINE_SPLITS:
+        assert not (out / split).exists() and not (out / "wav" / split).exists()
+    assert set(json.loads((out / "corpus.json").read_text())["counts"]) == set(ALL_SPLITS) - set(
+        corpus_plan.ENGINE_SPLITS
+    )
+    for split in set(ALL_SPLITS) - set(corpus_plan.ENGINE_SPLITS):
         listed = {Path(p).name for _, p in read_table(out / split / "wav.scp")}
         assert {p.name for p in (out / "wav" / split).iterdir()} == listed

@@ -56,6 +56,8 @@ DEFAULTS = {
     "asr_config": "configs/demo_asr.yaml",
     "tts_config": "configs/demo_tts.yaml",
     "train_overrides": [],
+    "word_lm": True,
+    "lm_text": "",
     "eval_utterances": 100,
     "experiment": "speechflow",
     "execution_mode": "local",
@@ -141,7 +143,9 @@ EDGES = {
     "plan": set(),
     "start_mlflow_run": {"plan"},
     "prepare_corpus": {"start_mlflow_run"},
-    **{f"features_{s}": {"prepare_corpus"} for s in ("train", "dev", "test", "test_noisy", "test_engine")},
+    **{
+        f"features_{s}": {"prepare_corpus"} for s in ("train", "dev", "test", "test_noisy", "test_engine", "dev_engine")
+    },
     "augment_train": {"prepare_corpus"},
     "features_train_aug": {"augment_train"},
     "make_shards": {
@@ -150,11 +154,14 @@ EDGES = {
         "features_test",
         "features_test_noisy",
         "features_test_engine",
+        "features_dev_engine",
         "features_train_aug",
     },
     "train_asr": {"make_shards"},
     "train_tts": {"make_shards"},
-    "evaluate_asr": {"train_asr"},
+    "build_lm": {"make_shards"},
+    "tune_lm_asr": {"train_asr", "build_lm"},
+    "evaluate_asr": {"tune_lm_asr"},
     "evaluate_tts": {"train_tts", "train_asr"},
     "register_asr": {"evaluate_asr"},
     "register_tts": {"evaluate_tts"},
@@ -225,6 +232,8 @@ def test_task_graph_is_as_described(dag_info):
         "features_train",
         "features_train_aug",
         "make_shards",
+        "build_lm",
+        "tune_lm_asr",
         "evaluate_asr",
         "evaluate_tts",
     ):
@@ -235,7 +244,7 @@ def test_task_graph_is_as_described(dag_info):
         "prepare_corpus": ["speechflow.corpus"],
         **{
             f"features_{s}": ["speechflow.features"]
-            for s in ("train", "dev", "test", "test_noisy", "test_engine", "train_aug")
+            for s in ("train", "dev", "test", "test_noisy", "test_engine", "dev_engine", "train_aug")
         },
         "make_shards": ["speechflow.shards"],
         "train_asr": ["speechflow.model.asr"],
@@ -294,6 +303,7 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         "test",
         "test_noisy",
         "test_engine",
+        "dev_engine",
         "train_aug",  # the demo's acoustic config trains on speed-perturbed copies
     )
     assert plan.augment["speed_factors"] == [0.9, 1.1]
@@ -338,7 +348,7 @@ def test_plan_rejects_params_that_do_not_fit(change, message, tmp_path):
         make_plan(params, "speech_pipeline", "r")
 
 
-def test_command_lines_of_the_stages():
+def test_command_lines_of_the_stages(tmp_path):
     plan = make_plan(
         {**DEFAULTS, **TINY, "strategy": "adpsgd", "train_overrides": ["strategy.gossip=random-ring"], "epochs": 3},
         "speech_pipeline",
@@ -367,8 +377,27 @@ def test_command_lines_of_the_stages():
         former = make_plan({**DEFAULTS, **TINY, "strategy": "adpsgd", "gossip": "delay-by-one"}, "speech_pipeline", "r")
     assert former.train_overrides == ("strategy.gossip=delay-by-one",)
     shards = commands.shards_args(allreduce)
-    assert shards.count("--split") == 5 and f"test_noisy={allreduce.data_root}/test_noisy" in shards
-    assert f"test_engine={allreduce.data_root}/test_engine" in shards
+    assert shards.count("--split") == 6 and f"test_noisy={allreduce.data_root}/test_noisy" in shards
+    assert (
+        f"test_engine={allreduce.data_root}/test_engine" in shards
+        and f"dev_engine={allreduce.data_root}/dev_engine" in shards
+    )
+    # The word LM: of the training transcripts (or the form's text), in the shards' alphabet; chosen and
+    # attached for the trained acoustic model; none when the form turns it off or no model decodes with one.
+    assert commands.lm_args(allreduce) == [
+        "--data", f"{allreduce.data_root}/train", "--vocabulary-from", allreduce.shards_dir, "--out", f"{allreduce.run_dir}/lm",
+    ]  # fmt: skip
+    assert commands.tune_lm_args(allreduce, "asr") == [
+        "--model", allreduce.workdirs["asr"], "--shards", allreduce.shards_dir, "--lm", allreduce.lm_dir, "--attach", "--no-progress",
+    ]  # fmt: skip
+    text = tmp_path / "domain.txt"
+    text.write_text("turn the lights on\n")
+    domain = make_plan({**DEFAULTS, **TINY, "lm_text": str(text)}, "speech_pipeline", "r")
+    assert commands.lm_args(domain)[:2] == ["--text-file", str(text)]
+    assert make_plan({**DEFAULTS, **TINY, "word_lm": False}, "speech_pipeline", "r").lm_dir == ""
+    assert make_plan({**DEFAULTS, **TINY, "models": ["tts"]}, "speech_pipeline", "r").lm_dir == ""
+    with pytest.raises(ValueError, match=r"lm_text: .*nowhere.txt does not exist"):
+        make_plan({**DEFAULTS, **TINY, "lm_text": str(tmp_path / "nowhere.txt")}, "speech_pipeline", "r")
     assert shards[shards.index("--num-shards") + 1] == "2"
     tts_eval = commands.evaluate_args(allreduce, "tts", "p", with_asr=True)
     assert tts_eval[tts_eval.index("--asr-model") + 1] == allreduce.workdirs["asr"]
@@ -837,9 +866,12 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         "features_test": "pipeline.features",
         "features_test_noisy": "pipeline.features",
         "features_test_engine": "pipeline.features",
+        "features_dev_engine": "pipeline.features",
         "augment_train": "pipeline.augment",
         "features_train_aug": "pipeline.features",
         "make_shards": "pipeline.shards",
+        "build_lm": "pipeline.lm",
+        "tune_lm_asr": "models.tune_lm",
         "evaluate_asr": "models.evaluate",
         "evaluate_tts": "models.evaluate",
     }
@@ -862,7 +894,7 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
     assert recording["task"] == "make_shards" and [r["name"] for r in recorded] == [
         "corpus",
         "augment",
-        *(f"features-{s}" for s in ("train", "dev", "test", "test_noisy", "test_engine", "train_aug")),
+        *(f"features-{s}" for s in ("train", "dev", "test", "test_noisy", "test_engine", "dev_engine", "train_aug")),
         "shards",
     ]
     augmenting = next(p for p in stages if p["task"] == "augment_train")["args"]
@@ -1012,6 +1044,14 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     assert "test_intelligibility_cer" in tts_metrics
     # the listener also hears the teacher-forced frames and the recordings (where what it misses is lost)
     assert {"test_intelligibility_cer_teacher_forced", "test_intelligibility_cer_recordings"} <= set(tts_metrics)
+    # The acoustic model is evaluated with the word LM built beside its training (the training transcripts),
+    # its weights chosen on dev_engine, and greedy, beam and LM figures sit side by side.
+    asr_metrics = summary["models"]["asr"]["metrics"]
+    for split in ("dev", "test", "test_engine"):
+        assert {f"{split}_cer", f"{split}_cer_beam", f"{split}_cer_lm", f"{split}_lm_oov_rate"} <= set(asr_metrics)
+    decoding = json.loads((dag_run.run_dir / "asr" / "model" / "lm" / "decoding.json").read_text())
+    assert decoding["chosen_on"]["split"] == "dev_engine" and len(decoding["chosen_on"]["grid"]) == 20
+    assert json.loads((dag_run.run_dir / "lm" / "lm.json").read_text())["text"]["sentences"] == 32  # the 40's train
 
     # What benchmarks/demo.py reports of a run: every task's minutes from Airflow, both models' figures.
     from benchmarks import demo
@@ -1066,6 +1106,12 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
         assert all(len(v["cer"]) == 3 for v in heard["voices"].values())
     assert {"flite:kal16", "flite:slt"} <= set(warped["splits"]["test_engine"]["voices"]) and "test_engine" in table
 
+    # benchmarks/serving.py on the run: its acoustic model served with its word LM, posted its held-out voices,
+    # as served and with the request param lm: false.
+    served, table = benchmark("serving", "--tiny")
+    assert served["with_lm"] and "test_engine" in served["posted"] and "beam search + LM" in table
+    assert served["w1_c1"]["failed"] == served["w1_c1_greedy"]["failed"] == served["failed_16_clients"] == 0
+
     # Each training is two ranks that agree, logged to the server.
     client = mlflow.MlflowClient(dag_run.uri)
     for model, trained in dag_run.trained.items():
@@ -1104,6 +1150,11 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
         assert trained.data.tags["mlflow.parentRunId"] == parent.info.run_id
         # Lineage: the training run's input is the shards' manifest, which names the Kaldi directories.
         assert trained.inputs.dataset_inputs and "data.train.dir" in trained.data.tags
+    # The registered acoustic model carries its LM: the version says which text, order and weights.
+    asr_champion = client.get_model_version_by_alias("ci-asr", "champion")
+    assert (
+        asr_champion.tags["speechflow.lm.chosen_on"] == "dev_engine" and asr_champion.tags["speechflow.lm.order"] == "3"
+    )
 
     # MLflow as the cluster runs it (k8s/base/mlflow.yaml): runs and registered models in PostgreSQL,
     # artifacts through the server into its directory, the champion loadable by its `models:/` URI.

@@ -479,11 +479,12 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
         )
         assert proc.returncode == 0, f"{name}:\n{script}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     manifest = records.load_manifest(work / "shards")
-    assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine", "train_aug"}
+    assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine", "dev_engine", "train_aug"}
     metrics = json.loads((work / "runs" / "asr" / "eval.json").read_text())
     assert {"test_cer", "test_noisy_cer", "test_engine_cer"} <= set(metrics)
     assert {"test_cer_lm", "test_wer_lm", "test_lm_oov_rate"} <= set(metrics), "the attached LM decodes too"
-    assert (work / "runs" / "asr" / "model" / "lm" / "decoding.json").is_file()
+    decoding = json.loads((work / "runs" / "asr" / "model" / "lm" / "decoding.json").read_text())
+    assert decoding["chosen_on"]["split"] == "dev_engine", "decoding settings are chosen in held-out voices"
     # The registered model, named by its URI, evaluated on a data directory no shards had held.
     evaluated = json.loads((work / "eval-other" / "eval.json").read_text())  # --model models:/..., --out-dir
     assert evaluated["primary_metric"] == "eval_cer" and evaluated["eval_cer"] >= 0

@@ -17,6 +17,7 @@ from workflow.plan import POD_XCOM_FILE, Plan
 
 CORPUS, AUGMENT, FEATURES, SHARDS = "pipeline.corpus", "pipeline.augment", "pipeline.features", "pipeline.shards"
 TRAIN, EVALUATE, REGISTRY = "models.train", "models.evaluate", "models.registry"
+LM, TUNE_LM = "pipeline.lm", "models.tune_lm"
 DATA_SERVICE = "pipeline.data_service"
 
 
@@ -163,6 +164,28 @@ def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) ->
         if with_asr:
             args += ["--asr-model", plan.workdirs[listener]]
     return args
+
+
+def lm_args(plan: Plan) -> list[str]:
+    """`pipeline.lm`: the word LM of the plan's text (`lm_text`) or of the training transcripts, in the
+    alphabet of the run's shards."""
+    source = ["--text-file", plan.lm_text] if plan.lm_text else ["--data", plan.data_dir(CLEAN_SPLIT)]
+    return [*source, "--vocabulary-from", plan.shards_dir, "--out", plan.lm_dir]
+
+
+def tune_lm_args(plan: Plan, model: str) -> list[str]:
+    """`models.tune_lm --attach`: the LM's weights chosen on the shards' dev split in held-out voices
+    (dev_engine, else dev) for `model`'s trained weights, and the LM attached to its model directory."""
+    return [
+        "--model",
+        plan.workdirs[model],
+        "--shards",
+        plan.shards_dir,
+        "--lm",
+        plan.lm_dir,
+        "--attach",
+        "--no-progress",
+    ]
 
 
 # ---- MLflow bookkeeping (models.registry) --------------------------------------------------------

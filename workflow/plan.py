@@ -20,8 +20,10 @@ from common.fsutil import slug
 from common.splits import AUGMENTED_SPLIT
 from workflow.local import REPO, training_python
 
-# Of the demo corpus (test_engine only when an engine in use has voices for it); train and test are required.
-SPLITS = ("train", "dev", "test", "test_noisy", "test_engine")
+# Of the demo corpus (test_engine and dev_engine only when an engine in use has voices for them); train and
+# test are required. dev_engine is for choosing decoding settings (models.tune_lm) only.
+SPLITS = ("train", "dev", "test", "test_noisy", "test_engine", "dev_engine")
+ENGINE_SPLITS = ("test_engine", "dev_engine")
 # The demo corpus' voice groups: the DAG param demo_{group}_voices -> `pipeline.corpus --{group}-voices`.
 VOICE_GROUPS = ("train", "test", "test_engine")
 REQUIRED_SPLITS = ("train", "test")
@@ -79,6 +81,11 @@ class Plan:
     # CopiesConfig as a dict: `asr.augment.copies`), which the augment stage makes into the split
     # AUGMENTED_SPLIT (then among `splits`); empty: no stage, no such split
     augment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # where the word LM goes (pipeline.lm), for the selected models that decode with one (common/catalog.py
+    # ModelEntry.word_lm); "": none is built
+    lm_dir: str = ""
+    # the LM's text, one sentence per line; "": the training split's transcripts
+    lm_text: str = ""
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -178,7 +185,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         data_root, splits = f"{run_dir}/corpus", SPLITS
     demo_engines, demo_voices = _demo_voices(params)
     if not data_dir and not voices.of_engines(demo_voices.get("test_engine", voices.TEST_ENGINE_VOICES), demo_engines):
-        splits = tuple(s for s in splits if s != "test_engine")  # the corpus makes none
+        splits = tuple(s for s in splits if s not in ENGINE_SPLITS)  # the corpus makes neither
     features_dir = (params.get("features_dir") or "").strip()
     features_root = _resolve(features_dir, mode) if features_dir else data_root
     if mode == "local" and features_dir:
@@ -192,6 +199,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
                 raise ValueError(f"{model}_config: {configs[model]} does not exist")
     loaded = {m: check_training_config(m, params["strategy"], configs[m], overrides) for m in models}
     augment = _augment(loaded)
+    lm_dir, lm_text = _word_lm(params, models, run_dir, mode)
     if augment:
         splits = (*splits, AUGMENTED_SPLIT)
     return Plan(
@@ -225,7 +233,22 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         demo_engines=demo_engines,
         demo_voices=demo_voices,
         augment=augment,
+        lm_dir=lm_dir,
+        lm_text=lm_text,
     )
+
+
+def _word_lm(params: Mapping[str, Any], models: tuple[str, ...], run_dir: str, mode: str) -> tuple[str, str]:
+    """(lm_dir, lm_text) of the run: ("", "") when the form turns the word LM off or no selected model
+    decodes with one; ValueError naming `lm_text` when its file is missing (local mode)."""
+    lm_text = _resolve(str(params.get("lm_text") or "").strip(), mode)
+    if not params.get("word_lm", True) or not any(catalog.model(m).word_lm for m in models):
+        return "", ""
+    if lm_text and mode == "local" and not Path(lm_text).is_file():
+        raise ValueError(
+            f"lm_text: {lm_text} does not exist (a text file of one sentence per line; empty: the training transcripts)"
+        )
+    return f"{run_dir}/lm", lm_text
 
 
 def _demo_text(params: Mapping[str, Any]) -> str:
