@@ -6,7 +6,8 @@ split of a demo run, for an LM of the corpus' training text and one of general t
 DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
 acoustic model `asr/`, its `shards/` and its corpus `corpus/`. Each condition runs the real stages:
 `pipeline.lm` builds the n-gram, `models.tune_lm` chooses its weight and word bonus on a dev split
-(never a test split), and `models.evaluate --lm` scores every split with greedy decoding, beam search
+(never a test split: `dev_engine`, new sentences in the held-out voices, where the run has it, else
+`dev`, as the DAG does), and `models.evaluate --lm` scores every split with greedy decoding, beam search
 and beam search with the LM from one forward pass. The conditions:
 
 - `corpus`: the training split's transcripts (the DAG's default LM text);
@@ -60,8 +61,8 @@ def general_text(corpus: Path, vocabulary: list[str], out: Path, limit: int | No
 
 
 def condition(name: str, source: list[str], order: int, asr: Path, shards: Path, work: Path, splits, grid) -> dict:
-    """Builds the LM of `source` (pipeline.lm's text flags), tunes it on dev over `grid` (models.tune_lm's
-    flags), evaluates every split."""
+    """Builds the LM of `source` (pipeline.lm's text flags), tunes it on models.tune_lm's dev split over
+    `grid` (its flags), evaluates every split."""
     lm_dir = work / f"lm-{name}-o{order}"
     run(
         [
@@ -77,7 +78,7 @@ def condition(name: str, source: list[str], order: int, asr: Path, shards: Path,
             f"order={order}",
         ]
     )
-    run([PYTHON, "-m", "models.tune_lm", "--model", str(asr), "--shards", str(shards), "--lm", str(lm_dir), "--split", "dev", *grid, "--no-progress"])  # fmt: skip
+    run([PYTHON, "-m", "models.tune_lm", "--model", str(asr), "--shards", str(shards), "--lm", str(lm_dir), *grid, "--no-progress"])  # fmt: skip
     out = work / f"eval-{name}-o{order}"
     split_args = [a for s in splits for a in ("--split", s)]
     run([PYTHON, "-m", "models.evaluate", "--model", str(asr), "--shards", str(shards), *split_args, "--lm", str(lm_dir), "--out-dir", str(out), "--no-mlflow"])  # fmt: skip

@@ -100,11 +100,11 @@ SECTIONS: dict[str, Section] = {
         "Decoding with a word LM",
         "`benchmarks/lm_decoding.py`: the demo run's acoustic model decoding every split greedily, by beam search "
         "and by beam search with a word n-gram (`pipeline.lm`, KenLM's lmplz; pyctcdecode's beam search with "
-        "`kenlm`), its weight and word bonus chosen on `dev` by `models.tune_lm` and then fixed for the test "
-        "splits. Two LM texts: the training split's transcripts (`corpus`), and WordNet's example sentences that "
+        "`kenlm`), its weight and word bonus chosen by `models.tune_lm` on the split the table names (`dev_engine`: "
+        "new sentences in the held-out voices, decoding settings only) and then fixed for the others. Two LM texts: the training split's transcripts (`corpus`), and WordNet's example sentences that "
         "no split of the corpus holds (`general`); `_oN` is the n-gram's order.",
         lm_decoding,
-        "`dev` chose the settings, so its row is not a held-out figure. The last two columns say how well the LM's "
+        "The split that chose the settings is not among the rows; `dev` chose the model's checkpoint. The last two columns say how well the LM's "
         "text knows the split: the share of its words the LM never saw, and of its word trigrams the text had.",
     ),
     "tts_seeds.json": (
@@ -229,7 +229,9 @@ SECTIONS: dict[str, Section] = {
         "measured ones against one single-threaded process.",
         speedup_model,
         "The model assumes independent workers; two ranks on a two-core machine each run slower than one "
-        "rank alone, which is why the measured speedup falls short of the prediction.",
+        "rank alone, which is why the measured speedup falls short of the prediction. It predicts samples a "
+        "second, not time to accuracy: the research's reported speedups are times to accuracy, which also "
+        "count any extra epochs more workers need.",
     ),
     "straggler.json": (
         "Straggler",

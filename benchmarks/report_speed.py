@@ -131,10 +131,30 @@ def speedup_model(r: dict) -> list[str]:
                 num(r[f"{strategy}_predicted_speedup_n2"], 2),
                 num(r.get(f"{strategy}_measured_speedup_n2"), 2) or "not recorded",
                 num(r.get(f"{strategy}_job_speedup_n2"), 2) or "not recorded",
-                num(r[f"{strategy}_predicted_speedup_n128"], 1),
+                *(num(r.get(f"{strategy}_predicted_speedup_n{n}"), 1) or "not recorded" for n in (8, 32, 128)),
             ]
         )
     out += table(benchmarks.speedup_model.TABLE, rows)
+    gpu = r.get("gpu")
+    if gpu:
+        a, p = gpu["assumptions"], gpu["provenance"]
+        out += [
+            "",
+            f"The same model for a GPU cluster: Tcalc {num(gpu['tcalc_s'] * 1000, 1)} ms (the GPU calibration's "
+            f"smallest step of the demo model, {gpu['step']}; {p['device']}, {p['software']}, measured "
+            f"{p['measured']}), Ttransmit {num(gpu['ttransmit_s'] * 1000, 2)} ms (the float32 weights over a "
+            f"{num(a['link_bytes_per_s'] * 8 / 1e9, 0)} Gb/s link a GPU), Tmerge {num(gpu['tmerge_s'] * 1000, 3)} ms "
+            f"(three passes over them at {num(a['hbm_bytes_per_s'] / 1e12, 2)} TB/s). Reported: the research's "
+            "AD-PSGD on Switchboard-2000, time to accuracy against one GPU.",
+            "",
+        ]
+        out += table(
+            benchmarks.speedup_model.GPU_TABLE,
+            [
+                [s, *(num(v, 1) if isinstance(v, float) else v for v in rest)]
+                for s, *rest in benchmarks.speedup_model.gpu_rows(gpu)
+            ],
+        )
     return out
 
 

@@ -205,11 +205,16 @@ def main(argv: list[str] | None = None) -> int:
 
     goals = GOALS_WITH_LM if with_lm else GOALS
     what = (
-        f"{args.model} (trained{', with its word LM' if with_lm else ''})"
+        f"the demo run's acoustic model (asr/model, trained{', with its word LM' if with_lm else ''})"
         if args.model
         else f"{config_file.relative_to(ROOT)} shapes, untrained weights"
     )
-    posted = f"{len(utts)} utterances of {args.audio} (base64 WAVs)" if args.audio else "base64 WAVs of 3 to 6 s"
+    # Named within the run, not by this machine's paths: the page shows them.
+    posted = (
+        f"{len(utts)} utterances of the run's corpus/{args.audio.name} (base64 WAVs)"
+        if args.audio
+        else "base64 WAVs of 3 to 6 s"
+    )
     results = {
         "model": what,
         "posted": posted,

@@ -12,11 +12,17 @@ Then applies Speedup = n (Tcalc + Tmerge) / (Tcalc + Tmerge + Twait), with
 Twait = max(n Ttransmit + (n - 1) Tmerge - Tcalc, 0) for the ring (allreduce) and the gossip form
 of benchmarks/speedup_theory.py, compares the prediction at n = 1 and 2 with the measured throughput
 ratio, plots both predicted curves to n = 128 and logs the plot and numbers to MLflow.
+
+Then the same model for a GPU cluster: Tcalc from the GPU calibration (benchmarks/data/gpu_calibration.json,
+PyTorch on an H100, copied with its provenance), Ttransmit the model's float32 weights over an assumed
+link and Tmerge three passes over them at the GPU's memory bandwidth (`GPU_ASSUMPTIONS`), predicted at 8,
+32 and 128 workers beside the speedups the research reported for AD-PSGD (`REPORTED`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -38,15 +44,27 @@ from benchmarks.harness import (  # noqa: E402
     write_json,
 )
 
-# The table's columns (benchmarks/report.py prints the same ones from the JSON).
+# The tables' columns (benchmarks/report.py prints the same ones from the JSON).
 TABLE = [
     "strategy",
     "predicted n=1",
     "predicted n=2",
     "measured n=2 (training)",
     "measured n=2 (job)",
+    "predicted n=8",
+    "predicted n=32",
     "predicted n=128",
 ]
+WORKERS = (8, 32, 128)  # the cluster sizes predicted
+GPU_TABLE = ["strategy", *(f"H100 cluster n={n}" for n in WORKERS), "reported n=32", "reported n=128"]
+CALIBRATION = Path(__file__).resolve().parent / "data" / "gpu_calibration.json"
+# The research's AD-PSGD on Switchboard-2000, time to accuracy: a week (168 h) on one GPU, 11.5 h on 32
+# GPUs, under 2 h on 128 (so at least 84x).
+REPORTED = {32: 168 / 11.5, 128: 168 / 2}
+# What the GPU projection assumes beyond the calibration: each GPU's own 200 Gb/s link (InfiniBand HDR,
+# one adapter a GPU, as GPU nodes are built), its latency left out; an H100 SXM's memory bandwidth
+# (NVIDIA's data sheet) for the merge; float32 weights and gradients.
+GPU_ASSUMPTIONS = {"link_bytes_per_s": 25e9, "hbm_bytes_per_s": 3.35e12, "bytes_per_weight": 4}
 
 PROBE = """
 import sys, time, numpy as np, tensorflow as tf, horovod.tensorflow as hvd
@@ -85,6 +103,35 @@ def measure_merge(parameters: int, repeats: int) -> float:
         w += average - snapshot
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def gpu_projection(parameters: int) -> dict:
+    """The speedup model for a GPU cluster: Tcalc from the calibration's smallest step of the demo model
+    (its 4000-frame batches are smaller still, and at these sizes the LSTM is latency-bound: 1% of the
+    GPU's peak), Ttransmit and Tmerge from `GPU_ASSUMPTIONS`; predicted speedups at `WORKERS`."""
+    from benchmarks import speedup_theory
+
+    calibration = json.loads(CALIBRATION.read_text())
+    demo = [s for s in calibration["asr_steps"] if s["model"].startswith("demo") and s["precision"] == "fp32"]
+    step = min(demo, key=lambda s: s["batch"] * s["frames"])
+    size = parameters * GPU_ASSUMPTIONS["bytes_per_weight"]
+    times = {
+        "tcalc": step["step_ms"] / 1000,
+        "ttransmit": size / GPU_ASSUMPTIONS["link_bytes_per_s"],
+        "tmerge": 3 * size / GPU_ASSUMPTIONS["hbm_bytes_per_s"],
+    }
+    out = {f"{k}_s": v for k, v in times.items()}
+    out["step"] = f"{step['batch']} x {step['frames']} frames, {step['precision']}: {step['step_ms']} ms"
+    out["provenance"] = calibration["provenance"]
+    out["assumptions"] = GPU_ASSUMPTIONS
+    for strategy, predict in (
+        ("allreduce", speedup_theory.speedup_allreduce),
+        ("adpsgd", speedup_theory.speedup_gossip),
+    ):
+        for n in WORKERS:
+            out[f"{strategy}_predicted_speedup_n{n}"] = predict(n, *times.values())
+    out["reported_speedup"] = {str(n): v for n, v in REPORTED.items()}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,9 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return sum(r["frames"] for r in summary["per_rank_trained"]) / summary["job_wall_s"]
 
     for strategy, predict in (("allreduce", speedup_model.speedup_allreduce), ("adpsgd", speedup_model.speedup_gossip)):
-        for n in (1, 2):
+        for n in (1, 2, *WORKERS):
             results[f"{strategy}_predicted_speedup_n{n}"] = predict(n, tcalc, ttransmit, tmerge)
-        results[f"{strategy}_predicted_speedup_n128"] = predict(128, tcalc, ttransmit, tmerge)
         if strategy in two:
             results[f"{strategy}_measured_speedup_n2"] = two[strategy]["frames_per_s_total"] / one["frames_per_s_total"]
             # What a user waits for: the whole job, start-up of the processes included.
@@ -143,19 +189,35 @@ def main(argv: list[str] | None = None) -> int:
                 results[f"{strategy}_predicted_speedup_n2"],
                 results.get(f"{strategy}_measured_speedup_n2", "not run"),
                 results.get(f"{strategy}_job_speedup_n2", "not run"),
-                results[f"{strategy}_predicted_speedup_n128"],
+                *(results[f"{strategy}_predicted_speedup_n{n}"] for n in WORKERS),
             ]
         )
+    gpu = results["gpu"] = gpu_projection(parameters)
     plot = speedup_model.plot_speedup(tcalc, ttransmit, tmerge, work / "speedup_model.png")
     print(
         f"Tcalc {tcalc * 1000:.1f} ms, Ttransmit {ttransmit * 1000:.2f} ms ({parameters:,} float32 weights), "
         f"Tmerge {tmerge * 1000:.2f} ms"
     )
     print_table(TABLE, rows)
+    print(
+        f"A GPU cluster: Tcalc {gpu['tcalc_s'] * 1000:.1f} ms (H100, {gpu['step']}), Ttransmit "
+        f"{gpu['ttransmit_s'] * 1000:.2f} ms (a {GPU_ASSUMPTIONS['link_bytes_per_s'] * 8 / 1e9:g} Gb/s link), "
+        f"Tmerge {gpu['tmerge_s'] * 1000:.3f} ms"
+    )
+    print_table(GPU_TABLE, gpu_rows(gpu))
     results["plot"] = plot.name  # logged to MLflow with the numbers
     results["mlflow_run_id"] = log_to_mlflow(results, plot)
     write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
     return 0
+
+
+def gpu_rows(gpu: dict) -> list[list]:
+    """The GPU projection's table rows (GPU_TABLE); the research reported AD-PSGD's only."""
+    rows = []
+    for strategy in ("allreduce", "adpsgd"):
+        reported = [gpu["reported_speedup"][str(n)] if strategy == "adpsgd" else "" for n in REPORTED]
+        rows.append([strategy, *(gpu[f"{strategy}_predicted_speedup_n{n}"] for n in WORKERS), *reported])
+    return rows
 
 
 def log_to_mlflow(results: dict, plot: Path) -> str:

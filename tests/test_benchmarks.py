@@ -77,6 +77,8 @@ EXPECTED = {
         "adpsgd_measured_speedup_n2",
         "adpsgd_job_speedup_n2",
         "allreduce_predicted_speedup_n128",
+        "adpsgd_predicted_speedup_n32",
+        "gpu",  # the same model for a GPU cluster, from benchmarks/data/gpu_calibration.json
         "mlflow_run_id",
     ],
 }

@@ -281,6 +281,22 @@ def test_allreduce_saturates_while_gossip_keeps_scaling():
         speedup_gossip(4, 0.0, 1.0, 0.0)
 
 
+def test_the_gpu_projection_reads_the_copied_calibration_and_names_its_assumptions():
+    import json
+
+    from benchmarks import speedup_model
+
+    calibration = json.loads(speedup_model.CALIBRATION.read_text())
+    assert calibration["provenance"]["device"].startswith("one NVIDIA H100")
+    gpu = speedup_model.gpu_projection(2_541_332)
+    assert gpu["tcalc_s"] == pytest.approx(0.0237)  # the demo model's smallest calibrated step, fp32
+    assert gpu["ttransmit_s"] == pytest.approx(2_541_332 * 4 / 25e9) and gpu["assumptions"]["link_bytes_per_s"] == 25e9
+    assert gpu["allreduce_predicted_speedup_n8"] == pytest.approx(8)  # computation hides the ring at 8
+    assert gpu["allreduce_predicted_speedup_n128"] < gpu["adpsgd_predicted_speedup_n128"] == pytest.approx(128)
+    rows = speedup_model.gpu_rows(gpu)
+    assert [r[0] for r in rows] == ["allreduce", "adpsgd"] and rows[1][-1] == pytest.approx(84)
+
+
 def test_plot_speedup_writes_a_png(tmp_path):
     path = plot_speedup(1.0, 0.1, 0.01, tmp_path / "speedup.png", max_n=64)
     assert path == tmp_path / "speedup.png"

@@ -103,7 +103,7 @@ class ClusterSettings:
     shm_gib_per_gpu: int = 2  # /dev/shm per GPU for NCCL and OpenMPI (counted against the memory limit)
     launcher_cpu: str = "1"  # the launcher only runs horovodrun/mpirun
     launcher_memory: str = "2Gi"
-    stage_cpu: str = "2"  # each non-training stage pod (corpus, features, shards, evaluation)
+    stage_cpu: str = "2"  # each non-training stage pod (corpus, features, shards, the word LM, evaluation)
     stage_memory: str = "8Gi"
     scratch_gib: int = 10  # size limit of /tmp and of the home directory in every pod
     network_interface: str = "eth0"  # pod network interface for MPI's TCP transport and NCCL sockets

@@ -1,6 +1,6 @@
 """The pipeline's Kubernetes objects besides the training job: stage pods, the tf.data service, a model server.
 
-Every stage other than training (corpus, features, shards, evaluation) is one pod, which the DAG
+Every stage other than training (corpus, features, shards, the word LM, evaluation) is one pod, which the DAG
 starts with a KubernetesPodOperator (`render_stage_pod`, `stage_pod_operator_kwargs`).
 `render_data_service` renders a tf.data service beside a training MPIJob: a dispatcher (Deployment
 of one, with its Service) and a Deployment of CPU input workers. `render_serving` renders a server of
@@ -31,8 +31,8 @@ def render_stage_pod(
 ) -> dict[str, Any]:
     """A Pod running `python -m MODULE ARGS` with the training image and the data claim.
 
-    For the non-training stages (`pipeline.corpus`, `pipeline.features`, `pipeline.shards`,
-    `models.evaluate`). `gpus > 0` adds GPU limits and the GPU node selector. Returns the manifest.
+    For the non-training stages (`pipeline.corpus`, `pipeline.features`, `pipeline.shards`, `pipeline.lm`,
+    `models.tune_lm`, `models.evaluate`). `gpus > 0` adds GPU limits and the GPU node selector. Returns the manifest.
     """
     settings = settings or ClusterSettings()
     cluster.check_name(name, 63)
