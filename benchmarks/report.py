@@ -104,7 +104,9 @@ SECTIONS: dict[str, Section] = {
         "new sentences in the held-out voices, decoding settings only) and then fixed for the others. Two LM texts: the training split's transcripts (`corpus`), and WordNet's example sentences that "
         "no split of the corpus holds (`general`); `_oN` is the n-gram's order.",
         lm_decoding,
-        "The split that chose the settings is not among the rows; `dev` chose the model's checkpoint. The last two columns say how well the LM's "
+        "The split that chose the settings is named in the weights' column; when it is `dev`, that row is not a "
+        "held-out figure. `dev_engine` speaks the voices of `test_engine` in other sentences, so the LM rows of "
+        "`test_engine` are held out in their sentences, not in their voices. The last two columns say how well the LM's "
         "text knows the split: the share of its words the LM never saw, and of its word trigrams the text had.",
     ),
     "tts_seeds.json": (

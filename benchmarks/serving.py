@@ -176,12 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1", help="comma-separated `mlflow models serve -w` counts to measure")
     parser.add_argument("--requests", type=int, default=48, help="requests per level (split among its clients)")
     parser.add_argument(
-        "--model", type=Path, help="a trained acoustic model's directory (default: untrained, demo shapes)"
+        "--demo-run", type=Path, help="a demo run's directory: its trained acoustic model, posted its held-out voices"
     )
-    parser.add_argument("--audio", type=Path, help="with --model: a Kaldi data directory whose utterances are posted")
+    parser.add_argument("--max-utterances", type=int, default=24, help="with --demo-run: utterances posted")
     args = parser.parse_args(argv)
-    if (args.model is None) != (args.audio is None):
-        parser.error("--model and --audio go together: a trained model is posted recorded utterances")
+    args.model = args.audio = None
+    if args.demo_run:
+        args.model = args.demo_run / "asr" / "model"
+        corpus = args.demo_run / "corpus"
+        args.audio = corpus / "test_engine" if (corpus / "test_engine" / "wav.scp").is_file() else corpus / "test"
 
     from models.asr import lm
     from workflow import serve

@@ -166,7 +166,8 @@ def sentence_draw(config, rng: random.Random, sentences: Sequence[str] | None = 
         if text is None:
             raise ValueError(
                 f"the text has {len(pool)} usable sentences of {config.min_words}-{config.max_words} words, fewer "
-                "than num_utterances; lower num_utterances, widen min_words/max_words or give a larger text_file"
+                "than num_utterances and dev_engine's share of it (dev_engine_fraction); lower num_utterances or "
+                "dev_engine_fraction, widen min_words/max_words or give a larger text_file"
             )
         return text
 

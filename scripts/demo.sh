@@ -146,7 +146,7 @@ if "asr" in models:
               f"weight {d['settings']['weight']}, word bonus {d['settings']['word_bonus']} (chosen on "
               f"{d['chosen_on']['split']}); its words miss {pct(m, 'test_lm_oov_rate')} of test's")
     else:
-        print("                   no word LM (the DAG's word_lm param is off)")
+        print("                   no word LM attached (the param word_lm is off, or tune_lm_asr did not run: see its log)")
     if "test_engine_cer" in m:
         print(f"                   test_engine: the test sentences in {voices(heard.get('test_engine', [])) or 'n/a'}, "
               "voices never heard in training; per speaker:")
