@@ -1052,6 +1052,13 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     decoding = json.loads((dag_run.run_dir / "asr" / "model" / "lm" / "decoding.json").read_text())
     assert decoding["chosen_on"]["split"] == "dev_engine" and len(decoding["chosen_on"]["grid"]) == 20
     assert json.loads((dag_run.run_dir / "lm" / "lm.json").read_text())["text"]["sentences"] == 32  # the 40's train
+    # A retried tune_lm_asr finds its choice made for the same weights, LM and grid: it only attaches again.
+    retried = subprocess.run(
+        [PYTHON, "-m", "models.tune_lm", "--model", str(dag_run.run_dir / "asr"), "--shards",
+         str(dag_run.run_dir / "shards"), "--lm", str(dag_run.run_dir / "lm"), "--attach", "--no-progress"],
+        cwd=ROOT, env=quiet_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert retried.returncode == 0 and retried.stdout.startswith("up to date"), retried.stderr[-3000:]
 
     # What benchmarks/demo.py reports of a run: every task's minutes from Airflow, both models' figures.
     from benchmarks import demo
