@@ -244,11 +244,13 @@ SECTIONS: dict[str, Section] = {
         "throughput, slowed over undisturbed.",
         straggler,
         "Under AD-PSGD the fast rank takes most of the batches and the job no longer runs at the slow "
-        "rank's pace; under allreduce every rank takes the same batches and waits. Job ratios above the "
-        "ideal come from undisturbed jobs that ended late, not from slowed jobs that beat the ideal. "
+        "rank's pace; under allreduce every rank takes the same batches and waits. The undisturbed job runs "
+        "twice and the faster is kept; its two runs are in the file, and on a shared two-core machine they "
+        "can differ by more than a third. Job ratios above the ideal come from undisturbed jobs that ended "
+        "late, not from slowed jobs that beat the ideal: compare the slowed jobs' seconds across strategies. "
         "Allreduce stays above the pace of its slow rank because a job has fixed parts that do not slow "
-        "down (start-up, saving and logging). The delay-by-one rows here predate `DelayedMerge`; the next "
-        "section has them on the code with it.",
+        "down (start-up, saving and logging). At two ranks the fixed and the random ring are one schedule, so "
+        "one of them runs.",
     ),
     "straggler_delay_by_one.json": (
         "Straggler, delay-by-one",

@@ -16,10 +16,13 @@ DAG_ORDER = (
     "plan",
     "start_mlflow_run",
     "prepare_corpus",
+    "augment_train",
     "features_",
     "make_shards",
+    "build_lm",
     "train_asr",
     "train_tts",
+    "tune_lm",
     "evaluate_asr",
     "evaluate_tts",
     "register_",
@@ -83,7 +86,7 @@ def demo(r: dict) -> list[str]:
         ("dev", "dev (training voices, new sentences)"),
         ("test", "test (voices never heard in training)"),
         ("test_noisy", "noisy test (the test sentences with noise)"),
-        ("test_engine", "engine test (the test sentences in flite's voices never heard in training)"),
+        ("test_engine", "engine test (the test sentences in held-out speakers' voices, every engine's)"),
     ):
         if f"{split}_cer" not in asr:  # a run from before the split existed
             continue
@@ -94,10 +97,18 @@ def demo(r: dict) -> list[str]:
                 pct(asr[f"{split}_wer"]),
                 pct(asr[f"{split}_cer_beam"]),
                 pct(asr[f"{split}_wer_beam"]),
+                *((pct(asr.get(f"{split}_cer_lm")), pct(asr.get(f"{split}_wer_lm"))) if "lm_weight" in asr else ()),
             ]
         )
-    out += ["Acoustic model (the champion chosen on dev):", ""]
-    out += table(["split", "CER greedy", "WER greedy", "CER beam", "WER beam"], rows)
+    lm = (
+        f" Beam search with the word LM the run built and attached: order {asr['lm_order']}, "
+        f"{thousands(asr['lm_vocabulary_size'])} words, weight {asr['lm_weight']:g}, word bonus {asr['lm_word_bonus']:g}."
+        if "lm_weight" in asr
+        else ""
+    )
+    out += [f"Acoustic model (the champion chosen on dev).{lm}", ""]
+    header = ["split", "CER greedy", "WER greedy", "CER beam", "WER beam"]
+    out += table(header + (["CER beam+LM", "WER beam+LM"] if lm else []), rows)
     rows = []
     for split, what in (("dev", "dev (training voices)"), ("test", "test (unseen voices, nearest training voice)")):
         rows.append(
