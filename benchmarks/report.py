@@ -246,10 +246,10 @@ SECTIONS: dict[str, Section] = {
         "Under AD-PSGD the fast rank takes most of the batches and the job no longer runs at the slow "
         "rank's pace; under allreduce every rank takes the same batches and waits. The undisturbed job runs "
         "twice and the faster is kept; its two runs are in the file, and on a shared two-core machine they "
-        "can differ by more than a third. Job ratios above the ideal come from undisturbed jobs that ended "
-        "late, not from slowed jobs that beat the ideal: compare the slowed jobs' seconds across strategies. "
-        "Allreduce stays above the pace of its slow rank because a job has fixed parts that do not slow "
-        "down (start-up, saving and logging). At two ranks the fixed and the random ring are one schedule, so "
+        "can differ by more than a third. A job has fixed parts that do not slow down (start-up, saving and "
+        "logging), which lift every job ratio towards one: allreduce stays above the pace of its slow rank, "
+        "and a gossip variant can land a little above the ideal. A ratio far above it comes from a slow "
+        "undisturbed job: compare the jobs' seconds across strategies. At two ranks the fixed and the random ring are one schedule, so "
         "one of them runs.",
     ),
     "straggler_delay_by_one.json": (

@@ -102,7 +102,9 @@ def demo(r: dict) -> list[str]:
         )
     lm = (
         f" Beam search with the word LM the run built and attached: order {asr['lm_order']}, "
-        f"{thousands(asr['lm_vocabulary_size'])} words, weight {asr['lm_weight']:g}, word bonus {asr['lm_word_bonus']:g}."
+        f"{num(asr['lm_vocabulary_size'])} words, weight {asr['lm_weight']:g}, word bonus {asr['lm_word_bonus']:g}, "
+        "chosen by `models.tune_lm` on `dev_engine` where the corpus has one: new sentences in the voices of "
+        "the engine test, whose LM columns are then held out in sentences, not in voices."
         if "lm_weight" in asr
         else ""
     )
