@@ -67,6 +67,12 @@ bench: setup
 	@echo "== tts_seeds"
 	$(PY) benchmarks/tts_seeds.py --json benchmarks/results/tts_seeds.json \
 	  --demo-run "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
+	@echo "== serving (the demo run's acoustic model with its word LM, posted its held-out voices)"
+	$(PY) benchmarks/serving.py --json benchmarks/results/serving.json \
+	  --demo-run "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
+	@echo "== lm_decoding"
+	$(PY) benchmarks/lm_decoding.py --json benchmarks/results/lm_decoding.json \
+	  --demo-run "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
 	@echo "== reference_asr"
 	run="$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"; \
 	  .venv-benchmarks/bin/python benchmarks/reference_asr.py --data "$$run/corpus/test_engine" \
