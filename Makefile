@@ -55,6 +55,8 @@ mlflow-ui: setup
 # All benchmarks at full size (hours on 2 cores); tables on stdout, JSON in benchmarks/results/, then the page.
 # The demo's run (kept under .runs/bench-demo/) is also where the synthesis seeds are trained and heard,
 # and whose corpus pocketsphinx hears beside the demo's acoustic model (in .venv-benchmarks).
+# The run `make bench` keeps of the demo (the newest), which the benchmarks after it read: a shell expression.
+BENCH_DEMO_RUN = "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
 BENCHMARKS := input_pipeline throughput straggler speedup_model convergence faults time_to_accuracy voice_levers
 bench: setup
 	@mkdir -p benchmarks/results
@@ -66,15 +68,15 @@ bench: setup
 	$(PY) benchmarks/demo.py --keep $(RUNS)/bench-demo --json benchmarks/results/demo.json
 	@echo "== tts_seeds"
 	$(PY) benchmarks/tts_seeds.py --json benchmarks/results/tts_seeds.json \
-	  --demo-run "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
+	  --demo-run $(BENCH_DEMO_RUN)
 	@echo "== serving (the demo run's acoustic model with its word LM, posted its held-out voices)"
 	$(PY) benchmarks/serving.py --json benchmarks/results/serving.json \
-	  --demo-run "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
+	  --demo-run $(BENCH_DEMO_RUN)
 	@echo "== lm_decoding"
 	$(PY) benchmarks/lm_decoding.py --json benchmarks/results/lm_decoding.json \
-	  --demo-run "$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"
+	  --demo-run $(BENCH_DEMO_RUN)
 	@echo "== reference_asr"
-	run="$$(dirname "$$(ls -t $(RUNS)/bench-demo/pipeline/*/summary.json | head -1)")"; \
+	run=$(BENCH_DEMO_RUN); \
 	  .venv-benchmarks/bin/python benchmarks/reference_asr.py --data "$$run/corpus/test_engine" \
 	  --data "$$run/corpus/test" --ours "$$run" --json benchmarks/results/reference_asr.json
 	$(MAKE) bench-report
