@@ -3,13 +3,16 @@ job with a slow worker takes to reach allreduce's result.
 
     python benchmarks/convergence.py [--json out.json] [--tiny] [--shards DIR] [--epochs E] [--seeds 2]
                                      [--variants allreduce,delay-by-one] [--no-half-speed]
-                                     [--reference earlier.json]
+                                     [--targets 0.05,0.03] [--reference earlier.json]
 
 1. Trains the acoustic model with `horovodrun -np 2` under allreduce and under each gossip
    variant (fixed ring, random ring, delay-by-one), and hierarchical gossip on two "hosts" of two
-   ranks each (-np 4), for the same number of epochs (the same training samples), with `--seeds`
-   seeds each, and reports the test CER (voices never heard in training): mean and spread. Goal
-   from the research: every variant within 10% relative of allreduce.
+   ranks each (-np 4), on the demo config's own schedule (or `--epochs E`), the same training
+   samples for each, with `--seeds` seeds each, and reports the test CER (voices never heard in
+   training): mean and spread. Goal from the research: every variant within 10% relative of
+   allreduce. And time to accuracy: every run's dev CER at the config's `eval_every`, against minutes
+   from launching horovodrun; the minutes until it first reached each of `--targets` and allreduce's
+   level (the mean of allreduce's seeds' final dev CERs), and a plot of every curve (`out_dev.png`).
 2. With rank 1 at half speed (`--straggler-factor 2`), allreduce and the best gossip variant of
    part 1: the minutes from the start of training until its dev CER first reaches what allreduce
    reached at the end of its undisturbed run (dev CER every `eval_every` steps,
@@ -37,6 +40,7 @@ from benchmarks.harness import (  # noqa: E402
     PYTHON,
     ROOT,
     delay_rounds,
+    dev_curve_from_launch,
     evaluate_model,
     pick_variants,
     print_table,
@@ -66,6 +70,9 @@ VARIANTS = {
 }
 # The tables' columns (benchmarks/report.py prints the same ones from the JSON).
 TABLE = ["strategy", "seeds", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"]
+# Time to accuracy, per strategy (the seeds' means; a strategy one of whose seeds never reached a
+# level did not reach it).
+TIME_TABLE = ["strategy", "final dev CER", "minutes to allreduce's level", "vs allreduce", "job minutes"]
 HALF_SPEED_TABLE = [
     "rank 1 at half speed",
     "target dev CER",
@@ -142,9 +149,10 @@ def first_below(curve: list[list[float]], target: float | None) -> float | None:
     return next((minutes for minutes, cer in curve if target is not None and cer <= target), None)
 
 
-def reference(parser, path: Path, epochs: int) -> dict:
-    """An earlier run's JSON whose seeds are read, not trained again (a 15-epoch run takes 25
-    minutes here); it must have the same budget, and the caller gives the same shards."""
+def reference(parser, path: Path, epochs: int | None) -> dict:
+    """An earlier run's JSON whose seeds are read, not trained again (a run of the demo's schedule
+    takes about 16 minutes here); it must have the same budget (`epochs`, None: the config's
+    schedule), and the caller gives the same shards."""
     earlier = json.loads(path.read_text())
     if (earlier.get("epochs"), earlier.get("tiny")) != (epochs, False):
         parser.error(
@@ -160,6 +168,40 @@ def earlier_seeds(earlier: dict, name: str, seeds: int) -> tuple[list, list]:
     # Runs before per-seed WERs were kept had one seed: its mean is that seed's WER.
     wers = earlier.get(f"{name}_wers") or ([earlier[f"{name}_wer"]] if len(cers) == 1 else [])
     return list(cers), list(wers[: len(cers)])
+
+
+def time_to_accuracy(results: dict, names: list[str], targets: list[float]) -> list[list]:
+    """From each seed's dev curve (`{name}_seed{s}_dev_curve`): the minutes until it first reached
+    each target and allreduce's level, per seed and as the strategy's mean, and the table's rows."""
+    finals = {n: [results[f"{n}_seed{s}_final_dev_cer"] for s in range(len(results[f"{n}_cers"]))] for n in names}
+    level = float(np.mean(finals["allreduce"]))
+    results["allreduce_dev_level"] = level
+    levels = {**{f"{t:g}": t for t in targets}, "allreduce_level": level}
+    for name in names:
+        seeds = range(len(finals[name]))
+        results[f"{name}_final_dev_cer"] = float(np.mean(finals[name]))
+        results[f"{name}_job_minutes"] = float(np.mean([results[f"{name}_seed{s}_job_wall_s"] for s in seeds])) / 60
+        for key, target in levels.items():
+            minutes = [first_below(results[f"{name}_seed{s}_dev_curve"], target) for s in seeds]
+            for seed, m in zip(seeds, minutes):
+                results[f"{name}_seed{seed}_minutes_to_{key}"] = m
+            results[f"{name}_minutes_to_{key}"] = None if None in minutes else float(np.mean(minutes))
+    base = results["allreduce_minutes_to_allreduce_level"]
+    rows = []
+    for name in names:
+        minutes = results[f"{name}_minutes_to_allreduce_level"]
+        ratio = minutes / base if minutes is not None and base else None
+        results[f"{name}_minutes_to_allreduce_level_vs_allreduce"] = ratio
+        rows.append(
+            [
+                name,
+                results[f"{name}_final_dev_cer"],
+                "never" if minutes is None else minutes,
+                "" if ratio is None else ratio,
+                results[f"{name}_job_minutes"],
+            ]
+        )
+    return rows
 
 
 def compare_to_allreduce(results: dict, names: list[str]) -> list[list]:
@@ -192,7 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shards", type=Path, help="shards with train, dev and test splits (default: build the demo corpus)"
     )
-    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument(
+        "--epochs", type=int, help="epochs for every run (default: the config's own schedule, epochs and max_steps)"
+    )
+    parser.add_argument(
+        "--targets",
+        type=lambda s: [float(t) for t in s.split(",")],
+        default=[0.05, 0.03],
+        help="dev CERs whose minutes are reported, beside allreduce's level",
+    )
     parser.add_argument("--seeds", type=int, default=2, help="training runs per variant, seeds 0..N-1")
     parser.add_argument("--utterances", type=int, default=1500, help="demo corpus size when building it")
     parser.add_argument(
@@ -216,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="convergence-"))
     if args.tiny:
         config, epochs, seeds = ROOT / "tests/configs/tiny_asr.yaml", 2, 1
+        eval_every = ["eval_every=20"]
         shards = args.shards or synthetic_shards(
             work, 48, mean_frames=60, dim=13, num_shards=4, test_utterances=8, dev_utterances=8
         )
@@ -224,8 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         config, epochs, seeds = ROOT / "configs/demo_asr.yaml", args.epochs, args.seeds
         shards = args.shards or demo_shards(work, args.utterances)
         variants = chosen
-    common = [f"epochs={epochs}", "max_steps=0", "log_model=false", "eval_every=20"]
-    results: dict = {"tiny": args.tiny, "epochs": epochs, "seeds": seeds}
+        eval_every = []  # the config's: the demo's dev evaluations, the same share of each run
+    schedule = [] if epochs is None else [f"epochs={epochs}", "max_steps=0"]
+    common = [*schedule, "log_model=false", *eval_every]
+    results: dict = {"tiny": args.tiny, "epochs": epochs, "seeds": seeds, "targets": args.targets}
     # Part 1 trains seeds 0..N-1 of every variant, part 2 seed 0; the corpus is the stage's seed 0.
     seeds_used = {"training": list(range(seeds)), "demo_corpus" if not args.tiny else "synthetic_shards": 0}
     earlier = reference(parser, args.reference, epochs) if args.reference else {}
@@ -256,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             cers.append(metrics["test_cer"])
             wers.append(metrics["test_wer"])
             results[f"{name}_seed{seed}_job_wall_s"] = summary["job_wall_s"]
+            results[f"{name}_seed{seed}_dev_curve"] = dev_curve_from_launch(summary, summary["launched_unix_s"])
+            results[f"{name}_seed{seed}_final_dev_cer"] = summary.get("last_dev_cer")
             results.update({f"{name}_seed{seed}_{k}": v for k, v in delay_rounds(summary).items()})
             if name == "allreduce" and seed == 0:
                 results["allreduce_final_dev_cer"] = summary.get("last_dev_cer")
@@ -271,6 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{name}_from"] = f"{args.reference.name} only"
     rows = compare_to_allreduce(results, [*variants, *carried])
     print_table(TABLE, rows)
+    if all(f"{n}_seed0_dev_curve" in results for n in [*variants, *carried]):  # runs before curves were kept lack it
+        print_table(TIME_TABLE, time_to_accuracy(results, [*variants, *carried], args.targets))
+        if args.json:
+            curves = {
+                f"{n} seed {s}": results[f"{n}_seed{s}_dev_curve"]
+                for n in [*variants, *carried]
+                for s in range(len(results[f"{n}_cers"]))
+            }
+            path = args.json.with_name(f"{args.json.stem}_dev.png")
+            level = results["allreduce_dev_level"]
+            print("plot:", dev_cer_plot(curves, level, path, "minutes from launching horovodrun", "allreduce's level"))
 
     write_json(args.json, results, seeds=seeds_used)  # part 1 kept if part 2 is cut short
     gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]
@@ -324,8 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def dev_cer_plot(curves: dict[str, list], target: float | None, path: Path) -> Path:
-    """Dev CER against minutes since training began, one line per strategy, and the target."""
+def dev_cer_plot(
+    curves: dict[str, list],
+    target: float | None,
+    path: Path,
+    xlabel: str = "minutes since training began (rank 1 at half speed)",
+    target_label: str = "allreduce's final dev CER",
+) -> Path:
+    """Dev CER against minutes, one line per run, and the target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -336,8 +408,8 @@ def dev_cer_plot(curves: dict[str, list], target: float | None, path: Path) -> P
         if points:
             ax.plot(*zip(*points), marker="o", markersize=3, label=name)
     if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", label=f"allreduce's final dev CER ({target:.1%})")
-    ax.set_xlabel("minutes since training began (rank 1 at half speed)")
+        ax.axhline(target, color="grey", linestyle="--", label=f"{target_label} ({target:.1%})")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("dev CER")
     ax.set_ylim(0, min(1.0, 4 * (target or 0.25)))
     ax.legend()

@@ -97,7 +97,8 @@ def run_training(
     hosts: str | None = None,
 ) -> dict:
     """Runs `models.train` (alone for np_=1, else under horovodrun) and returns its train_summary.json
-    with `job_wall_s` added: seconds from launching the command to its exit (what a user waits)."""
+    with `job_wall_s` added: seconds from launching the command to its exit (what a user waits), and
+    `launched_unix_s`: when it was launched."""
     from workflow import commands
 
     args = commands.train_args(shards, workdir, config=config, sets=overrides, extra=extra_args or ())
@@ -110,12 +111,24 @@ def run_training(
     # The store `make` targets use (models/tracking/runs.py's default too), never the repository root.
     (ROOT / ".runs").mkdir(exist_ok=True)
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / '.runs' / 'mlflow.db'}")
+    launched_unix_s = time.time()
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return {**json.loads((workdir / "train_summary.json").read_text()), "job_wall_s": wall}
+    summary = json.loads((workdir / "train_summary.json").read_text())
+    return {**summary, "job_wall_s": wall, "launched_unix_s": launched_unix_s}
+
+
+def dev_curve_from_launch(summary: dict, launched_unix_s: float) -> list[list[float]]:
+    """[minutes from launching the job, dev CER] at every dev evaluation, the final one included."""
+    offset = summary["dev_clock_started_unix_s"] - launched_unix_s  # start-up before the dev clock began
+    points = [[(offset + p["dev_wall_s"]) / 60, p["dev_cer"]] for p in summary.get("dev_history", [])]
+    last = summary.get("last_dev_wall_s")
+    if last is not None and (not points or (offset + last) / 60 > points[-1][0]):
+        points.append([(offset + last) / 60, summary["last_dev_cer"]])
+    return points
 
 
 def evaluate_model(workdir: Path, shards: Path, *args: str) -> dict:

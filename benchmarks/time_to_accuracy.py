@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.convergence import demo_shards, first_below  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     ROOT,
+    dev_curve_from_launch,
     evaluate_model,
     print_table,
     run_training,
@@ -59,16 +60,6 @@ def steps_of(config: Path, shards: Path, sets: list[str], workers: int) -> int:
     per_epoch = batch_plan(open_shard_set(shards).split("train"), workers, c.input, training=True).batches
     total = c.epochs * per_epoch
     return min(total, c.max_steps) if c.max_steps else total
-
-
-def dev_curve_from_launch(summary: dict, launched_unix_s: float) -> list[list[float]]:
-    """[minutes from launching horovodrun, dev CER] at every dev evaluation, the final one included."""
-    offset = summary["dev_clock_started_unix_s"] - launched_unix_s  # start-up before the dev clock began
-    points = [[(offset + p["dev_wall_s"]) / 60, p["dev_cer"]] for p in summary.get("dev_history", [])]
-    last = summary.get("last_dev_wall_s")
-    if last is not None and (not points or (offset + last) / 60 > points[-1][0]):
-        points.append([(offset + last) / 60, summary["last_dev_cer"]])
-    return points
 
 
 def run_arm(
