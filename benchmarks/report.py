@@ -252,19 +252,13 @@ SECTIONS: dict[str, Section] = {
         "undisturbed job: compare the jobs' seconds across strategies. At two ranks the fixed and the random ring are one schedule, so "
         "one of them runs.",
     ),
-    "straggler_delay_by_one.json": (
-        "Straggler, delay-by-one",
-        "The straggler benchmark for delay-by-one alone (`--variants delay-by-one`), on the code with "
-        "`DelayedMerge` (a round's snapshot holds the pulls not yet merged).",
-        straggler,
-        "",
-    ),
     "convergence.json": (
         "Convergence",
         "`benchmarks/convergence.py`: the demo corpus through the real stages, the demo acoustic model "
         "under each strategy for the same budget in data, test CER on voices never heard in training; "
-        'hierarchical gossip on two "hosts" of two ranks. The second part: one rank at half speed, the minutes '
-        "until the dev CER reaches undisturbed allreduce's final one, and the dev CER curves (plot).",
+        'hierarchical gossip on two "hosts" of two ranks. Time to accuracy: each run\'s dev CER at the '
+        "config's evaluations against minutes from launching horovodrun (plot). The second part: one rank at "
+        "half speed, the minutes until the dev CER reaches undisturbed allreduce's final one.",
         convergence,
         "The goal is every gossip variant within a tenth of allreduce's CER. Hierarchical gossip runs "
         "twice the ranks for the same budget in data, so each rank takes half as many batches: a different "
@@ -353,9 +347,9 @@ def render(results_dir: Path, page: Path) -> str:
         lines += [f"## {title}", "", what, ""]
         lines += provenance(data.get("meta"), data)
         lines += renderer(data)
-        plot = results_dir / f"{Path(name).stem}.png"
-        if plot.is_file():
-            lines += [f"![{title}]({os.path.relpath(plot, page.parent)})", ""]
+        for plot in (results_dir / f"{Path(name).stem}{suffix}.png" for suffix in ("", "_dev")):
+            if plot.is_file():
+                lines += [f"![{title}]({os.path.relpath(plot, page.parent)})", ""]
         if analysis:
             lines += [analysis, ""]
     return "\n".join(lines).rstrip() + "\n"

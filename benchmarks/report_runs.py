@@ -169,8 +169,11 @@ def convergence(r: dict) -> list[str]:
                 " / ".join("" if m is None else num(m / 60, 1) for m in minutes),
             ]
         )
-    out = [f"{r['epochs']} epochs of the demo acoustic model for every strategy; test CER greedy.", ""]
+    budget = "The demo config's own schedule" if r["epochs"] is None else f"{r['epochs']} epochs"
+    out = [f"{budget} of the demo acoustic model for every strategy; test CER greedy.", ""]
     out += table([*benchmarks.convergence.TABLE, "test CER per seed", "job minutes per seed"], rows)
+    if "common_dev_level" in r:
+        out += convergence_time(r)
     half = [n for n in (r.get("best_gossip_variant"), "allreduce") if n and f"{n}_half_speed_job_minutes" in r]
     if half:
         rows = []
@@ -191,6 +194,48 @@ def convergence(r: dict) -> list[str]:
         out += [f"The second part, rank 1 at half speed (the level both reached: {level} dev CER):", ""]
         out += table([*benchmarks.convergence.HALF_SPEED_TABLE, "batches r0/r1"], rows)
     return out
+
+
+def convergence_time(r: dict) -> list[str]:
+    """Time to accuracy: minutes from launching horovodrun to each dev CER, per strategy."""
+
+    def minutes(value) -> str:
+        return "never" if value is None else num(value, 1)
+
+    keys = [*(f"{t:g}" for t in r["targets"]), "common_level"]
+    rows = []
+    for name in CONVERGENCE_VARIANTS:
+        if f"{name}_minutes_to_common_level" not in r:
+            continue
+        seeds = range(len(r[f"{name}_cers"]))
+        ratio = r.get(f"{name}_minutes_to_common_level_vs_allreduce")
+        rows.append(
+            [
+                name,
+                pct(r[f"{name}_final_dev_cer"]),
+                *(minutes(r[f"{name}_minutes_to_{k}"]) for k in keys),
+                " / ".join(minutes(r[f"{name}_seed{s}_minutes_to_common_level"]) for s in seeds),
+                "" if ratio is None or name == "allreduce" else num(ratio, 2),
+                num(r[f"{name}_job_minutes"], 1),
+            ]
+        )
+    level = pct(r["common_dev_level"])
+    headers = [
+        "strategy",
+        "final dev CER",
+        *(f"minutes to {pct(t)}" for t in r["targets"]),
+        f"minutes to {level}",
+        "per seed",
+        "vs allreduce",
+        "job minutes",
+    ]
+    out = [
+        f"Time to accuracy: minutes from launching horovodrun until the dev CER first reached each level "
+        f"(the seeds' mean; never: a seed did not reach it); {level} is the level every run reached, the highest "
+        "of the runs' best dev CERs.",
+        "",
+    ]
+    return out + table(headers, rows)
 
 
 def faults(r: dict) -> list[str]:

@@ -51,6 +51,8 @@ EXPECTED = {
         "fixed-ring_cer_spread",
         "fixed-ring_relative_to_allreduce",
         "allreduce_final_dev_cer",
+        "allreduce_minutes_to_common_level",
+        "fixed-ring_seed0_dev_curve",
         "allreduce_half_speed_job_minutes",
         "best_gossip_variant",
     ],

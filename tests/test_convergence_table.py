@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from benchmarks.convergence import compare_to_allreduce, dev_cer_plot, dev_curve, earlier_seeds, first_below, reference
+from benchmarks.convergence import (
+    compare_to_allreduce,
+    dev_cer_plot,
+    dev_curve,
+    earlier_seeds,
+    first_below,
+    reference,
+    time_to_accuracy,
+)
 
 
 def earlier_run(tmp_path, **overrides):
@@ -65,3 +73,26 @@ def test_the_half_speed_curves_are_drawn(tmp_path):
     curves = {"random-ring": [[1.0, 0.9], [12.0, 0.105]], "allreduce": [[2.0, 1.0], [38.0, 0.11]]}
     path = dev_cer_plot(curves, 0.11, tmp_path / "part2.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_time_to_accuracy_compares_the_strategies_at_the_level_every_run_reached():
+    results = {"allreduce_cers": [0.2, 0.2], "random-ring_cers": [0.21]}
+    runs = {
+        ("allreduce", 0): [[2.0, 0.5], [10.0, 0.25], [16.0, 0.20]],
+        ("allreduce", 1): [[2.0, 0.5], [12.0, 0.24], [16.0, 0.21]],
+        ("random-ring", 0): [[2.0, 0.6], [8.0, 0.24], [15.0, 0.245]],  # ends above its best
+    }
+    for (name, seed), curve in runs.items():
+        results[f"{name}_seed{seed}_dev_curve"] = curve
+        results[f"{name}_seed{seed}_final_dev_cer"] = curve[-1][1]
+        results[f"{name}_seed{seed}_job_wall_s"] = 1000.0
+    rows = time_to_accuracy(results, ["allreduce", "random-ring"], [0.22, 0.03])
+    assert results["common_dev_level"] == 0.24  # the worst of the runs' best dev CERs
+    assert results["allreduce_seed0_minutes_to_common_level"] == 16.0
+    assert results["allreduce_minutes_to_common_level"] == 14.0  # the seeds' mean of 16 and 12
+    assert results["random-ring_minutes_to_common_level"] == 8.0
+    assert results["random-ring_minutes_to_common_level_vs_allreduce"] == pytest.approx(8 / 14)
+    assert results["allreduce_minutes_to_0.22"] == 16.0 and results["random-ring_minutes_to_0.22"] is None
+    assert results["allreduce_minutes_to_0.03"] is None  # a seed that never reached it: the strategy did not
+    assert results["random-ring_final_dev_cer"] == 0.245
+    assert [row[0] for row in rows] == ["allreduce", "random-ring"] and rows[1][2] == 8.0

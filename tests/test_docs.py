@@ -51,6 +51,51 @@ def test_every_results_file_says_where_its_figures_come_from():
         assert meta["machine"] is not None or meta.get("provenance"), f"{path.name}: no machine and no provenance"
 
 
+# Results written before the benchmarks recorded their machine and not measured again since. The set
+# only shrinks: a file measured again (its machine recorded) must leave it, and no other file may lack one.
+UNMEASURED = {"faults.json", "input_pipeline.json", "throughput.json", "throughput_tts.json"}
+
+
+def machines_of(data: dict) -> list:
+    """The machine records a results file holds: its own, or (a file gathered from several runs) each run's."""
+    if (data.get("meta") or {}).get("machine") is not None:
+        return [data["meta"]["machine"]]
+    runs = data.get("runs")
+    return [(run.get("meta") or {}).get("machine") for run in runs.values()] if isinstance(runs, dict) else []
+
+
+def names_a_machine(machine) -> bool:
+    """CPU model, cores and flags (files from before the flags were recorded: whether it had AVX-512)."""
+    return (
+        isinstance(machine, dict)
+        and bool(machine.get("cpu_model"))
+        and bool(machine.get("cores"))
+        and ("flags" in machine or "avx512" in machine)
+    )
+
+
+def test_every_results_file_names_its_machine():
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        machines = machines_of(json.loads(path.read_text()))
+        named = bool(machines) and all(names_a_machine(m) for m in machines)
+        if path.name in UNMEASURED:
+            assert not named, f"{path.name} now names its machine: take it out of UNMEASURED in {Path(__file__).name}"
+        else:
+            assert named, (
+                f"{path.name} names no machine (CPU model, cores, flags): measure it again with its benchmark "
+                "(benchmarks/harness.py's write_json records the machine)"
+            )
+
+
+def test_a_results_file_without_a_machine_is_caught():
+    recorded = {"cpu_model": "AMD EPYC", "cores": 2, "flags": ["avx2"]}
+    assert names_a_machine(machines_of({"meta": {"machine": recorded}})[0])
+    assert machines_of({"meta": {"machine": None}}) == []
+    assert not names_a_machine({"cpu_model": "AMD EPYC", "cores": 2})  # no flags
+    gathered = {"meta": {"machine": None}, "runs": {"a": {"meta": {"machine": recorded}}, "b": {"meta": {}}}}
+    assert [names_a_machine(m) for m in machines_of(gathered)] == [True, False]
+
+
 def test_write_json_records_commit_date_machine_command_and_seeds(tmp_path, monkeypatch):
     argv = [str(ROOT / "benchmarks" / "straggler.py"), "--epochs", "2", "--shards", "/data/elsewhere"]
     argv += ["--lever", "no skips (with the refit)"]
