@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         cers, wers = earlier_seeds(earlier, name, seeds)  # measured on the same code, shards and budget
         if cers:
             kept = tuple(f"{name}_seed{seed}_" for seed in range(len(cers)))
-            results.update({k: v for k, v in earlier.items() if k.startswith(kept)})
+            # the runs' own figures; their minutes to each level are worked out again over every run
+            results.update({k: v for k, v in earlier.items() if k.startswith(kept) and "_minutes_to_" not in k})
             if name == "allreduce":
                 results["allreduce_final_dev_cer"] = earlier.get("allreduce_final_dev_cer")
             read = "seed 0" if len(cers) == 1 else f"seeds 0-{len(cers) - 1}"
@@ -326,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, results, seeds=seeds_used)  # each variant kept if a later one is cut short
     carried = [n for n in VARIANTS if n not in variants and earlier_seeds(earlier, n, seeds)[0]]
     for name in carried:  # not asked for this time: the earlier run's rows stay in the table
-        results.update({k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k})
+        kept = {k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k}
+        results.update({k: v for k, v in kept.items() if "_minutes_to_" not in k or "half_speed" in k})
         results[f"{name}_from"] = f"{args.reference.name} only"
     rows = compare_to_allreduce(results, [*variants, *carried])
     print_table(TABLE, rows)
