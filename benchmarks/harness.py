@@ -185,11 +185,16 @@ def machine() -> dict:
 
 
 def git_commit() -> str | None:
-    """HEAD's commit, with "-dirty" when the working tree has changes the commit lacks."""
+    """HEAD's commit, with "-dirty" when the working tree has changes the commit lacks. Changed
+    results files are not such changes: they are what benchmarks write (a benchmark that writes its
+    JSON more than once would otherwise call its own code dirty)."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return None  # not a git checkout (an image's copy of the tree)
