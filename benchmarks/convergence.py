@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "--targets",
         type=lambda s: [float(t) for t in s.split(",")],
         default=[0.05, 0.03],
-        help="dev CERs whose minutes are reported, beside allreduce's level",
+        help="dev CERs whose minutes are reported, beside the level every run reached",
     )
     parser.add_argument("--seeds", type=int, default=2, help="training runs per variant, seeds 0..N-1")
     parser.add_argument("--utterances", type=int, default=1500, help="demo corpus size when building it")
