@@ -194,10 +194,16 @@ SECTIONS: dict[str, Section] = {
     "throughput.json": (
         "Training throughput",
         "`benchmarks/throughput.py`: the demo models on synthetic demo-shaped shards, alone and on two ranks, "
-        "float32 and mixed bfloat16; the share of each step spent on input and communication.",
+        "float32 and mixed bfloat16; the share of each step spent on input and communication; then the "
+        "synthesis (attention) model at the GPU calibration's shapes, its decoder loop as a graph and with XLA.",
         throughput,
         "bfloat16 (`--set precision=mixed_bfloat16`) is off by default: on these CPUs it makes the LSTM "
-        "step slower, and on two ranks its input share rises (not investigated).",
+        "step slower, and on two ranks its input share rises (not investigated). Synthesis: on a CPU the step "
+        "is mostly arithmetic, so frames per second stop growing after a small batch; on the calibration GPU "
+        "the decoder's time does not move with the batch, so there the lever is the batch size "
+        "(`input.max_batch_size`, `input.frames_per_batch`), not more workers. XLA (`tts.xla`) is off by "
+        "default: its backward pass by recomputation is slower on a CPU; it is meant for GPUs and not measured "
+        "on one.",
     ),
     "lstm_paths.json": (
         "The acoustic model's LSTM path on a CPU",
@@ -212,17 +218,6 @@ SECTIONS: dict[str, Section] = {
         "The float32 paths compute the same loss and gradients (`tests/test_lstm.py`; the bfloat16 matmuls "
         "round the gradients to about three significant digits). The difference between the last two rows "
         "is the CTC kernel's; between `_fp32_grads` and `_keras`, both levers' of the float32 path.",
-    ),
-    "throughput_tts.json": (
-        "Synthesis throughput and batch-size curve",
-        "`benchmarks/throughput.py --only tts`: the demo's synthesis model alone and on two ranks, then the "
-        "attention model at the GPU calibration's shapes, its decoder loop as a graph and with XLA.",
-        throughput,
-        "On a CPU the step is mostly arithmetic, so frames per second stop growing after a small batch; on "
-        "the calibration GPU the decoder's time does not move with the batch, so there the lever is the "
-        "batch size (`input.max_batch_size`, `input.frames_per_batch`), not more workers. XLA "
-        "(`tts.xla`) is off by default: its backward pass by recomputation is slower on a CPU; it is meant "
-        "for GPUs and not measured on one.",
     ),
     "speedup_model.json": (
         "Speedup model",
