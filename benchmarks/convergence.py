@@ -20,7 +20,8 @@ job with a slow worker takes to reach allreduce's result.
 Without --shards it builds the demo corpus first (espeak-ng + sox, fbank, shards).
 `--reference earlier.json` (same shards and epochs): the seeds that run measured are read, not
 trained again, and its variants not named in `--variants` stay in the table, each row saying where
-it was measured; so a table of 25-minute runs can be completed over several sittings.
+it was measured, as does its second part under `--no-half-speed`; so a table of 25-minute runs can be
+completed over several sittings.
 """
 
 from __future__ import annotations
@@ -181,6 +182,14 @@ def earlier_seeds(earlier: dict, name: str, seeds: int) -> tuple[list, list]:
     # Runs before per-seed WERs were kept had one seed: its mean is that seed's WER.
     wers = earlier.get(f"{name}_wers") or ([earlier[f"{name}_wer"]] if len(cers) == 1 else [])
     return list(cers), list(wers[: len(cers)])
+
+
+def earlier_half_speed(earlier: dict) -> dict:
+    """An earlier run's second part (rank 1 at half speed), kept as its rows of part 1 are when this
+    run does not repeat it; {} where it has none."""
+    if not any("_half_speed_" in k for k in earlier):
+        return {}
+    return {k: v for k, v in earlier.items() if "half_speed" in k or k == "best_gossip_variant"}
 
 
 def time_to_accuracy(results: dict, names: list[str], targets: list[float]) -> list[list]:
@@ -363,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json(args.json, results, seeds=seeds_used)  # part 1 kept if part 2 is cut short
     gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]
+    if not args.half_speed and earlier_half_speed(earlier):  # the earlier run's part 2 stays
+        results.update(earlier_half_speed(earlier), half_speed_from=f"{args.reference.name} only")
+        write_json(args.json, results, seeds=seeds_used)
     if not args.half_speed or not gossip:
         return 0
 

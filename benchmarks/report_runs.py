@@ -191,7 +191,8 @@ def convergence(r: dict) -> list[str]:
                 ]
             )
         level = pct(r["half_speed_common_dev_cer"])
-        out += [f"The second part, rank 1 at half speed (the level both reached: {level} dev CER):", ""]
+        where = f", from {r['half_speed_from']}" if r.get("half_speed_from") else ""
+        out += [f"The second part, rank 1 at half speed (the level both reached: {level} dev CER{where}):", ""]
         out += table([*benchmarks.convergence.HALF_SPEED_TABLE, "batches r0/r1"], rows)
     return out
 

@@ -11,11 +11,16 @@ from benchmarks.convergence import (
     compare_to_allreduce,
     dev_cer_plot,
     dev_curve,
+    earlier_half_speed,
     earlier_seeds,
     first_below,
     reference,
+    same_budget,
     time_to_accuracy,
 )
+from benchmarks.harness import ROOT
+from common import config as configlib
+from models.training.config import TrainConfig
 
 
 def earlier_run(tmp_path, **overrides):
@@ -96,3 +101,31 @@ def test_time_to_accuracy_compares_the_strategies_at_the_level_every_run_reached
     assert results["allreduce_minutes_to_0.03"] is None  # a seed that never reached it: the strategy did not
     assert results["random-ring_final_dev_cer"] == 0.245
     assert [row[0] for row in rows] == ["allreduce", "random-ring"] and rows[1][2] == 8.0
+
+
+def test_an_earlier_runs_half_speed_part_is_kept_whole():
+    earlier = {
+        "allreduce_cers": [0.2],
+        "allreduce_seed0_dev_curve": [[1.0, 0.3]],
+        "best_gossip_variant": "random-ring",
+        "half_speed_common_dev_cer": 0.21,
+        "allreduce_half_speed_job_minutes": 30.0,
+        "random-ring_half_speed_job_minutes": 20.0,
+    }
+    kept = earlier_half_speed(earlier)
+    assert set(kept) == {
+        "best_gossip_variant",
+        "half_speed_common_dev_cer",
+        "allreduce_half_speed_job_minutes",
+        "random-ring_half_speed_job_minutes",
+    }
+    assert earlier_half_speed({"allreduce_cers": [0.2], "best_gossip_variant": "random-ring"}) == {}
+
+
+def test_four_ranks_train_the_samples_of_two_on_the_demo_schedule():
+    # max_steps and eval_every count each rank's steps: four ranks take half of each
+    assert same_budget(ROOT / "configs/demo_asr.yaml", 2) == []
+    demo = configlib.load(TrainConfig, ROOT / "configs/demo_asr.yaml")
+    halves = [f"max_steps={demo.max_steps // 2}", f"eval_every={demo.eval_every // 2}"]
+    assert same_budget(ROOT / "configs/demo_asr.yaml", 4) == halves
+    assert same_budget(ROOT / "tests/configs/tiny_asr.yaml", 4) == []  # no step limit: epochs are shared
