@@ -264,7 +264,9 @@ SECTIONS: dict[str, Section] = {
         "ends a little above allreduce reaches that level later: the minutes compare runs at a level "
         "every run reached, not at a level where training has levelled off. Job minutes compare only "
         "within one run of the benchmark. In the second part, where it ran, the fast rank is also the one "
-        "that evaluates on dev.",
+        "that evaluates on dev; under gossip it takes more than its share of the batches, and its dev "
+        "evaluations and its learning-rate schedule end at the step count planned for its share: after that "
+        "step its one evaluation is the final model's, so its minutes to a level are an upper bound.",
     ),
     "faults.json": (
         "Faults",

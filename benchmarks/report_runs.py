@@ -182,18 +182,21 @@ def convergence(r: dict) -> list[str]:
             rows.append(
                 [
                     name,
-                    pct(r.get("allreduce_final_dev_cer")),
+                    pct(r.get("allreduce_final_dev_cer"), 2),
                     "never" if to_target is None else num(to_target, 1),
-                    pct(r[f"{name}_half_speed_final_dev_cer"]),
+                    pct(r[f"{name}_half_speed_final_dev_cer"], 2),
                     num(r[f"{name}_half_speed_minutes_to_common_dev_cer"], 1),
                     num(r[f"{name}_half_speed_job_minutes"], 1),
                     "/".join(str(b) for b in r[f"{name}_half_speed_batches"]),
                 ]
             )
-        level = pct(r["half_speed_common_dev_cer"])
+        level = pct(r["half_speed_common_dev_cer"], 2)
         where = f", from {r['half_speed_from']}" if r.get("half_speed_from") else ""
         out += [f"The second part, rank 1 at half speed (the level both reached: {level} dev CER{where}):", ""]
         out += table([*benchmarks.convergence.HALF_SPEED_TABLE, "batches r0/r1"], rows)
+        gossip, base = (r.get(f"{n}_half_speed_minutes_to_common_dev_cer") for n in half)
+        if len(half) == 2 and gossip is not None and base:
+            out += [f"`{half[0]}` reached {level} in {gossip / base:.2f}x allreduce's minutes.", ""]
     return out
 
 
