@@ -51,11 +51,6 @@ def test_every_results_file_says_where_its_figures_come_from():
         assert meta["machine"] is not None or meta.get("provenance"), f"{path.name}: no machine and no provenance"
 
 
-# Results written before the benchmarks recorded their machine and not measured again since. The set only
-# shrinks: a file measured again (its machine recorded) must leave it, and no other file may lack one.
-UNMEASURED = {"input_pipeline.json"}
-
-
 def machines_of(data: dict) -> list:
     """The machine records a results file holds: its own, or (a file gathered from several runs) each run's."""
     if (data.get("meta") or {}).get("machine") is not None:
@@ -77,14 +72,10 @@ def names_a_machine(machine) -> bool:
 def test_every_results_file_names_its_machine():
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         machines = machines_of(json.loads(path.read_text()))
-        named = bool(machines) and all(names_a_machine(m) for m in machines)
-        if path.name in UNMEASURED:
-            assert not named, f"{path.name} now names its machine: take it out of UNMEASURED in {Path(__file__).name}"
-        else:
-            assert named, (
-                f"{path.name} names no machine (CPU model, cores, flags): measure it again with its benchmark "
-                "(benchmarks/harness.py's write_json records the machine)"
-            )
+        assert machines and all(names_a_machine(m) for m in machines), (
+            f"{path.name} names no machine (CPU model, cores, flags): measure it again with its benchmark "
+            "(benchmarks/harness.py's write_json records the machine)"
+        )
 
 
 def test_a_results_file_without_a_machine_is_caught():
