@@ -104,7 +104,8 @@ def same_budget(config: Path, np_: int) -> list[str]:
     cfg = configlib.load(TrainConfig, config)
     if np_ == 2 or not cfg.max_steps:
         return []
-    return [f"max_steps={cfg.max_steps * 2 // np_}", f"eval_every={max(1, cfg.eval_every * 2 // np_)}"]
+    every = [f"eval_every={max(1, cfg.eval_every * 2 // np_)}"] if cfg.eval_every else []  # 0: no dev evaluations
+    return [f"max_steps={cfg.max_steps * 2 // np_}", *every]
 
 
 def demo_shards(work: Path, utterances: int) -> Path:
@@ -372,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json(args.json, results, seeds=seeds_used)  # part 1 kept if part 2 is cut short
     gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]
-    if not args.half_speed and earlier_half_speed(earlier):  # the earlier run's part 2 stays
-        results.update(earlier_half_speed(earlier), half_speed_from=f"{args.reference.name} only")
+    if not args.half_speed and (part2 := earlier_half_speed(earlier)):  # the earlier run's part 2 stays
+        results.update(part2, half_speed_from=f"{args.reference.name} only")
         write_json(args.json, results, seeds=seeds_used)
     if not args.half_speed or not gossip:
         return 0
