@@ -124,7 +124,9 @@ SECTIONS: dict[str, Section] = {
         "`benchmarks/tts_seeds.py --lever NAME --levers-json benchmarks/results/tts_seed_levers.json`: the demo's "
         "synthesis config with one lever (its overrides) trained alone at `horovodrun -np 2` with each seed on the "
         "same demo run's shards and evaluated as the DAG evaluates it, heard by that run's acoustic model; every "
-        "lever tried is here, kept or rejected.",
+        "lever tried is here, kept or rejected. A record of the levers that chose the synthesis config, each on the "
+        "code, corpus and listener of its day (the row's commit) and not measured again; the config they chose is "
+        "measured at today's code in [Synthesis: the mean of its seeds](#synthesis-the-mean-of-its-seeds).",
         tts_seed_levers,
         "A lever counts by its mean over the seeds; the spread says how far one seed's figure can be from it.",
     ),
@@ -294,7 +296,10 @@ SECTIONS: dict[str, Section] = {
     "tts_levers.json": (
         "Synthesis: what limits intelligibility",
         "Each run trains the synthesis model on two ranks with one lever changed, then evaluates it on dev "
-        "sentences (held-out sentences in training voices), heard by an acoustic model.",
+        "sentences (held-out sentences in training voices), heard by an acoustic model. A record of the levers "
+        "tried on the first synthesis model (an attention decoder), on the code, corpus and listener of their day "
+        "and not measured again: they are why the demo's model is the one with durations, measured at today's "
+        "code in [Synthesis: the mean of its seeds](#synthesis-the-mean-of-its-seeds).",
         tts_levers,
         "No lever moves the attention model's free-running intelligibility, and more steps do not either, "
         "while its teacher-forced frames are understood far better: without the recording's frames it "

@@ -177,24 +177,46 @@ def tts_seed_levers(r: dict) -> list[str]:
 
 
 def tts_durations(r: dict) -> list[str]:
-    """benchmarks/tts_durations.py: each arm's CER, and the predicted durations against the searched."""
+    """benchmarks/tts_durations.py: each arm's CER (the models' mean, each training seed's in brackets), and
+    the predicted durations against the searched."""
+    runs = r["models"]
+
+    def each(figures: list[float], show) -> str:
+        return show(sum(figures) / len(figures)) + (f" ({' / '.join(show(f) for f in figures)})" if len(runs) > 1 else "")
+
     order = [n for n in DURATION_ARMS if n in r["arms"]] + [n for n in r["arms"] if n not in DURATION_ARMS]
-    rows = [[f"`{n}`", DURATION_ARMS.get(n, ""), pct(r["arms"][n]["cer"]), pct(r["arms"][n]["wer"])] for n in order]
-    d = r["durations"]
+    rows = [
+        [
+            f"`{n}`",
+            DURATION_ARMS.get(n, ""),
+            each([run["arms"][n]["cer"] for run in runs], pct),
+            each([run["arms"][n]["wer"] for run in runs], pct),
+        ]
+        for n in order
+    ]
+    seeds = ", ".join(str(s) for s in r["training_seeds"])
+    mean = ["their mean, each seed's in brackets"] if len(runs) > 1 else []
+    mean += [f"seed {run['training_seed']} is the demo run's own model" for run in runs if run["source"] == "the demo run"]
     out = [
-        f"The demo run's synthesis model (training seed {r['meta']['seeds']['training']}), {r['utterances']} "
-        f"{r['split']} sentences; the listener's test CER {pct(r['listener_test_cer'])}.",
+        f"The demo's synthesis config, training seed{'s' if len(runs) > 1 else ''} {seeds}"
+        + (f" ({'; '.join(mean)})" if mean else "")
+        + f", {r['utterances']} {r['split']} sentences; the listener's test CER {pct(r['listener_test_cer'])}.",
         "",
     ]
     out += table(["arm", "durations", f"{r['split']} CER", f"{r['split']} WER"], rows)
+
+    def measure(key: str, show) -> str:
+        return each([run["durations"][key] for run in runs], show)
+
     figures = [
-        ["mean absolute error per character (decoder steps)", num(d["mean_abs_error_steps"], 2)],
-        ["characters the search gives no step", pct(d["searched_zero_step_share"])],
-        ["characters predicted under half a step", pct(d["predicted_below_half_share"])],
-        ["predicted over searched length", num(d["length_ratio"], 3)],
+        ["mean absolute error per character (decoder steps)", measure("mean_abs_error_steps", lambda v: num(v, 2))],
+        ["characters the search gives no step", measure("searched_zero_step_share", pct)],
+        ["characters predicted under half a step", measure("predicted_below_half_share", pct)],
+        ["predicted over searched length", measure("length_ratio", lambda v: num(v, 3))],
         [
             "last character's steps (its trailing silence), searched / predicted",
-            f"{num(d['last_character_searched_steps'], 1)} / {num(d['last_character_predicted_steps'], 1)}",
+            f"{measure('last_character_searched_steps', lambda v: num(v, 1))} / "
+            f"{measure('last_character_predicted_steps', lambda v: num(v, 1))}",
         ],
     ]
     return out + ["The predicted durations against the searched ones:", ""] + table(["", ""], figures)

@@ -2,13 +2,15 @@
 sentences spoken with the alignment search's own durations, with them plus noise, with the predicted
 durations, and the predicted speech through the vocoder a user gets (models/tts/diagnosis.py).
 
-    python benchmarks/tts_durations.py --demo-run DIR [--model W] [--split dev] [--max-utterances 100]
-                                       [--json out.json]
+    python benchmarks/tts_durations.py --demo-run DIR [--model W [--model W2 ...]] [--split dev]
+                                       [--max-utterances 100] [--json out.json]
 
 DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
 `shards/`, its acoustic model `asr/` as the listener (as in benchmarks/tts_seeds.py) and its synthesis
-model `tts/`, or the one `--model` names (any form `models.evaluate --model` takes: a tts_seeds seed's
-workdir). Prints each arm's CER and WER and how the predicted durations differ from the searched ones.
+model `tts/`, or the ones `--model` names (any form `models.evaluate --model` takes: a tts_seeds seed's
+workdir). With several models (one per training seed: the demo run's `tts/` and tts_seeds' other seeds),
+each arm's figure is their mean and each model's is kept beside it: one seed is not the model's figure.
+Prints each arm's CER and WER and how the predicted durations differ from the searched ones.
 """
 
 from __future__ import annotations
@@ -18,24 +20,24 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import print_table, write_json  # noqa: E402
 from benchmarks.report_tts import DURATION_ARMS  # noqa: E402
 
 
-def diagnose(model_spec: str, shards_dir: Path, listener_spec: str, split: str, max_utterances: int) -> dict:
-    """The arms' CER and WER (models/tts/diagnosis.py) of `model_spec` on `split`, heard by `listener_spec`."""
+def diagnose(model_spec: str, shards_dir: Path, listener, split: str, max_utterances: int) -> dict:
+    """The arms' CER and WER (models/tts/diagnosis.py) of `model_spec` on `split`, heard by `listener`
+    (models/tts/evaluation.py's Listener)."""
     from common import catalog
-    from common.runtime import configure_tensorflow
     from models import opening
     from models.evaluate import check_vocabulary, split_batches
     from models.tts import diagnosis
     from models.tts.config import TtsEvalConfig
-    from models.tts.evaluation import Listener
     from pipeline.records import open_shard_set
 
-    configure_tensorflow()
     model, config, data = opening.open_model(model_spec)
     if config.model != "tts" or config.settings.alignment != "durations":
         raise ValueError(f"{model_spec}: not a synthesis model with durations (alignment: durations)")
@@ -45,7 +47,7 @@ def diagnose(model_spec: str, shards_dir: Path, listener_spec: str, split: str, 
     task = catalog.task_class(config.model).create(config, shards, cfg)
     dataset = split_batches(task, config, shards, split, cfg.frames_per_batch)
     arms = diagnosis.speak_arms(model, config, data, dataset, max_utterances)
-    rates = diagnosis.heard(arms, data["vocabulary"], Listener(listener_spec))
+    rates = diagnosis.heard(arms, data["vocabulary"], listener)
     return {
         "split": split,
         "utterances": len(arms["voices"]),
@@ -55,26 +57,75 @@ def diagnose(model_spec: str, shards_dir: Path, listener_spec: str, split: str, 
     }
 
 
+def combine(runs: list[dict]) -> dict:
+    """One figure per arm and per duration measure from several models' `diagnose` results: their mean,
+    each model's kept under "models". The models must have heard the same sentences."""
+    first = runs[0]
+    for run in runs[1:]:
+        if (run["split"], run["utterances"]) != (first["split"], first["utterances"]):
+            raise ValueError(
+                f"training seed {run['training_seed']} spoke {run['utterances']} {run['split']} sentences, seed "
+                f"{first['training_seed']} {first['utterances']} {first['split']}: give every model the same shards"
+            )
+        if set(run["arms"]) != set(first["arms"]):
+            raise ValueError(f"training seed {run['training_seed']}'s arms differ from seed {first['training_seed']}'s")
+    arms = {
+        name: {key: float(np.mean([run["arms"][name][key] for run in runs])) for key in ("cer", "wer")}
+        for name in first["arms"]
+    }
+    durations = {key: float(np.mean([run["durations"][key] for run in runs])) for key in first["durations"]}
+    return {
+        "split": first["split"],
+        "utterances": first["utterances"],
+        "arms": arms,
+        "durations": durations,
+        "models": runs,
+        "training_seeds": [run["training_seed"] for run in runs],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo-run", type=Path, required=True, help="a finished demo run's directory")
-    parser.add_argument("--model", help="the synthesis model (default: the demo run's tts/)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="a synthesis model, once per training seed (default: the demo run's tts/)",
+    )
     parser.add_argument("--split", default="dev")
     parser.add_argument("--max-utterances", type=int, default=100, help="sentences (the DAG's evaluation default)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    from common.runtime import configure_tensorflow
+
+    configure_tensorflow()
+    from models.tts.evaluation import Listener
+
     run_dir = args.demo_run.resolve()
     summary = json.loads((run_dir / "summary.json").read_text())
-    model = args.model or str(run_dir / "tts")
-    results = diagnose(model, run_dir / "shards", str(run_dir / "asr"), args.split, args.max_utterances)
-    results["model"] = "the demo run's" if args.model is None else "--model"
+    specs = args.model or [str(run_dir / "tts")]
+    listener = Listener(str(run_dir / "asr"))
+    runs = []
+    for n, spec in enumerate(specs, 1):
+        print(f"model {n} of {len(specs)}: {spec}", file=sys.stderr, flush=True)
+        run = diagnose(spec, run_dir / "shards", listener, args.split, args.max_utterances)
+        run["source"] = "the demo run" if args.model is None or Path(spec).resolve() == run_dir / "tts" else "--model"
+        runs.append(run)
+    results = combine(runs)
     results["listener_test_cer"] = summary["models"].get("asr", {}).get("metrics", {}).get("test_cer")
+    each = [f"seed {s}" for s in results["training_seeds"]]
     print_table(
-        ["arm", f"{args.split} CER", f"{args.split} WER", "what"],
-        [[name, r["cer"], r["wer"], DURATION_ARMS.get(name, "")] for name, r in results["arms"].items()],
+        ["arm", f"{args.split} CER, mean", *each, f"{args.split} WER, mean", "what"],
+        [
+            [name, r["cer"], *[run["arms"][name]["cer"] for run in runs], r["wer"], DURATION_ARMS.get(name, "")]
+            for name, r in results["arms"].items()
+        ],
     )
-    print_table(["predicted against searched durations", "value"], [[k, v] for k, v in results["durations"].items()])
-    write_json(args.json, results, {"demo_corpus": 0, "training": results["training_seed"]})
+    print_table(
+        ["predicted against searched durations", "mean", *each],
+        [[k, v, *[run["durations"][k] for run in runs]] for k, v in results["durations"].items()],
+    )
+    write_json(args.json, results, {"demo_corpus": 0, "training": results["training_seeds"]})
     return 0
 
 

@@ -157,3 +157,33 @@ def test_tts_seeds_reuses_the_demo_runs_model_only_for_what_it_was_trained_with(
     assert tts_seeds.seed_of_run(tmp_path, config, config, []) is None
     other = ROOT / "tests/configs/tiny_tts.yaml"
     assert tts_seeds.seed_of_run(tmp_path, other, config, []) is None
+
+
+def test_tts_durations_gives_the_mean_of_its_models_and_keeps_each_seeds():
+    """Several synthesis models (one per training seed): each arm's figure is their mean, each seed's is
+    kept and shown, and models that heard other sentences are refused."""
+    from benchmarks import tts_durations
+    from benchmarks.report_tts import tts_durations as render
+
+    def run(seed: int, cer: float, error: float) -> dict:
+        arms = {"searched": {"cer": cer / 2, "wer": cer}, "predicted": {"cer": cer, "wer": 2 * cer}}
+        durations = {
+            "mean_abs_error_steps": error,
+            "searched_zero_step_share": 0.2,
+            "predicted_below_half_share": 0.05,
+            "length_ratio": 1.0,
+            "last_character_searched_steps": 7.0,
+            "last_character_predicted_steps": 8.0,
+        }
+        source = "the demo run" if seed == 0 else "--model"
+        return {"split": "dev", "utterances": 4, "arms": arms, "durations": durations, "training_seed": seed, "source": source}
+
+    combined = tts_durations.combine([run(0, 0.30, 1.0), run(1, 0.40, 2.0)])
+    assert combined["arms"]["predicted"]["cer"] == pytest.approx(0.35)
+    assert combined["durations"]["mean_abs_error_steps"] == pytest.approx(1.5)
+    assert combined["training_seeds"] == [0, 1] and len(combined["models"]) == 2
+    page = "\n".join(render({**combined, "listener_test_cer": 0.2}))
+    assert "35.0% (30.0% / 40.0%)" in page and "1.50 (1.00 / 2.00)" in page
+    assert "seed 0 is the demo run's own model" in page
+    with pytest.raises(ValueError, match="seed 1 spoke 5 dev sentences"):
+        tts_durations.combine([run(0, 0.3, 1.0), {**run(1, 0.4, 2.0), "utterances": 5}])
