@@ -182,7 +182,7 @@ def convergence(r: dict) -> list[str]:
             rows.append(
                 [
                     name,
-                    pct(r.get("allreduce_final_dev_cer"), 2),
+                    pct(r.get("half_speed_target_dev_cer", r.get("allreduce_final_dev_cer")), 2),
                     "never" if to_target is None else num(to_target, 1),
                     pct(r[f"{name}_half_speed_final_dev_cer"], 2),
                     num(r[f"{name}_half_speed_minutes_to_common_dev_cer"], 1),
