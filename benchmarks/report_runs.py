@@ -196,7 +196,12 @@ def convergence(r: dict) -> list[str]:
         out += table([*benchmarks.convergence.HALF_SPEED_TABLE, "batches r0/r1"], rows)
         gossip, base = (r.get(f"{n}_half_speed_minutes_to_common_dev_cer") for n in half)
         if len(half) == 2 and gossip is not None and base:
-            out += [f"`{half[0]}` reached {level} in {gossip / base:.2f}x allreduce's minutes.", ""]
+            line = f"`{half[0]}` reached {level} in {gossip / base:.2f}x allreduce's minutes"
+            aimed, aimed_base = (r.get(f"{n}_half_speed_minutes_to_allreduce_dev_cer") for n in half)
+            if aimed is not None and aimed_base:
+                target = pct(r.get("half_speed_target_dev_cer", r.get("allreduce_final_dev_cer")), 2)
+                line += f", and the target, {target}, in {aimed / aimed_base:.2f}x"
+            out += [line + ".", ""]
     return out
 
 
