@@ -249,6 +249,16 @@ SECTIONS: dict[str, Section] = {
         "undisturbed job: compare the jobs' seconds across strategies. At two ranks the fixed and the random ring are one schedule, so "
         "one of them runs.",
     ),
+    "straggler_repeat.json": (
+        "Straggler: the best gossip variant again",
+        "`benchmarks/straggler.py --variants random-ring`: the section above's benchmark for its best gossip "
+        "variant alone, at a later sitting on the same machine type.",
+        straggler,
+        "Set beside the section above, it says how much of a job ratio is the machine's: its undisturbed jobs "
+        "ran at the pace of the slower of the section above's two, and its fast rank ran faster beside a slowed "
+        "partner than beside an undisturbed one. On two cores a gossip job's ratio moves with its undisturbed "
+        "job's pace, which differs between runs by more than the target's margin.",
+    ),
     "convergence.json": (
         "Convergence",
         "`benchmarks/convergence.py`: the demo corpus through the real stages, the demo acoustic model "
