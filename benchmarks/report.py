@@ -173,13 +173,14 @@ SECTIONS: dict[str, Section] = {
     "voice_warp.json": (
         "Held-out voices: vocal-tract length",
         "`benchmarks/voice_warp.py` (inference only): the demo run's acoustic model hears the test sentences in "
-        "the held-out espeak-ng voices (`test`) and in flite's held-out voices (`test_engine`) with every "
+        "the held-out espeak-ng voices (`test`) and in the held-out speakers of every rendering flite and Festival have "
+        "(`test_engine`) with every "
         "utterance's mel axis warped by one factor (the training step's vocal tract length perturbation, its "
         "factor fixed); below one a voice's formants are lowered.",
         voice_warp,
         "A voice whose CER falls far at some warp speaks with formants that training did not cover, and a "
         "perturbation in training that reaches that warp is the lever; what is left at a voice's best warp is "
-        "not a matter of vocal-tract length, and no warp brings flite's held-out voices near the espeak-ng ones. "
+        "not a matter of vocal-tract length, and no warp brings the held-out speakers near the espeak-ng voices. "
         "The demo's model trains with that perturbation (`asr.augment.vtlp_range` in `configs/demo_asr.yaml`), so a "
         "warp here is heard on top of the ones training drew.",
     ),
@@ -250,14 +251,15 @@ SECTIONS: dict[str, Section] = {
         "one of them runs.",
     ),
     "straggler_repeat.json": (
-        "Straggler: the best gossip variant again",
-        "`benchmarks/straggler.py --variants random-ring`: the section above's benchmark for its best gossip "
-        "variant alone, at a later sitting on the same machine type.",
+        "Straggler: the gossip variants again",
+        "`benchmarks/straggler.py --variants random-ring`, then `--variants delay-by-one`: the section above's "
+        "benchmark for its gossip variants, at a later sitting on the same machine type.",
         straggler,
-        "Set beside the section above, it says how much of a job ratio is the machine's: its undisturbed jobs "
-        "ran at the pace of the slower of the section above's two, and its fast rank ran faster beside a slowed "
-        "partner than beside an undisturbed one. On two cores a gossip job's ratio moves with its undisturbed "
-        "job's pace, which differs between runs by more than the target's margin.",
+        "Set beside the section above, it says how much of a job ratio is the machine's. Here every undisturbed "
+        "job ran at the pace of the slower of the section above's two random-ring jobs, delay-by-one's as well "
+        "(there a third slower than random-ring's faster job), and a fast rank ran faster beside a slowed partner "
+        "than beside an undisturbed one. On two cores a gossip job's ratio moves with its undisturbed job's pace "
+        "by more than the target's margin; only the runs of one sitting compare.",
     ),
     "convergence.json": (
         "Convergence",
