@@ -148,7 +148,9 @@ SECTIONS: dict[str, Section] = {
         "(its first comment lines say what it is; by default `before` is the demo's model on Keras' LSTM path "
         "and `after` the demo's config); dev CER against minutes from launching horovodrun (start-up, input, "
         "evaluations and checkpoints included); test CER greedy on the espeak-ng voices never heard in training "
-        "and on flite's (`test_engine`), of the model each run saved.",
+        "and on flite's (`test_engine`), of the model each run saved. A record of the recipe change of its day, "
+        "on the demo corpus of its commit (the grammar's sentences, espeak-ng and flite) and not measured again; "
+        "today's recipe's dev CER against minutes is [Convergence](#convergence)'s allreduce row.",
         time_to_accuracy,
         "Both arms evaluate on dev the same number of times. The minutes to a target are those of the first "
         "evaluation at or below it, so they are as coarse as the evaluations are apart. The dev split holds new "
