@@ -181,16 +181,17 @@ def tts_durations(r: dict) -> list[str]:
     the predicted durations against the searched."""
     runs = r["models"]
 
-    def each(figures: list[float], show) -> str:
-        return show(sum(figures) / len(figures)) + (f" ({' / '.join(show(f) for f in figures)})" if len(runs) > 1 else "")
+    def each(mean: float, figures: list[float], show) -> str:
+        """The models' mean (as benchmarks/tts_durations.py `combine` stored it), each seed's in brackets."""
+        return show(mean) + (f" ({' / '.join(show(f) for f in figures)})" if len(runs) > 1 else "")
 
     order = [n for n in DURATION_ARMS if n in r["arms"]] + [n for n in r["arms"] if n not in DURATION_ARMS]
     rows = [
         [
             f"`{n}`",
             DURATION_ARMS.get(n, ""),
-            each([run["arms"][n]["cer"] for run in runs], pct),
-            each([run["arms"][n]["wer"] for run in runs], pct),
+            each(r["arms"][n]["cer"], [run["arms"][n]["cer"] for run in runs], pct),
+            each(r["arms"][n]["wer"], [run["arms"][n]["wer"] for run in runs], pct),
         ]
         for n in order
     ]
@@ -206,7 +207,7 @@ def tts_durations(r: dict) -> list[str]:
     out += table(["arm", "durations", f"{r['split']} CER", f"{r['split']} WER"], rows)
 
     def measure(key: str, show) -> str:
-        return each([run["durations"][key] for run in runs], show)
+        return each(r["durations"][key], [run["durations"][key] for run in runs], show)
 
     figures = [
         ["mean absolute error per character (decoder steps)", measure("mean_abs_error_steps", lambda v: num(v, 2))],
