@@ -13,6 +13,7 @@ from common import fsutil
 from models.asr import hlg
 from pipeline import lang as langstage
 from pipeline import lexicon as lexlib
+from pipeline import phonemes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DICT, LANG, ARPA = FIXTURES / "dict_tiny", FIXTURES / "lang_tiny", FIXTURES / "lm_tiny.arpa"
@@ -188,3 +189,25 @@ def test_a_lang_dir_with_a_bad_l_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"phones\.txt:2: expected `SYMBOL 1`, got 'SIL 2'"):
         langstage.build(lang, ARPA, tmp_path / "out", CONFIG, kind="lang")
     assert not (tmp_path / "out").exists()
+
+
+def test_g2p_spells_lm_words_the_dict_dir_lacks(tmp_path):
+    # A dict dir in espeak-ng's symbols that lacks "dog", an LM that has it: --g2p gives it espeak-ng's
+    # pronunciation, and the graph reads it.
+    spoken = dict(zip(["the", "dog"], phonemes.phonemize(["the", "dog"])))
+    phone_set = tuple(dict.fromkeys(p for ps in spoken.values() for p in ps))
+    lexicon = lexlib.Lexicon((lexlib.Entry("the", tuple(spoken["the"])),), phone_set, ("SIL",), "SIL")
+    lexlib.write_dict_dir(lexicon, tmp_path / "dict")
+    arpa = tmp_path / "lm.arpa"
+    arpa.write_text("\\data\\\nngram 1=4\n\n\\1-grams:\n-1\t</s>\n-99\t<s>\n-1\tthe\n-1\tdog\n\n\\end\\\n")
+    left_out = langstage.build(tmp_path / "dict", arpa, tmp_path / "plain", CONFIG)
+    assert (left_out["g2p_filled"], left_out["lm_words_unspelled"]) == (0, 1)
+    filled = langstage.build(tmp_path / "dict", arpa, tmp_path / "g2p", langstage.LangConfig(g2p=True))
+    assert (filled["g2p_filled"], filled["lm_words_unspelled"]) == (1, 0)
+    graph = hlg.load_graph(tmp_path / "g2p", 1 + len(phone_set) + 1)
+    assert hlg.HlgDecoder(graph).decode(one_hot(graph, " ".join(spoken["the"] + spoken["dog"]))) == ["the", "dog"]
+
+
+def test_g2p_phones_outside_the_dict_dirs_phone_set_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"lm_tiny\.arpa: espeak-ng -v en-us says 'dog' as .* not in the lexicon's"):
+        langstage.build(DICT, ARPA, tmp_path / "out", langstage.LangConfig(g2p=True))
