@@ -107,8 +107,7 @@ def add_disambig(entries: Sequence[lexlib.Entry]) -> tuple[list[lexlib.Entry], i
 def dict_tables(lexicon: lexlib.Lexicon, max_disambig: int) -> Tables:
     """The tables of a lang dir built from `lexicon`; #0 is G's back-off symbol, #1.. the lexicon's."""
     disambig = tuple(f"#{k}" for k in range(max_disambig + 1))
-    words = tuple(w for w in lexicon.words)
-    return Tables((BLANK, *lexicon.phones, *disambig), (EPS, *words, "#0", "<s>", "</s>"))
+    return Tables((BLANK, *lexicon.phones, *disambig), (EPS, *lexicon.words, "#0", "<s>", "</s>"))
 
 
 def make_lexicon_fst(
@@ -261,8 +260,8 @@ def read_lang_dir(path: Path) -> tuple[Tables, kaldifst.StdVectorFst]:
     outputs = [p for p in phones[1:] if not is_disambig(p)]
     disambig = [p for p in phones[1:] if is_disambig(p)]
     tables = Tables((BLANK, *outputs, *disambig), words)
-    label = {i: tables.tokens.index(p if i else BLANK) + 1 for i, p in enumerate(phones)}
-    label[0] = 0
+    token_label = {t: n + 1 for n, t in enumerate(tables.tokens)}
+    label = {i: token_label[p] for i, p in enumerate(phones) if i} | {0: 0}  # phones.txt id -> input label
     fst = _read_fst(path / L_DISAMBIG)
     for state in kaldifst.StateIterator(fst):
         for arc in kaldifst.ArcIterator(fst, state):

@@ -79,6 +79,10 @@ def load_graph(lang_dir: Path, num_outputs: int, outputs: Sequence[str] | None =
             f"{lang_dir / langstage.TOKENS}: the graph has {graph_outputs} CTC outputs and the model {num_outputs}; "
             f"{_REBUILD} from the lexicon (or lang dir) the model was trained with"
         )
+    if outputs is not None and len(outputs) != num_outputs:
+        raise ValueError(
+            f"{len(outputs)} output symbols for a model of {num_outputs} outputs; give one symbol per output, blank first"
+        )
     if outputs is not None and tuple(outputs) != tokens[:graph_outputs]:
         differ = next(i for i, (a, b) in enumerate(zip(outputs, tokens)) if a != b)
         raise ValueError(
