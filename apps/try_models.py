@@ -24,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from common.ports import reserve_port
 from models import registry
 from models.tracking import runs as tracking
 
@@ -58,12 +59,6 @@ def champion(name: str, kind: str, alias: str = registry.ALIAS) -> dict:
     if data.get("model") != kind:
         return {**found, "error": f"{name} version {version.version} is a {data.get('model')!r} model, not {kind!r}"}
     return {**found, "version": version.version, "uri": uri, "voices": list(data.get("voices") or [])}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
@@ -128,7 +123,7 @@ def run(host: str, port: int, names: dict[str, str], alias: str, log_dir: Path) 
             if "uri" not in found:
                 print(f"[try] {found['error']}", flush=True)
                 continue
-            server_port = free_port()
+            server_port = reserve_port()
             found["url"] = f"http://127.0.0.1:{server_port}"
             log = log_dir / f"serve-{kind}.log"
             serve = [sys.executable, "-m", "mlflow", "models", "serve", "-m", found["uri"], "--env-manager", "local",

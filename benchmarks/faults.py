@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import NO_COPIES, PYTHON, ROOT, print_table, write_json  # noqa: E402
+from common.ports import reserve_port
 from workflow import commands  # noqa: E402
 
 # The table's columns (benchmarks/report.py prints the same ones from the JSON).
@@ -172,12 +172,6 @@ def evaluate_cer(workdir: Path, shards: Path) -> float:
         commands.module_command(PYTHON, commands.EVALUATE, args), cwd=ROOT, env=env(), check=True, capture_output=True
     )
     return json.loads((workdir / "eval.json").read_text())["test_cer"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         # MLflow down for 30 s (the tiny run: 5 s) in the middle of training.
-        port = free_port()
+        port = reserve_port()
         server_argv = [
             str(Path(PYTHON).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
             "--backend-store-uri", f"sqlite:///{work / 'server.db'}", "--artifacts-destination", str(work / "artifacts"),

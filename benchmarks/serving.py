@@ -25,7 +25,6 @@ import dataclasses
 import io
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import ROOT, machine, print_table, write_json  # noqa: E402
+from common.ports import reserve_port
 
 GOALS = {"rtf_1_client": 0.05, "p99_s_4_clients": 2.0, "failed_16_clients": 0}
 GOALS_WITH_LM = {**GOALS, "p99_s_4_clients": 1.0}  # a trained model served with its word LM
@@ -163,12 +163,6 @@ def load_level(
     }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
@@ -227,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = []
     for workers in [int(w) for w in args.workers.split(",")]:
-        command = serve.serve_command(uri, free_port(), workers=workers)
+        command = serve.serve_command(uri, reserve_port(), workers=workers)
         with serve.ModelServer(command, env, work, work / f"serve-w{workers}.log") as server:
             url = f"{server.url}/invocations"
             for _, audio in utts[: 2 * workers]:  # every worker's first request

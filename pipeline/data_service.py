@@ -2,6 +2,7 @@
 
     python -m pipeline.data_service dispatcher --port 5050 [--work-dir DIR]
     python -m pipeline.data_service worker --dispatcher HOST:5050 --port 5051 [--address HOST:5051]
+    (--port 0 --port-file FILE: the server picks a free port and writes it to FILE)
     horovodrun -np N ... python -m models.train ... --data-service grpc://HOST:5050
 
 TensorFlow's own distributed input engine: the dispatcher hands out work, CPU workers run the input
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import cli
+from common import cli, fsutil
 from pipeline import dataset, records
 
 PROCESSING_MODE = "distributed_epoch"  # every shard of an epoch goes to exactly one worker
@@ -148,24 +149,21 @@ class LocalService:
         self.dispatcher = self.worker = None
         target = None
         if hvd.rank() == 0:
-            host, port = socket.getfqdn(), _free_port()
-            self.dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
-            worker_port = _free_port()
+            # Port 0: each server binds a port of its own choosing, so none can be taken in between.
+            host = socket.getfqdn()
+            self.dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+            port = bound_port(self.dispatcher)
             self.worker = service.WorkerServer(
-                service.WorkerConfig(
-                    dispatcher_address=f"localhost:{port}", worker_address=f"{host}:{worker_port}", port=worker_port
-                )
+                service.WorkerConfig(dispatcher_address=f"localhost:{port}", worker_address=f"{host}:%port%", port=0)
             )
             target = f"grpc://{host}:{port}"
         self.address = hvd.broadcast_object(target, root_rank=0)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def bound_port(server) -> int:
+    """The port a DispatchServer or WorkerServer listens on (the one it chose when given port 0)."""
+    address = server.target if hasattr(server, "target") else server._address  # WorkerServer has no public one
+    return int(address.rsplit(":", 1)[1])
 
 
 def distribute(served, address: str, job_name: str, rank: int, size: int):
@@ -183,28 +181,38 @@ def distribute(served, address: str, job_name: str, rank: int, size: int):
     )
 
 
-def serve_dispatcher(port: int, work_dir: Path | None) -> None:
-    """Runs a dispatcher until killed. With `work_dir`, it survives a restart (fault-tolerant mode)."""
+def serve_dispatcher(port: int, work_dir: Path | None, port_file: Path | None = None) -> None:
+    """Runs a dispatcher until killed. With `work_dir`, it survives a restart (fault-tolerant mode).
+    Port 0 lets it choose a free port; `port_file` then tells it to whoever started it."""
     import tensorflow as tf
 
     config = tf.data.experimental.service.DispatcherConfig(
         port=port, work_dir=str(work_dir) if work_dir else None, fault_tolerant_mode=work_dir is not None
     )
     server = tf.data.experimental.service.DispatchServer(config)
+    _announce(server, port_file)
     print(f"tf.data dispatcher serving on {server.target}", flush=True)
     server.join()
 
 
-def serve_worker(dispatcher: str, port: int, address: str | None) -> None:
-    """Runs a worker until killed; `address` is how the trainers reach it (default localhost:PORT)."""
+def serve_worker(dispatcher: str, port: int, address: str | None, port_file: Path | None = None) -> None:
+    """Runs a worker until killed; `address` is how the trainers reach it (default localhost:PORT;
+    `%port%` in it stands for the port, the one the worker chose when `port` is 0)."""
     import tensorflow as tf
 
     config = tf.data.experimental.service.WorkerConfig(
-        dispatcher_address=dispatcher.removeprefix("grpc://"), worker_address=address or f"localhost:{port}", port=port
+        dispatcher_address=dispatcher.removeprefix("grpc://"), worker_address=address or "localhost:%port%", port=port
     )
     server = tf.data.experimental.service.WorkerServer(config)
-    print(f"tf.data worker on port {port}, dispatcher {dispatcher}", flush=True)
+    _announce(server, port_file)
+    print(f"tf.data worker on port {bound_port(server)}, dispatcher {dispatcher}", flush=True)
     server.join()
+
+
+def _announce(server, port_file: Path | None) -> None:
+    """Writes the port `server` listens on to `port_file` (renamed into place: a reader never sees half)."""
+    if port_file is not None:
+        fsutil.atomic_write_text(port_file, f"{bound_port(server)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,14 +224,21 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("worker", help="run an input worker")
     w.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
     w.add_argument("--port", type=int, default=5051, help="this worker's gRPC port (default 5051)")
-    w.add_argument("--address", help="HOST:PORT the trainers use to reach this worker (default localhost:PORT)")
+    w.add_argument(
+        "--address",
+        help="HOST:PORT the trainers use to reach this worker, %%port%% for its port (default localhost:PORT)",
+    )
+    for role in (d, w):
+        role.add_argument(
+            "--port-file", type=Path, help="write the port listened on here (with --port 0: the chosen one)"
+        )
     args = parser.parse_args(argv)
     from common.runtime import configure_tensorflow
 
     configure_tensorflow()
     if args.role == "dispatcher":
-        return cli.run(lambda: serve_dispatcher(args.port, args.work_dir))
-    return cli.run(lambda: serve_worker(args.dispatcher, args.port, args.address))
+        return cli.run(lambda: serve_dispatcher(args.port, args.work_dir, args.port_file))
+    return cli.run(lambda: serve_worker(args.dispatcher, args.port, args.address, args.port_file))
 
 
 if __name__ == "__main__":

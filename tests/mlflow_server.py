@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+from common.ports import reserve_port
 from tests.conftest import PYTHON, ROOT, quiet_env
 from workflow.serve import stop_session
 
@@ -16,18 +16,12 @@ from workflow.serve import stop_session
 NO_JOB_RUNNER = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class MlflowServer:
     """`mlflow server --backend-store-uri STORE --artifacts-destination DIR` (proxied artifacts) on a free port."""
 
     def __init__(self, store_uri: str, artifacts: Path, log: Path, port: int | None = None):
         self.store_uri, self.artifacts, self.log = store_uri, Path(artifacts), Path(log)
-        self.port = port or free_port()
+        self.port = port or reserve_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 

@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.mlflow_server import free_port
+from common.ports import reserve_port
 
 
 def postgres_bin() -> Path | None:
@@ -30,7 +30,7 @@ class Postgres:
     package creates (or `nobody`)."""
 
     def __init__(self, bindir: Path):
-        self.bindir, self.port = bindir, free_port()
+        self.bindir, self.port = bindir, reserve_port()
         self.data = Path(tempfile.mkdtemp(prefix="speechflow-pg-"))
         self.user = None
         if os.geteuid() == 0:

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from common.ports import reserve_port
 from tests.conftest import AIRFLOW_BIN, ROOT
 from tests.test_dag import TINY, airflow_env
 
@@ -37,12 +37,6 @@ CONF = {
     "max_steps": 2,
     "eval_utterances": 2,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def descendants(pid: int) -> set[int]:
@@ -127,7 +121,7 @@ def wait_for(what: str, check, timeout: float, every: float = 2, log: Path | Non
 @pytest.mark.slow
 @pytest.mark.airflow
 def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path, sqlite_store):
-    port, home = free_port(), tmp_path / "home"
+    port, home = reserve_port(), tmp_path / "home"
     base = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="sf-"))  # short: see test_dag's end-to-end test
     env = airflow_env(

@@ -541,12 +541,11 @@ def test_run_command_ends_the_whole_process_group_when_interrupted(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         local.run_command([sys.executable, "-c", script], emit=interrupt)
     grandchild = int(pid_file.read_text())
-    for _ in range(50):
-        if not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]:
-            break
+    deadline = time.monotonic() + 30  # SIGTERM, then SIGKILL after the grace period (workflow/local.py)
+    while alive(grandchild):
+        if time.monotonic() > deadline:
+            pytest.fail(f"process {grandchild} survived the task")
         time.sleep(0.1)
-    else:
-        pytest.fail(f"process {grandchild} survived the task")
 
 
 # ---- local mode: a tf.data service for the duration of the training ------------------------------
@@ -564,6 +563,10 @@ if args[2] == os.environ.get("FAKE_CRASH"):
 server = socket.socket()
 server.bind(("127.0.0.1", int(args[args.index("--port") + 1])))
 server.listen()
+port_file = args[args.index("--port-file") + 1]
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.getsockname()[1]))
+os.replace(port_file + ".tmp", port_file)
 while True:
     time.sleep(1)
 """
@@ -604,10 +607,9 @@ def servers_started(tmp_path: Path) -> list[dict]:
 
 def alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:  # it has ended and been reaped
         return False
-    return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
 def test_local_training_reads_from_a_data_service_that_lives_as_long_as_it(fake_training_env):
@@ -617,12 +619,13 @@ def test_local_training_reads_from_a_data_service_that_lives_as_long_as_it(fake_
     runner.run_training(plan, {}, "asr", "parent")
     servers = sorted(servers_started(fake_training_env), key=lambda s: s["args"][0])  # they start at once
     assert [s["args"][0] for s in servers] == ["dispatcher", "worker", "worker"]
-    dispatcher_port = servers[0]["args"][servers[0]["args"].index("--port") + 1]
+    # Each server picks its own port (--port 0) and writes it to its port file.
+    assert all(s["args"][s["args"].index("--port") + 1] == "0" for s in servers)
+    dispatcher_port = int((Path(runner.data_service_dir(plan, "asr")) / "dispatcher.port").read_text())
     for worker in servers[1:]:
         args = worker["args"]
-        port = args[args.index("--port") + 1]
         assert args[args.index("--dispatcher") + 1] == f"127.0.0.1:{dispatcher_port}"
-        assert args[args.index("--address") + 1] == f"127.0.0.1:{port}"
+        assert args[args.index("--address") + 1] == "127.0.0.1:%port%"
     train = json.loads((fake_training_env / "train.json").read_text())
     assert train["args"][train["args"].index("--data-service") + 1] == f"grpc://127.0.0.1:{dispatcher_port}"
     assert train["answered"] and train["args"][:2] == ["-np", "2"]  # the service answered during training

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import time
 
@@ -15,51 +14,40 @@ from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def service(tmp_path):
-    """A dispatcher and two workers, as `python -m pipeline.data_service` runs them."""
-    port = free_port()
-    commands = {"dispatcher": ["dispatcher", "--port", str(port)]}
-    for i in range(2):
-        worker = free_port()
-        commands[f"worker{i}"] = [
-            "worker",
-            "--dispatcher",
-            f"127.0.0.1:{port}",
-            "--port",
-            str(worker),
-            "--address",
-            f"127.0.0.1:{worker}",
-        ]
+    """A dispatcher and two workers, as `python -m pipeline.data_service` runs them, each on a port it
+    picks itself (--port 0) and writes to its port file: no other process can take it in between."""
     with contextlib.ExitStack() as stack:
-        procs = []
-        for name, args in commands.items():
-            log = stack.enter_context(open(tmp_path / f"{name}.log", "w"))
-            procs.append(
-                subprocess.Popen(
-                    [PYTHON, "-m", "pipeline.data_service", *args],
-                    cwd=ROOT,
-                    env=quiet_env(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            stack.callback(procs[-1].wait, timeout=30)
-            stack.callback(procs[-1].terminate)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            logs = [(tmp_path / f"{name}.log").read_text() for name in commands]
-            if all("serving" in log or "worker on port" in log for log in logs):
-                break
-            assert all(p.poll() is None for p in procs), logs
-            time.sleep(0.5)
-        yield f"grpc://127.0.0.1:{port}"
+
+        def start(name: str, args: list[str]):
+            port_file, log_path = tmp_path / f"{name}.port", tmp_path / f"{name}.log"
+            log = stack.enter_context(open(log_path, "w"))
+            command = [PYTHON, "-m", "pipeline.data_service", *args, "--port", "0", "--port-file", str(port_file)]
+            proc = subprocess.Popen(command, cwd=ROOT, env=quiet_env(), stdout=log, stderr=subprocess.STDOUT)
+            stack.callback(proc.wait, timeout=30)
+            stack.callback(proc.terminate)
+            return name, proc, port_file, log_path
+
+        dispatcher = listening(*start("dispatcher", ["dispatcher"]))
+        workers = [
+            start(f"worker{i}", ["worker", "--dispatcher", f"127.0.0.1:{dispatcher}", "--address", "127.0.0.1:%port%"])
+            for i in range(2)
+        ]
+        for worker in workers:
+            listening(*worker)
+        yield f"grpc://127.0.0.1:{dispatcher}"
+
+
+def listening(name: str, proc: subprocess.Popen, port_file, log_path, timeout: float = 120) -> int:
+    """The port a server wrote to its port file once it listens; fails with its log if it exits or times out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            return int(port_file.read_text())
+        assert proc.poll() is None, f"{name} exited {proc.returncode}:\n{log_path.read_text()}"
+        assert time.monotonic() < deadline, f"{name} not listening after {timeout:.0f} s:\n{log_path.read_text()}"
+        time.sleep(0.2)
 
 
 def test_two_ranks_train_through_a_dispatcher_and_two_workers(service, tiny_shards, tmp_path, sqlite_store):

@@ -53,14 +53,23 @@ def test_bind_cores_binds_every_thread_of_a_rank_to_its_share(extra_ranks):
     # A fresh interpreter as local rank 1 of 2: after configure_tensorflow every thread it has
     # (TensorFlow's included, and one started afterwards) is bound to the second half of the cores.
     # As local rank 1 of one more rank than there are cores it is not bound: its threads keep them all.
+    # A thread may end between the listing of /proc/self/task and the question about it: that one is
+    # passed over. The thread started afterwards reports its own mask before it ends.
     script = """
 import os, threading
 from common import runtime
 applied = runtime.configure_tensorflow(bind_cores=True)
 import tensorflow as tf
 tf.reduce_sum(tf.ones([64, 64]))
-threading.Thread(target=lambda: None).start()
-masks = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")}
+masks = set()
+late = threading.Thread(target=lambda: masks.add(tuple(sorted(os.sched_getaffinity(0)))))
+late.start()
+late.join()
+for task in os.listdir("/proc/self/task"):
+    try:
+        masks.add(tuple(sorted(os.sched_getaffinity(int(task)))))
+    except ProcessLookupError:
+        pass
 print(applied["cores"], sorted(masks))
 """
     cores = sorted(os.sched_getaffinity(0))
@@ -68,7 +77,9 @@ print(applied["cores"], sorted(masks))
         pytest.skip("needs two cores")
     size = len(cores) + 1 if extra_ranks else 2
     env = {**os.environ, "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": str(size), "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([PYTHON, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    proc = subprocess.run([PYTHON, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"the child exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    out = proc.stdout
     mine = runtime.core_share(1, size, cores)
     assert bool(mine) != bool(extra_ranks)
     assert out.split() and out.strip() == f"{mine} {[tuple(mine or cores)]}"

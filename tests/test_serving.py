@@ -13,7 +13,6 @@ import base64
 import dataclasses
 import io
 import json
-import socket
 import subprocess
 import types
 import urllib.error
@@ -26,6 +25,7 @@ import pytest
 import soundfile
 
 from common import config as configlib
+from common.ports import reserve_port
 from models import opening, request_policy
 from models.asr import network as asr
 from models.asr.task import AsrTask
@@ -420,12 +420,6 @@ def _run(args: list[str], env: dict, cwd: Path, timeout: float = 300) -> str:
     return proc.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> dict:
     request = urllib.request.Request(
         url, json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
@@ -465,7 +459,7 @@ def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path,
     assert len(ids) >= 4 and set(ids) <= set(wavs)
     assert sum(any(c.isalpha() for c in hypotheses[u][2]) for u in ids) >= 3, "too few letters to compare"
 
-    command = serve.serve_command("models:/served-asr@champion", _free_port())
+    command = serve.serve_command("models:/served-asr@champion", reserve_port())
     settings = {"SPEECHFLOW_SERVE_AUDIO_DIR": str(data)}  # the corpus's WAVs may be named by path
     with serve.ModelServer(command, serve.serve_env(env, **settings), tmp_path, tmp_path / "serve.log") as server:
         url = f"{server.url}/invocations"
@@ -492,7 +486,7 @@ def http_model(tmp_path_factory):
     uri, store = serve.log_to_new_store(model_dir(root / "model", "asr"), root)
     settings = {"SPEECHFLOW_SERVE_AUDIO_DIR": str(root / "allowed"), "SPEECHFLOW_SERVE_MAX_SECONDS": "4"}
     env = serve.serve_env(quiet_env(MLFLOW_TRACKING_URI=store), **settings)
-    with serve.ModelServer(serve.serve_command(uri, _free_port()), env, root, root / "serve.log") as server:
+    with serve.ModelServer(serve.serve_command(uri, reserve_port()), env, root, root / "serve.log") as server:
         yield server, root
 
 

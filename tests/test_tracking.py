@@ -11,11 +11,12 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 import models.tracking.spool
+from common.ports import reserve_port
 from models.tracking import runs as tracking
 from models.tracking.spool import RunLog, spool_path
 from models.training import system_metrics
 from tests.conftest import copy_store
-from tests.mlflow_server import MlflowServer, free_port
+from tests.mlflow_server import MlflowServer
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_metrics_survive_an_outage_of_the_tracking_server(server, tmp_path, caps
 def test_records_left_by_a_dead_training_are_sent_by_replay(server, tmp_path, capsys):
     run_id = new_run(server.uri, "outage")
     spool = spool_path(tmp_path, rank=1)
-    dead = RunLog(run_id, spool, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    dead = RunLog(run_id, spool, f"http://127.0.0.1:{reserve_port()}")  # nothing listens there
     dead.log_metrics({"loss": 3.0}, step=1)
     dead.log_metrics({"loss": 2.0}, step=2)
     dead.close(wait_s=0)
@@ -110,7 +111,9 @@ def test_system_metrics_of_a_rank_reach_the_run(server, tmp_path):
     log = RunLog(run_id, spool_path(tmp_path, rank=1), server.uri)
     with system_metrics.SystemMetrics(log, rank=1, local_rank=1, interval_s=0.2) as sampler:
         sum(i * i for i in range(2_000_000))  # some CPU work to measure
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # a loaded machine may delay the sampler's thread
+        while sampler.points < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert sampler.points >= 2
     metrics = mlflow.MlflowClient(server.uri).get_run(run_id).data.metrics
     for name in (

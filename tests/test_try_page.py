@@ -21,6 +21,7 @@ import pytest
 import soundfile
 
 from apps import try_models, try_page
+from common.ports import reserve_port
 from tests.conftest import PYTHON, ROOT, quiet_env
 from tests.kaldi_fixtures import tone
 from tests.test_serving import model_dir, served
@@ -109,7 +110,7 @@ def test_a_refused_request_shows_the_servers_reason_and_a_silent_server_says_so(
         server.shutdown()
         server.server_close()
     with pytest.raises(try_page.PageError, match="does not answer"):
-        try_page.speak({**champion, "url": f"http://127.0.0.1:{try_models.free_port()}"}, "hello", None, tmp_path)
+        try_page.speak({**champion, "url": f"http://127.0.0.1:{reserve_port()}"}, "hello", None, tmp_path)
 
 
 LOCAL = ("http://127.0.0.1", "data:", "blob:")  # what the page may load: itself, and what it made
@@ -145,7 +146,7 @@ def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_pa
     register_champion(tts_dir, "try-tts")
     assert try_models.champion("try-tts", "tts")["voices"] == ["alice", "bob"]
     assert "try-tts version 1 is a 'tts' model, not 'asr'" in try_models.champion("try-tts", "asr")["error"]
-    port, log = try_models.free_port(), tmp_path / "launcher.log"
+    port, log = reserve_port(), tmp_path / "launcher.log"
     cmd = [PYTHON, "-m", "apps.try_models", "--port", str(port), "--asr-name", "try-asr", "--tts-name", "try-tts",
            "--log-dir", str(tmp_path / "logs")]  # fmt: skip
     with log.open("w") as out:

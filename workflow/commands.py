@@ -141,17 +141,21 @@ def plan_train_args(plan: Plan, model: str, parent_run_id: str, data_service: st
     )
 
 
-def dispatcher_args(port: int, work_dir: str | None = None) -> list[str]:
+def dispatcher_args(port: int, work_dir: str | None = None, port_file: str | None = None) -> list[str]:
     """`pipeline.data_service dispatcher`: serves on `port`; with `work_dir` it journals its state there
-    and picks it up again after a restart (fault-tolerant mode)."""
+    and picks it up again after a restart (fault-tolerant mode). Port 0 with `port_file`: it picks a
+    free port and writes it there."""
     args = ["dispatcher", "--port", str(port)]
-    return [*args, "--work-dir", work_dir] if work_dir else args
+    args += ["--work-dir", work_dir] if work_dir else []
+    return [*args, "--port-file", port_file] if port_file else args
 
 
-def worker_args(dispatcher: str, port: int, address: str) -> list[str]:
+def worker_args(dispatcher: str, port: int, address: str, port_file: str | None = None) -> list[str]:
     """`pipeline.data_service worker`: registers with `dispatcher` (HOST:PORT), serves on `port`, and
-    tells the trainers to reach it at `address` (HOST:PORT as seen from the training ranks)."""
-    return ["worker", "--dispatcher", dispatcher, "--port", str(port), "--address", address]
+    tells the trainers to reach it at `address` (HOST:PORT as seen from the training ranks; `%port%`
+    stands for its port). Port 0 with `port_file`: it picks a free port and writes it there."""
+    args = ["worker", "--dispatcher", dispatcher, "--port", str(port), "--address", address]
+    return [*args, "--port-file", port_file] if port_file else args
 
 
 def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) -> list[str]:

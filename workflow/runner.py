@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import socket
 import subprocess
 import tempfile
 import time
@@ -79,17 +78,6 @@ def data_service_dir(plan: Plan, model: str) -> str:
     return f"{plan.run_dir}/data-service/{model}"
 
 
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct free TCP ports of 127.0.0.1 (held together while chosen, so they differ)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-        return ports
-
-
 @contextlib.contextmanager
 def local_data_service(
     plan: Plan, model: str, emit: Callable[[str], None] = log.info, start_timeout_s: float = 180
@@ -97,23 +85,24 @@ def local_data_service(
     """A dispatcher and `plan.data_service_workers` workers on 127.0.0.1, child processes of the training
     environment (`python -m pipeline.data_service`), for the duration of the `with` block.
 
-    Yields the dispatcher's grpc://127.0.0.1:PORT once every server listens. Each server's output goes
-    to DIR/NAME.log (`data_service_dir`); each runs in a process group of its own, ended (SIGTERM, then
-    SIGKILL) when the block ends, whether the training succeeded or not. Raises StageError, with the
-    log's last lines, when a server exits or does not listen within `start_timeout_s`.
+    Yields the dispatcher's grpc://127.0.0.1:PORT once every server listens. Each server binds a port
+    of its own choosing and writes it to DIR/NAME.port, so no other process can take a port between
+    its choice and its use. Each server's output goes to DIR/NAME.log (`data_service_dir`); each runs
+    in a process group of its own, ended (SIGTERM, then SIGKILL) when the block ends, whether the
+    training succeeded or not. Raises StageError, with the log's last lines, when a server exits or
+    does not listen within `start_timeout_s`.
     """
     log_dir = Path(data_service_dir(plan, model))
     log_dir.mkdir(parents=True, exist_ok=True)
-    dispatcher, *workers = _free_ports(1 + plan.data_service_workers)
-    servers = {"dispatcher": (dispatcher, commands.dispatcher_args(dispatcher))}
-    for i, port in enumerate(workers):
-        servers[f"worker-{i}"] = (port, commands.worker_args(f"127.0.0.1:{dispatcher}", port, f"127.0.0.1:{port}"))
+    deadline = time.monotonic() + start_timeout_s
     with contextlib.ExitStack() as stack:
-        started = {}
-        for name, (port, args) in servers.items():
+
+        def start(name: str, args: list[str]) -> Callable[[], int]:
+            port_file = log_dir / f"{name}.port"
+            port_file.unlink(missing_ok=True)  # a port file of an earlier attempt names a port long gone
             out = stack.enter_context(open(log_dir / f"{name}.log", "wb"))
             proc = subprocess.Popen(
-                commands.module_command(plan.python, commands.DATA_SERVICE, args),
+                commands.module_command(plan.python, commands.DATA_SERVICE, [*args, "--port-file", str(port_file)]),
                 cwd=REPO,
                 env=child_env(),
                 stdout=out,
@@ -121,33 +110,37 @@ def local_data_service(
                 start_new_session=True,
             )
             stack.callback(end_group, proc)  # runs before the log file closes (last in, first out)
-            started[name] = (port, proc)
-        _wait_until_listening(started, log_dir, start_timeout_s)
+            return lambda: _wait_for_port(name, proc, port_file, log_dir, deadline, start_timeout_s)
+
+        dispatcher = start("dispatcher", commands.dispatcher_args(0))()
+        workers = [
+            start(f"worker-{i}", commands.worker_args(f"127.0.0.1:{dispatcher}", 0, "127.0.0.1:%port%"))
+            for i in range(plan.data_service_workers)
+        ]  # started together, then waited for
+        for listening in workers:
+            listening()
         address = f"grpc://127.0.0.1:{dispatcher}"
-        emit(f"tf.data service: dispatcher {address}, {len(workers)} worker(s); logs in {log_dir}")
+        emit(f"tf.data service: dispatcher {address}, {plan.data_service_workers} worker(s); logs in {log_dir}")
         yield address
         emit("stopping the tf.data service")
 
 
-def _wait_until_listening(started: Mapping[str, tuple[int, subprocess.Popen]], log_dir: Path, timeout_s: float) -> None:
-    waiting = dict(started)
-    deadline = time.monotonic() + timeout_s
-    while waiting:
-        for name, (port, proc) in list(waiting.items()):
-            if proc.poll() is not None:
-                tail = (log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-20:]
-                raise StageError(
-                    f"tf.data service {name} exited with {proc.returncode}; the end of {log_dir / name}.log:\n"
-                    + "\n".join(tail)
-                )
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                del waiting[name]
-        if waiting and time.monotonic() > deadline:
+def _wait_for_port(
+    name: str, proc: subprocess.Popen, port_file: Path, log_dir: Path, deadline: float, timeout_s: float
+) -> int:
+    """The port server `name` wrote to `port_file` once it listens (pipeline/data_service.py)."""
+    while True:
+        if proc.poll() is not None:
+            tail = (log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-20:]
             raise StageError(
-                f"tf.data service {', '.join(waiting)} not listening after {timeout_s:.0f} s; see {log_dir}/*.log"
+                f"tf.data service {name} exited with {proc.returncode}; the end of {log_dir / name}.log:\n"
+                + "\n".join(tail)
             )
-        if waiting:
-            time.sleep(0.5)
+        with contextlib.suppress(FileNotFoundError):
+            return int(port_file.read_text())  # renamed into place whole: present means complete
+        if time.monotonic() > deadline:
+            raise StageError(f"tf.data service {name} not listening after {timeout_s:.0f} s; see {log_dir}/*.log")
+        time.sleep(0.2)
 
 
 def kubernetes_apps_api():
