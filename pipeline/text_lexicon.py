@@ -46,6 +46,15 @@ from pipeline import phonemes
 
 RECORD = "text_lexicon.json"
 STRESS = "',"  # espeak-ng's primary and secondary stress marks, written before a vowel
+COUNTS = (
+    "sentences_one_to_one",
+    "sentences_merged",
+    "sentences_without_variants",
+    "merged_runs",
+    "words_in_merged_runs",
+    "alone_symbols_unstressed",
+    "alone_symbols_outside_context",
+)
 MAX_RUN = 4  # most text words one phoneme word may stand for in the alignment
 
 __all__ = [
@@ -216,7 +225,8 @@ def lexicon_for_text(
     vocabulary = sorted({w for s in sentences for w in s.split()})
     if not vocabulary:
         raise ValueError("the text has no words; give the LM text (one normalized sentence a line)")
-    stats: Counter = Counter()
+    # Every count is in the record, a zero included, so that records of different texts compare.
+    stats: Counter = Counter(dict.fromkeys(COUNTS, 0))
     spoken = _phonemize(sentences, config, show_progress)
     fold = config.fold_stress
     said_alone = lexlib.g2p(vocabulary, config.voice)

@@ -78,6 +78,7 @@ def test_the_lexicon_holds_only_the_texts_contexts_and_each_word_alone(built):
     # "the" alone is D '@2; in running speech D @2: the stressed symbol never reaches the phone set.
     assert "'@2" not in lexicon.phones and ("D", "@2") in lexicon.pronunciations("the")
     assert record["alone_symbols_unstressed"] >= 1
+    assert set(textlex.COUNTS) <= set(record) and record["sentences_without_variants"] == 0  # zeros are recorded
     assert record["sentences_merged"] >= 1 and record["sentences"] == len(SENTENCES)  # "of the" runs together
     assert lexicon.phones == (*sorted({p for e in lexicon.entries for p in e.phones}), "SIL")
     assert {max(e.prob for e in lexicon.entries if e.word == w) for w in vocabulary} == {1.0}
