@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import calibrate  # noqa: E402
 from benchmarks.harness import ROOT, print_table, write_json  # noqa: E402
 
 AIRFLOW = ROOT / ".venv-airflow" / "bin" / "airflow"
@@ -92,6 +93,18 @@ def training_seed(params: dict) -> int:
     return 0
 
 
+def estimate_from(previous: Path | None, calibration: dict) -> dict | None:
+    """The estimate the measured run in `previous` (a results file with a calibration) makes for the
+    machine of `calibration`: {"minutes", "from": its machine and commit}; None without one."""
+    if not previous or not previous.is_file():
+        return None
+    record = json.loads(previous.read_text())
+    if not record.get("calibration") or record.get("params") not in (None, {}):
+        return None
+    predicted = calibrate.estimate(record, calibration)
+    return {"minutes": predicted["minutes"], "from": {k: record["meta"].get(k) for k in ("commit", "machine")}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
@@ -100,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = args.keep.resolve() if args.keep else Path(tempfile.mkdtemp(prefix="demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(demo_env(work), DEMO_CONF=args.conf)
+    # This machine's calibration, taken before the demo and recorded with it (what the demo's estimate
+    # on another machine scales by: benchmarks/calibrate.py); the demo's own estimate line uses it too.
+    calibration = calibrate.calibrate()
+    (work / "calibration.json").write_text(json.dumps(calibration))
+    env = dict(demo_env(work), DEMO_CONF=args.conf, DEMO_CALIBRATION=str(work / "calibration.json"))
     started = time.perf_counter()
     proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -111,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     run_dir = max((work / "pipeline").glob("*/summary.json"), key=lambda p: p.stat().st_mtime).parent  # this run's
     results = {"params": json.loads(args.conf), "demo_wall_s": wall, "task_minutes": task_minutes(env)}
+    results["calibration"] = calibration
+    estimated = None if results["params"] else estimate_from(args.json, calibration)
+    if estimated:  # what the measured run before this one predicted for this machine
+        results["estimated_minutes"] = estimated
     results.update(collect(run_dir))
     print(proc.stdout[proc.stdout.rfind("speech_pipeline succeeded") :])
     rows = [[task, minutes] for task, minutes in results["task_minutes"].items()]

@@ -32,6 +32,31 @@ DAG_ORDER = (
 CONVERGENCE_VARIANTS = ("allreduce", "delay-by-one", "fixed-ring", "random-ring", "hierarchical")
 
 
+def demo_calibration(r: dict) -> list[str]:
+    """The calibration taken before the run (benchmarks/calibrate.py), and what the run before it predicted."""
+    c = r.get("calibration")
+    if not c:
+        return []
+    rows = [
+        ["acoustic model, seconds per step", num(c["asr_step_s"], 3)],
+        ["synthesis model, seconds per step", num(c["tts_step_s"], 3)],
+        ["one core's probe, seconds", num(c["probe_s"], 3)],
+        ["the calibration, launch to end, seconds", num(c["seconds"], 1)],
+    ]
+    if r.get("estimated_minutes"):
+        e = r["estimated_minutes"]
+        there = e["from"]["machine"] or {}
+        rows.append(
+            [f"the estimate from the run before (a {there.get('cpu_model', 'CPU')}), minutes", num(e["minutes"], 1)]
+        )
+    return [
+        "",
+        "The calibration before the run (what the demo scales a measured run's minutes by):",
+        "",
+        *table(["calibration", "value"], rows),
+    ]
+
+
 def demo(r: dict) -> list[str]:
     asr, tts = r["asr"], r["tts"]
     if "task_minutes" in r:  # written by benchmarks/demo.py
@@ -42,6 +67,7 @@ def demo(r: dict) -> list[str]:
         )
         rows = [[f"`{task}`", num(r["task_minutes"][task], 1)] for task in tasks]
         out += table(["task", "minutes"], [*rows, ["**`make demo`, launch to exit**", num(r["demo_wall_s"] / 60, 1)]])
+        out += demo_calibration(r)
     else:  # written by hand from a run, before the benchmark existed
         out = [
             f"`make demo` with the DAG's default parameters. Commit named in the file: {r.get('commit', 'not named')}.",

@@ -32,35 +32,38 @@ say "Airflow database: $AIRFLOW_HOME"
 airflow db migrate >"$RUNS/airflow-db-migrate.log" 2>&1 \
   || { tail -20 "$RUNS/airflow-db-migrate.log" >&2; die "airflow db migrate failed (log: $RUNS/airflow-db-migrate.log)"; }
 
-# How long it will take: this machine's last `make demo` with the same params, else the committed
-# measurement of the defaults (benchmarks/results/demo.json, a 2-core CPU).
+# How long it will take: this machine's last `make demo` with the same params and the same recipe
+# (configs, DAG, code), else the committed measured run of the defaults (benchmarks/results/demo.json)
+# scaled by a calibration of this machine (benchmarks/calibrate.py: a few steps of each model).
 LAST=$RUNS/last_demo.json
-.venv/bin/python - "$CONF" "$LAST" benchmarks/results/demo.json <<'EOF' || true
+RECIPE=$(.venv/bin/python -c 'from benchmarks.calibrate import recipe; print(recipe())')
+known=0
+.venv/bin/python - "$CONF" "$LAST" "$RECIPE" <<'EOF' || known=$?
 import json
 import sys
 from pathlib import Path
 
-conf, last, measured = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-params = json.loads(conf or "{}")
-if last.is_file() and json.loads(last.read_text()).get("params") == params:
-    seconds, source, note = json.loads(last.read_text())["wall_s"], "this machine's last run with these params", ""
-elif not params and measured.is_file():
-    from benchmarks.harness import machine
-
-    record = json.loads(measured.read_text())
-    seconds = record.get("demo_wall_s", record.get("dag_wall_s"))
-    there, here = record.get("meta", {}).get("machine", {}), machine()
-    flags = ", ".join(there.get("flags") or []) or "flags unknown"
-    source = f"measured on a {there.get('cores', 2)}-core {there.get('cpu_model') or 'CPU'} with {flags}, benchmarks/results/demo.json"
-    note = f"; this machine has {here['cores']} cores" + (", so expect less" if (here["cores"] or 1) > 2 else "")
-    if "avx512f" in (there.get("flags") or []) and "avx512f" not in here["flags"]:
-        # Narrower vector units: the demo's acoustic training took half again as long on a CPU without AVX-512.
-        note += "; it lacks avx512f, so expect more"
-else:
-    print("\033[1m[demo]\033[0m no estimate of its time for these params yet (the next run with them will have one)")
-    sys.exit(0)
-print(f"\033[1m[demo]\033[0m this takes about {round(seconds / 60)} minutes ({source}{note})")
+conf, last, recipe = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+run = json.loads(last.read_text()) if last.is_file() else {}
+if run.get("params") == json.loads(conf or "{}") and run.get("recipe") == recipe:
+    print(f"\033[1m[demo]\033[0m this takes about {round(run['wall_s'] / 60)} minutes (this machine's last run "
+          "with these params and this recipe)")
+    sys.exit(3)  # known: no calibration needed
 EOF
+if [ "$known" != 3 ]; then
+  if [ "$CONF" = "{}" ] && [ -f benchmarks/results/demo.json ]; then
+    say "calibrating this machine (a few training steps of each model) to estimate the demo's time"
+    calibration=${DEMO_CALIBRATION:-}  # benchmarks/demo.py measures it before, to record it
+    if line=$(.venv/bin/python benchmarks/calibrate.py --estimate benchmarks/results/demo.json \
+        ${calibration:+--calibration "$calibration"} 2>"$RUNS/calibrate.log" | tail -1); then
+      say "$line"
+    else
+      say "the calibration failed (its log: $RUNS/calibrate.log): no estimate"
+    fi
+  else
+    say "no estimate of its time for these params yet (the next run with them will have one)"
+  fi
+fi
 started=$(date +%s)
 since=$(mktemp)
 trap 'rm -f "$since"' EXIT
@@ -76,7 +79,7 @@ airflow dags test speech_pipeline -c "$CONF" 2>&1 | tee "$LOG" | sed -un -E \
 status=${PIPESTATUS[0]}
 set -e
 elapsed=$(($(date +%s) - started))
-[ "$status" -ne 0 ] || printf '{"params": %s, "wall_s": %d}\n' "$CONF" "$elapsed" >"$LAST"
+[ "$status" -ne 0 ] || printf '{"params": %s, "recipe": "%s", "wall_s": %d}\n' "$CONF" "$RECIPE" "$elapsed" >"$LAST"
 
 summary=$(find "$SPEECHFLOW_WORK_ROOT" -maxdepth 2 -name summary.json -newer "$since" -printf '%T@ %p\n' \
   | sort -n | tail -1 | cut -d' ' -f2-)

@@ -67,6 +67,7 @@ EXPECTED = {
         "corrupt_shard_named",
         "mlflow_down_none_lost",
     ],
+    "calibrate": ["asr_step_s", "tts_step_s", "probe_s", "seconds", "machine"],
     "time_to_accuracy": ["arms", "targets", "meta"],
     "voice_levers": ["arms", "splits", "text", "meta"],
     "lm_decoding": ["conditions", "splits", "meta"],
