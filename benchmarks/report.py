@@ -49,7 +49,8 @@ SECTIONS: dict[str, Section] = {
         "The demo",
         "`benchmarks/demo.py`: `make demo`'s script (the whole DAG under `airflow dags test` on the synthesized "
         "demo corpus, both models, allreduce, two workers) timed from launch to exit, each task's minutes as "
-        "Airflow recorded them, both trainings and both evaluations.",
+        "Airflow recorded them, both trainings and both evaluations, and the calibration of the machine taken "
+        "just before (`benchmarks/calibrate.py`), which the demo scales this run's minutes by on another machine.",
         demo,
         "Waiting for input is a small share of the step for both models. The synthesis model's "
         "intelligibility is what the demo's own acoustic model hears: free-running (what a listener "

@@ -50,7 +50,6 @@ def demo_calibration(r: dict) -> list[str]:
             [f"the estimate from the run before (a {there.get('cpu_model', 'CPU')}), minutes", num(e["minutes"], 1)]
         )
     return [
-        "",
         "The calibration before the run (what the demo scales a measured run's minutes by):",
         "",
         *table(["calibration", "value"], rows),

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from benchmarks.convergence import (
+    aim_half_speed,
     compare_to_allreduce,
     dev_cer_plot,
     dev_curve,
-    aim_half_speed,
     earlier_half_speed,
     earlier_seeds,
     first_below,
