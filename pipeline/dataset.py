@@ -269,13 +269,13 @@ def asr_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
     service alike."""
     import tensorflow as tf
 
-    with_targets = shards.num_targets > 0
+    with_targets, with_phones = shards.num_targets > 0, bool(shards.phone_vocabulary)
     dim, dtype = shards.feature_dim, shards.feature_dtype
     stats = _speaker_stats(part, cfg.cmvn)
     padded = tf.constant(part.max_lengths, tf.int32)  # [classes]
 
     def assemble(index, serialized, keys):
-        chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype, with_targets)
+        chunk = records.parse_chunks(serialized, padded[keys[0]], dim, dtype, with_targets, with_phones=with_phones)
         tf.debugging.assert_equal(chunk["class"], keys, message="a chunk is not of the class the manifest says")
         # feats [N, T, D] as stored and their map to normalized features, as serving builds them from audio
         acoustic = frontend.acoustic_batch(
@@ -290,6 +290,9 @@ def asr_assembler(shards: records.ShardSet, part: records.SplitShards, cfg: Inpu
         }
         if with_targets:
             out["targets"] = chunk["targets"].to_tensor(default_value=-1, shape=[None, padded[keys[0]]])
+        if with_phones:
+            out["phones"] = chunk["phones"].to_tensor()  # [N, P] 0-padded
+            out["phone_lengths"] = tf.cast(chunk["phones"].row_lengths(), tf.int32)
         return _without_empty_slots(out, chunk["lengths"])
 
     return assemble
@@ -312,8 +315,9 @@ def asr_dataset(
     `feat_offset` float32 [B, D] (feats * scale + offset = the speaker-normalized log-mel: the
     training step applies it with pipeline/frontend.py), `utterance_cmvn` bool [B] (cmvn="utterance":
     the step then normalizes each utterance by its own statistics), `tokens` int32 [B, L] (0-padded),
-    `token_lengths` int32 [B], `utt_id` and `speaker` string [B], and `targets` int32 [B, T]
-    (-1-padded) when the shards carry frame targets. `training=False`: this rank's share of the
+    `token_lengths` int32 [B], `utt_id` and `speaker` string [B], `targets` int32 [B, T]
+    (-1-padded) when the shards carry frame targets, and `phones` int32 [B, P] (0-padded) and
+    `phone_lengths` int32 [B] when they carry phone targets (pipeline/phones.py). `training=False`: this rank's share of the
     shards in order, unshuffled (evaluation).
     """
     part = shards.split(split)

@@ -48,13 +48,14 @@ FEATURE_DTYPES = {"uint8": "u1", "float16": "<f2", "float32": "<f4"}  # how feat
 
 # The record: one tf.train.Example per chunk. Each key's value type and how many values it holds:
 # "chunk" one, "slot" one per slot (`lengths` 0 marks an empty slot), "token" the slots' token ids
-# concatenated, "phoneme" the slots' phoneme ids concatenated, "frame" the slots' frame targets
-# concatenated, "dim" one per feature dimension. `when`: present only for uint8 storage ("uint8"),
-# for shards with frame targets ("targets") or for shards written with phonemes ("phonemes").
+# concatenated, "phoneme" the slots' phoneme ids concatenated, "phone" the slots' phone targets
+# concatenated, "frame" the slots' frame targets concatenated, "dim" one per feature dimension.
+# `when`: present only for uint8 storage ("uint8"), for shards with frame targets ("targets"), for
+# shards written with phonemes ("phonemes") or with phone targets of a lexicon ("phones").
 @dataclasses.dataclass(frozen=True)
 class Field:
     kind: str  # "int64", "bytes" or "float"
-    count: str  # "chunk", "slot", "token", "phoneme", "frame" or "dim"
+    count: str  # "chunk", "slot", "token", "phoneme", "phone", "frame" or "dim"
     when: str = ""
 
 
@@ -72,6 +73,8 @@ SCHEMA = {
     "targets": Field("int64", "frame", when="targets"),
     "phoneme_lengths": Field("int64", "slot", when="phonemes"),
     "phonemes": Field("int64", "phoneme", when="phonemes"),
+    "phone_lengths": Field("int64", "slot", when="phones"),
+    "phones": Field("int64", "phone", when="phones"),  # ids into the manifest's phone_vocabulary
 }
 
 
@@ -150,6 +153,10 @@ class ShardSet:
     splits: dict[str, SplitShards]
     # split -> its transcripts' distinct words, sorted (empty: shards written before they were recorded)
     words: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # Phone targets (pipeline/phones.py): id -> phone, `<blk>` first (empty: the shards hold none),
+    # and where they came from (the lexicon, its kind and checksum, the source, G2P counts)
+    phone_vocabulary: tuple[str, ...] = ()
+    phones: dict = dataclasses.field(default_factory=dict)
 
     def split(self, name: str) -> SplitShards:
         """The split `name`; ValueError naming the manifest and its splits when it has no such split."""
@@ -180,6 +187,8 @@ class ShardSet:
             num_targets=int(manifest.get("num_targets", 0)),
             splits={name: _split(Path(root), name, info, dim) for name, info in manifest["splits"].items()},
             words={name: tuple(words) for name, words in manifest.get("words", {}).items()},
+            phone_vocabulary=tuple(manifest.get("phone_vocabulary", ())),
+            phones=dict(manifest.get("phones", {})),
         )
 
 
@@ -291,9 +300,10 @@ def serialize_chunk(utterances: list[dict], length_class: int, slots: int, frame
         values["quant_min"], values["quant_step"] = quant
     if utterances[0].get("targets") is not None:
         values["targets"] = [t for u in utterances for t in u["targets"]]
-    if utterances[0].get("phonemes") is not None:
-        values["phoneme_lengths"] = [len(u["phonemes"]) for u in utterances] + [0] * empty
-        values["phonemes"] = [p for u in utterances for p in u["phonemes"]]
+    for key in ("phonemes", "phones"):
+        if utterances[0].get(key) is not None:
+            values[f"{key[:-1]}_lengths"] = [len(u[key]) for u in utterances] + [0] * empty
+            values[key] = [p for u in utterances for p in u[key]]
     feature = {key: _feature(key, v) for key, v in values.items()}
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
@@ -335,7 +345,7 @@ def write_shard(path: Path, chunks: Iterable[tuple], compression: str, feature_d
 # Reading
 
 
-def chunk_spec(feature_dtype: str, with_targets: bool, with_phonemes: bool = False) -> dict:
+def chunk_spec(feature_dtype: str, with_targets: bool, with_phonemes: bool = False, with_phones: bool = False) -> dict:
     """The parsing spec of a record (SCHEMA) of shards stored as `feature_dtype`."""
     import tensorflow as tf
 
@@ -345,6 +355,7 @@ def chunk_spec(feature_dtype: str, with_targets: bool, with_phonemes: bool = Fal
         "uint8" if feature_dtype == "uint8" else "",
         "targets" if with_targets else "",
         "phonemes" if with_phonemes else "",
+        "phones" if with_phones else "",
     }
     return {
         key: tf.io.FixedLenFeature([], dtypes[f.kind]) if f.count == "chunk" else tf.io.VarLenFeature(dtypes[f.kind])
@@ -361,7 +372,13 @@ def parse_class(serialized):
 
 
 def parse_chunks(
-    serialized, frames, dim: int, feature_dtype: str, with_targets: bool = False, with_phonemes: bool = False
+    serialized,
+    frames,
+    dim: int,
+    feature_dtype: str,
+    with_targets: bool = False,
+    with_phonemes: bool = False,
+    with_phones: bool = False,
 ) -> dict:
     """A batch of serialized chunks of ONE class [k] -> their slots, in order (empty ones included).
 
@@ -369,11 +386,12 @@ def parse_chunks(
     `utt_id`, `speaker`, `transcript` string [N], `lengths` int32 [N] (0: an empty slot), `feats`
     [N, T, D] in the storage dtype, `dequant` (scale, offset) float32 [N, D] each (x = code * scale
     + offset; 1 and 0 for float storage), `tokens` int32 ragged [N, (label_len)], and when asked
-    for `targets` int32 ragged [N, (frames)] and `phonemes` int32 ragged [N, (phoneme_len)]; N = k * slots.
+    for `targets` int32 ragged [N, (frames)], `phonemes` int32 ragged [N, (phoneme_len)] and `phones`
+    int32 ragged [N, (phone_len)]; N = k * slots.
     """
     import tensorflow as tf
 
-    parsed = tf.io.parse_example(serialized, chunk_spec(feature_dtype, with_targets, with_phonemes))
+    parsed = tf.io.parse_example(serialized, chunk_spec(feature_dtype, with_targets, with_phonemes, with_phones))
     # One decode for the whole batch: the records of one class have blocks of one size.
     feats = tf.reshape(tf.io.decode_raw(parsed["feats"], getattr(tf, feature_dtype)), [-1, frames, dim])
     lengths = tf.cast(parsed["lengths"].values, tf.int32)  # [N]
@@ -403,6 +421,10 @@ def parse_chunks(
     if with_phonemes:
         out["phonemes"] = tf.RaggedTensor.from_row_lengths(
             tf.cast(parsed["phonemes"].values, tf.int32), parsed["phoneme_lengths"].values
+        )
+    if with_phones:
+        out["phones"] = tf.RaggedTensor.from_row_lengths(
+            tf.cast(parsed["phones"].values, tf.int32), parsed["phone_lengths"].values
         )
     return out
 

@@ -13,7 +13,11 @@ and every shard holds the same number of chunks of each class in the same order 
 so every Horovod rank's share has the same mix of lengths and the ranks' batches line up.
 With `--phonemes VOICE` every transcript's phonemes (pipeline/phonemes.py, espeak-ng's in that
 voice's accent) are stored beside its characters, their vocabulary in the manifest: the input of a
-synthesis model with `tts.input: phonemes`.
+synthesis model with `tts.input: phonemes`. With `--phones-from DIR` (a Kaldi dict dir or lang dir)
+every transcript's phone targets over that lexicon's phone table are stored too (pipeline/phones.py):
+what an acoustic model with `asr.targets: phones` learns; `--phone-source espeak` takes them from
+espeak-ng's phonemes of the sentence (with `--phonemes`), `--g2p` lets espeak-ng say the words the
+lexicon lacks.
 Writes are atomic; a re-run with unchanged inputs does nothing and changed inputs rebuild.
 
 This file holds the stage's planning (classes, chunks, balance), writing and its CLI; pass 1, the
@@ -39,7 +43,7 @@ from common import config as configlib
 from common.parallel import worker_pool
 from common.progress import progress as progress_bar
 from pipeline import features as features_stage
-from pipeline import kaldi, phonemes, records, split_validation, text
+from pipeline import kaldi, phonemes, phones, records, split_validation, text
 
 REJECTED = "rejected.tsv"
 
@@ -60,6 +64,13 @@ class ShardConfig:
     # An espeak-ng voice (e.g. "en-us"): every transcript's phonemes in its accent are stored too (a
     # synthesis model's input, `tts.input: phonemes`); "": characters only.
     phonemes: str = ""
+    # A Kaldi dict dir or lang dir: every transcript's phone targets over its phone table are stored
+    # too (pipeline/phones.py; an acoustic model with `asr.targets: phones`); "": none.
+    phones_from: str = ""
+    # Where a transcript's phones come from: "lexicon" (each word's most probable pronunciation) or
+    # "espeak" (espeak-ng's phonemes of the sentence in context: needs `phonemes`)
+    phone_source: str = "lexicon"
+    g2p: bool = False  # "lexicon": espeak-ng says the words the lexicon lacks (counted per split)
     # How features are stored: "uint8" (a quarter of the bytes: 8-bit codes per chunk and dimension,
     # as Kaldi's compressed matrices), "float16" (half) or "float32" (exact).
     feature_dtype: str = "uint8"
@@ -75,6 +86,8 @@ class ShardConfig:
             )
         if self.chunk_utterances < 1 or self.length_classes < 1 or self.num_shards < 1:
             raise ValueError("num_shards, chunk_utterances and length_classes must be at least 1")
+        if self.phone_source not in phones.SOURCES:
+            raise ValueError(f"phone_source must be one of {phones.SOURCES}, got {self.phone_source!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +162,7 @@ def plan_layout(
 
 
 def _examples(utts, entries, vocabulary, targets, phoneme_ids, cfg: ShardConfig) -> Iterator[dict]:
+    """`phoneme_ids`: None, or {utt: (phoneme ids or None, phone ids or None)}."""
     for utt in utts:
         entry = entries[utt]
         transcript = text.normalize_transcript(entry.transcript, cfg.lowercase)
@@ -159,7 +173,8 @@ def _examples(utts, entries, vocabulary, targets, phoneme_ids, cfg: ShardConfig)
             "transcript": transcript,
             "tokens": text.encode(transcript, vocabulary),
             "targets": None if targets is None else split_validation.load_targets(targets[utt]).tolist(),
-            "phonemes": None if phoneme_ids is None else phoneme_ids[utt],
+            "phonemes": None if phoneme_ids is None else phoneme_ids[utt][0],
+            "phones": None if phoneme_ids is None else phoneme_ids[utt][1],
         }
 
 
@@ -202,7 +217,8 @@ def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: Shar
         "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
         "code": fsutil.code_version(sys.modules[__name__], split_validation, kaldi, records, text, phonemes),
         # the phonemes are espeak-ng's: another version may write other ones
-        "phonemizer": phonemes.version() if cfg.phonemes else "",
+        "phonemizer": phonemes.version() if cfg.phonemes or cfg.g2p else "",
+        "phone_table": phones.open_table(cfg.phones_from).sha256 if cfg.phones_from else "",
     }
 
 
@@ -226,8 +242,14 @@ def make_shards(
         raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
     given = text.load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
     if given is not None:
-        # transcripts normalized as the model's were, and phonemes written when it reads them
-        cfg = dataclasses.replace(cfg, lowercase=given["lowercase"], phonemes=cfg.phonemes or given["phonemes"])
+        # transcripts normalized as the model's were, and phonemes and phones written when it reads them
+        cfg = dataclasses.replace(
+            cfg,
+            lowercase=given["lowercase"],
+            phonemes=cfg.phonemes or given["phonemes"],
+            phones_from=cfg.phones_from or given["phones"].get("from", ""),
+            phone_source=given["phones"].get("source", cfg.phone_source),
+        )
     elif cfg.vocabulary_split not in splits:
         raise ValueError(
             f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}"
@@ -294,7 +316,7 @@ def make_shards(
                 [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
             )
 
-        phoneme_vocabulary, phoneme_ids = _phonemes(plans, cfg, given)
+        phoneme_vocabulary, phoneme_ids, phone_info = _phonemes(plans, cfg, given)
         tasks, layouts = [], {}
         for name, plan in plans.items():
             count = max(1, min(cfg.num_shards, len(plan.entries)))
@@ -306,7 +328,7 @@ def make_shards(
                 utts = [u for _, chunk in chunks for u in chunk]
                 own = {u: plan.entries[u] for u in utts}
                 own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
-                own_phonemes = {u: phoneme_ids[name][u] for u in utts} if phoneme_ids else None
+                own_phonemes = {u: phoneme_ids[name, u] for u in utts} if phoneme_ids else None
                 tasks.append((path, chunks, layout.classes, own, vocabulary, own_targets, own_phonemes, cfg))
         written: dict[str, list] = collections.defaultdict(list)
         total = sum(len(t[3]) for t in tasks)
@@ -327,6 +349,7 @@ def make_shards(
         "lowercase": cfg.lowercase,
         "phonemes": cfg.phonemes,
         "phoneme_vocabulary": phoneme_vocabulary,
+        **phone_info,  # phone_vocabulary and phones, with --phones-from
         "num_targets": split_validation.num_targets(plans),
         # Each split's distinct words: a model records its training split's, so that evaluation can
         # tell the words it never heard (models/asr/evaluation.py's out-of-vocabulary figures).
@@ -364,23 +387,45 @@ def make_shards(
     return {**manifest, "skipped": False}
 
 
-def _phonemes(plans: dict, cfg: ShardConfig, given: dict | None) -> tuple[list[str], dict[str, dict[str, list[int]]]]:
-    """(phoneme vocabulary, {split: {utterance: phoneme ids}}) of every transcript, in one espeak-ng
-    call; ([], {}) when the shards hold no phonemes. The vocabulary is the given one (a model's, for
-    a new test set) when it has one, else that of the vocabulary split's phonemes."""
-    if not cfg.phonemes:
-        return [], {}
+def _phonemes(plans: dict, cfg: ShardConfig, given: dict | None) -> tuple[list[str], dict, dict]:
+    """(phoneme vocabulary, {(split, utterance): (phoneme ids or None, phone ids or None)}, the
+    manifest's phone keys) of every transcript, espeak-ng called once; ([], {}, {}) when the shards
+    hold neither. The phoneme vocabulary is the given one (a model's, for a new test set) when it has
+    one, else that of the vocabulary split's phonemes; the phones are pipeline/phones.py's."""
+    if not cfg.phonemes and not cfg.phones_from:
+        return [], {}, {}
     keys = [(name, utt) for name, plan in plans.items() for utt in plan.entries]
-    transcripts = [text.normalize_transcript(plans[n].entries[u].transcript, cfg.lowercase) for n, u in keys]
-    symbols = dict(zip(keys, phonemes.phonemize(transcripts, cfg.phonemes)))
+    transcripts = {(n, u): text.normalize_transcript(plans[n].entries[u].transcript, cfg.lowercase) for n, u in keys}
+    symbols = dict(zip(keys, phonemes.phonemize(list(transcripts.values()), cfg.phonemes))) if cfg.phonemes else {}
+    vocabulary: list[str] = []
     if given is not None and given["phoneme_vocabulary"]:
         vocabulary = given["phoneme_vocabulary"]
-    else:
+    elif symbols:
         vocabulary = text.build_vocabulary([s for (n, _), s in symbols.items() if n == cfg.vocabulary_split])
-    ids: dict[str, dict[str, list[int]]] = collections.defaultdict(dict)
-    for (name, utt), phones in symbols.items():
-        ids[name][utt] = text.encode(phones, vocabulary)
-    return vocabulary, dict(ids)
+    phone_ids, info = _phones(transcripts, symbols, cfg, given) if cfg.phones_from else ({}, {})
+    ids = {key: (text.encode(symbols[key], vocabulary) if symbols else None, phone_ids.get(key)) for key in keys}
+    return vocabulary, ids, info
+
+
+def _phones(transcripts: dict, symbols: dict, cfg: ShardConfig, given: dict | None) -> tuple[dict, dict]:
+    """({(split, utterance): phone ids}, the manifest's `phone_vocabulary` and `phones`) of the
+    lexicon `cfg.phones_from` (pipeline/phones.py). ValueError when a given model's output layer is
+    another table's."""
+    table = phones.open_table(cfg.phones_from)
+    if given is not None and given["phone_vocabulary"] and tuple(given["phone_vocabulary"]) != table.outputs:
+        raise ValueError(
+            f"{cfg.phones_from}: its phone table is not the output layer of {cfg.vocabulary_from}; shard with "
+            "the lexicon (or lang dir) the model was trained with"
+        )
+    g2p_words: dict[str, int] = {}
+    if cfg.phone_source == "espeak":
+        if not symbols:
+            raise ValueError("phone_source espeak takes espeak-ng's phonemes of each sentence: give --phonemes VOICE")
+        ids = phones.ids_from_espeak(symbols, table)
+    else:
+        ids, g2p_words = phones.ids_from_lexicon(transcripts, table, cfg.g2p, cfg.phonemes or phonemes.DEFAULT_VOICE)
+    info = {**table.describe(), "source": cfg.phone_source, "g2p_words": g2p_words}
+    return ids, {"phone_vocabulary": list(table.outputs), "phones": info}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,6 +457,19 @@ def main(argv: list[str] | None = None) -> int:
         help="store every transcript's phonemes too, in this espeak-ng voice's accent (e.g. en-us): "
         "the input of a synthesis model with tts.input=phonemes",
     )
+    parser.add_argument(
+        "--phones-from",
+        metavar="DIR",
+        help="store every transcript's phone targets too, over this Kaldi dict dir's or lang dir's phone table "
+        "(an acoustic model with asr.targets=phones)",
+    )
+    parser.add_argument(
+        "--phone-source",
+        choices=phones.SOURCES,
+        help="lexicon: each word's most probable pronunciation (default); espeak: espeak-ng's phonemes of the "
+        "sentence (needs --phonemes)",
+    )
+    parser.add_argument("--g2p", action="store_true", help="espeak-ng says the words the lexicon lacks (counted)")
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of feats.scp as shell commands")
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "ShardConfig")
@@ -428,6 +486,9 @@ def _main(args: argparse.Namespace) -> None:
         "allow_pipes": args.allow_pipes or None,
         "vocabulary_from": args.vocabulary_from,
         "phonemes": args.phonemes,
+        "phones_from": args.phones_from,
+        "phone_source": args.phone_source,
+        "g2p": args.g2p or None,
         "jobs": args.jobs,
     }
     cfg = configlib.load(ShardConfig, args.config, args.set, flags=flags)

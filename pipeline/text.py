@@ -51,8 +51,8 @@ def pad_batch(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_vocabulary(path: str | Path) -> dict:
-    """{"vocabulary": [...], "lowercase": bool, "phonemes": voice, "phoneme_vocabulary": [...] ("" and
-    empty: none)} of a trained model or of shards (`--vocabulary-from`): `path` is a training workdir,
+    """{"vocabulary": [...], "lowercase": bool, "phonemes": voice, "phoneme_vocabulary": [...],
+    "phone_vocabulary": [...], "phones": {...} ("" and empty: none)} of a trained model or of shards (`--vocabulary-from`): `path` is a training workdir,
     its model/ directory or model/data.json, a shards directory or its manifest.json."""
     path = Path(path)
     tried = [path] if path.is_file() else [path / records.MANIFEST, path / "data.json", path / "model" / "data.json"]
@@ -64,6 +64,8 @@ def load_vocabulary(path: str | Path) -> dict:
                 "lowercase": bool(value.get("lowercase", True)),
                 "phonemes": str(value.get("phonemes", "")),
                 "phoneme_vocabulary": list(value.get("phoneme_vocabulary", [])),
+                "phone_vocabulary": list(value.get("phone_vocabulary", [])),
+                "phones": dict(value.get("phones", {})),
             }
     raise FileNotFoundError(
         f"--vocabulary-from {path}: none of {[str(t) for t in tried]} holds a vocabulary; name a training "

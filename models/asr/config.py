@@ -13,6 +13,8 @@ import dataclasses
 from common.config import ARCHITECTURE
 from pipeline.augment_config import CopiesConfig
 
+TARGETS = ("chars", "phones")
+
 
 @dataclasses.dataclass(frozen=True)
 class AugmentConfig:
@@ -55,7 +57,11 @@ class AsrConfig:
     feature_dim: int = 80  # input features per frame (read from the manifest at training time)
     vocab_size: int = 0  # output tokens including the CTC blank (0: from the manifest)
     num_targets: int = 0  # pdf ids for frame cross-entropy (0: from the manifest)
-    loss: str = "ctc"  # "ctc" over characters, or "frame_ce" over alignment targets
+    loss: str = "ctc"  # "ctc" over `targets`, or "frame_ce" over alignment targets
+    # What CTC learns to emit: "chars" (the transcript's characters) or "phones" (its phone targets
+    # over a lexicon's phone table, shards written with --phones-from: pipeline/phones.py); a phone
+    # model spells words only through its decoding graph (models/asr/hlg.py)
+    targets: str = "chars"
     # "stack": neighbouring frames stacked into one vector, every `subsample`-th kept (a linear
     # front-end: the first LSTM's input kernel); "conv": two strided 1-D convolutions over time
     # (ReLU, `conv_channels` each; strides 2 and subsample/2), a learned front-end of few FLOPs
@@ -80,6 +86,12 @@ class AsrConfig:
     lstm_grad_matmuls: str = "float32"
     # Augmentation of the training step's features: not architecture (a resumed run may change it)
     augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig, metadata={ARCHITECTURE: False})
+
+    def __post_init__(self):
+        if self.targets not in TARGETS:
+            raise ValueError(f"targets must be one of {TARGETS}, got {self.targets!r}")
+        if self.targets == "phones" and self.loss != "ctc":
+            raise ValueError(f"targets phones is for loss ctc, not {self.loss!r}")
 
     @property
     def audio_copies(self) -> CopiesConfig | None:

@@ -1,5 +1,10 @@
 """The acoustic model as the trainer sees it (models/interfaces.py `Task`): build the network, make
-the batches, compute the CTC (or frame) loss, count the frames, decode a dev batch."""
+the batches, compute the CTC (or frame) loss, count the frames, decode a dev batch.
+
+With `targets: chars` CTC learns the transcript's characters (the batch's `tokens`) and the best
+weights are those of the lowest dev CER; with `targets: phones` it learns the phone targets the
+shards hold over a lexicon's phone table (`phones`, pipeline/phones.py), its output layer is that
+table, and the best weights are those of the lowest dev phone error rate (PER)."""
 
 from __future__ import annotations
 
@@ -18,17 +23,26 @@ def resolve_asr(config: asr.AsrConfig, shards: records.ShardSet) -> asr.AsrConfi
     loss = config.loss
     if loss == "frame_ce" and not (config.num_targets or shards.num_targets):
         raise ValueError("loss=frame_ce needs shards with frame targets: re-shard with --alignments train=ali.scp")
+    if config.targets == "phones" and not shards.phone_vocabulary:
+        raise ValueError(
+            f"asr.targets phones needs shards with phone targets; {shards.root} has none: shard again with "
+            "--phones-from DICT_OR_LANG_DIR (python -m pipeline.shards)"
+        )
     return dataclasses.replace(
         config,
         feature_dim=shards.feature_dim,
-        vocab_size=config.vocab_size or len(shards.vocabulary),
+        vocab_size=config.vocab_size or len(outputs_of(config, shards)),
         num_targets=config.num_targets or shards.num_targets,
     )
 
 
+def outputs_of(config: AsrConfig, shards: records.ShardSet) -> tuple[str, ...]:
+    """The output layer's symbols in id order: the characters, or `<blk>` and the phones."""
+    return shards.phone_vocabulary if config.targets == "phones" else shards.vocabulary
+
+
 class AsrTask:
     name = "asr"
-    selection_metric = "dev_cer"
     profile_every = False
 
     # what a dev batch adds up: the loss and the error counts behind CER and WER
@@ -37,17 +51,22 @@ class AsrTask:
     @classmethod
     def create(cls, config, shards: records.ShardSet, eval_config=None) -> AsrTask:
         """The task of TrainConfig `config`, sized from `shards` (its vocabulary decodes dev batches)."""
-        return cls(resolve_asr(config.settings, shards), list(shards.vocabulary))
+        settings = resolve_asr(config.settings, shards)
+        return cls(settings, list(outputs_of(settings, shards)), shards.phones)
 
     def resolved(self, config):
         return dataclasses.replace(config, settings=self.config)
 
     def model_data(self) -> dict:
-        return {"voices": []}
+        """What data.json adds for this model: its targets, output layer and phone source."""
+        return {"voices": [], "targets": self.config.targets, "outputs": list(self.vocabulary), "phones": self.phones}
 
-    def __init__(self, config: AsrConfig, vocabulary: list[str] | None = None):
+    def __init__(self, config: AsrConfig, vocabulary: list[str] | None = None, phones: dict | None = None):
         self.config = config
-        self.vocabulary = vocabulary or []
+        self.vocabulary = vocabulary or []  # the output layer's symbols: characters, or <blk> and phones
+        self.phones = phones or {}  # the shards' record of the lexicon the phone targets came from
+        self.phone_targets = config.targets == "phones"
+        self.selection_metric = "dev_per" if self.phone_targets else "dev_cer"
         # the training step's augmentation settings (SpecAugment, VTLP); None: none
         self.augment = config.augment if config.augment.enabled else None
 
@@ -120,30 +139,40 @@ class AsrTask:
         if self.config.loss == "frame_ce":
             loss = asr.frame_ce_loss(logits, lengths, batch["targets"], self.config.subsample)
             return loss, {}
-        loss, infeasible = asr.ctc_loss(
-            logits, lengths, batch["tokens"], batch["token_lengths"], self.config.ctc_labels
-        )
+        labels, label_lengths = self.labels(batch)
+        loss, infeasible = asr.ctc_loss(logits, lengths, labels, label_lengths, self.config.ctc_labels)
         return loss, {"infeasible_utterances": infeasible}
+
+    def labels(self, batch) -> tuple[tf.Tensor, tf.Tensor]:
+        """CTC's targets of a batch: (ids int32 [B, L] 0-padded, lengths int32 [B])."""
+        if self.phone_targets:
+            return batch["phones"], batch["phone_lengths"]
+        return batch["tokens"], batch["token_lengths"]
+
+    def strings(self, ids) -> list[str]:
+        """Output ids of each utterance -> its transcript: characters joined, or phones joined by " "
+        (so that the word error rate of phone strings is the phone error rate)."""
+        if self.phone_targets:
+            return [" ".join(self.vocabulary[i] for i in row if 0 < i < len(self.vocabulary)) for row in ids]
+        return [text.decode(row, self.vocabulary) for row in ids]
 
     def dev_counts(self, model, batch) -> dict[str, float]:
         """A dev batch's loss and the error counts of its greedy transcripts, from one compiled forward
         pass (`asr.compiled`: an eager pass steps every LSTM through time in Python)."""
         logits, lengths = asr.compiled(model, self.config.feature_dim)(self.features(batch), batch["feat_lengths"])
         loss, _ = self._loss_of(logits, lengths, batch)
-        hyps = [text.decode(h, self.vocabulary) for h in asr.greedy_decode(logits.numpy(), lengths.numpy())]
-        tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
-        refs = ["".join(self.vocabulary[t] for t in row[:n]) for row, n in zip(tokens, token_lengths)]
+        hyps = self.strings(asr.greedy_decode(logits.numpy(), lengths.numpy()))
+        labels, label_lengths = (t.numpy() for t in self.labels(batch))
+        refs = self.strings([row[:n] for row, n in zip(labels, label_lengths)])
         rates = scoring.error_rates(refs, hyps)
         return {"loss_sum": float(loss), "batches": 1.0, **{k: rates[k] for k in scoring.COUNTS}}
 
     def dev_metrics(self, counts: dict[str, float]) -> dict[str, float]:
         rates = scoring.rates_of(counts)
-        return {
-            "dev_loss": counts["loss_sum"] / max(1.0, counts["batches"]),
-            "dev_cer": rates["cer"],
-            "dev_wer": rates["wer"],
-            "dev_utterances": int(counts["utterances"]),
-        }
+        loss = {"dev_loss": counts["loss_sum"] / max(1.0, counts["batches"])}
+        if self.phone_targets:  # the phone strings' word error rate is the PER
+            return {**loss, "dev_per": rates["wer"], "dev_utterances": int(counts["utterances"])}
+        return {**loss, "dev_cer": rates["cer"], "dev_wer": rates["wer"], "dev_utterances": int(counts["utterances"])}
 
     def flops_per_frame(self) -> float:
         return asr.flops_per_frame(self.config)
