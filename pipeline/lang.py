@@ -15,6 +15,9 @@ kaldilm (icefall itself imports torch). From a Kaldi dict dir (`--dict`) it writ
 From a Kaldi lang dir (`--lang`: `phones.txt`, `words.txt`, `L_disambig.fst`) its L is used as it is,
 and the output layer is `phones.txt` less `<eps>` and the `#k` symbols, silence and position
 variants (`_B/_E/_I/_S`) kept, after `<blk>`.
+`lang.json` records the graph's size and checksum (the decoder refuses another file), the counts
+below, and the optional silence between words (the dict dir's `optional_silence.txt`, a lang dir's
+`phones/optional_silence.txt` when it has one), which a CTM leaves out of the words' times.
 
 Labels: an FST input label is a token id + 1, so that 0 stays epsilon and the CTC blank is 1
 (kaldi-decoder's `DecodableCtc` reads column `ilabel - 1`); an output label is a words.txt id.
@@ -38,7 +41,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import kaldifst
-import kaldilm
 
 from common import cli, fsutil
 from common import config as configlib
@@ -51,6 +53,7 @@ TOKENS, WORDS, LEXICON_DISAMBIG = "tokens.txt", "words.txt", "lexicon_disambig.t
 L_FST, L_DISAMBIG, G_FST, HLG_FST = "L.fst", "L_disambig.fst", "G.fst", "HLG.fst"
 RECORD = "lang.json"  # the done-marker, and the graph's size and checksum the decoder checks
 PHONES = "phones.txt"  # a Kaldi lang dir's phone table
+KALDI_OPTIONAL_SILENCE = "phones/optional_silence.txt"  # in a Kaldi lang dir: the phone L puts between words
 
 __all__ = ["BLANK", "HLG_FST", "RECORD", "TOKENS", "WORDS", "LangConfig", "Tables", "build", "main"]
 
@@ -170,6 +173,8 @@ def make_ctc_topo(tables: Tables) -> kaldifst.StdVectorFst:
 def make_grammar_fst(arpa: Path, words_txt: Path) -> kaldifst.StdVectorFst:
     """G from an ARPA file over words.txt's ids, `#0` on its back-off arcs and the sentence ends as
     epsilon (kaldilm's arpa2fst, Kaldi's); n-grams with a word words.txt lacks are skipped."""
+    import kaldilm  # here, not at the top: decoding with a built graph (models/asr/hlg.py) needs no kaldilm
+
     text = kaldilm.arpa2fst(str(arpa), disambig_symbol="#0", read_symbol_table=str(words_txt))
     if not text.strip():
         raise ValueError(f"{arpa}: no n-gram of it has only words of {words_txt}; is it the LM of this lexicon?")
@@ -301,13 +306,31 @@ def _from_dict(dict_dir: Path, arpa: Path, config: LangConfig, tmp: Path) -> dic
     l_disambig.write(str(tmp / L_DISAMBIG))
     lines = [f"{e.word} {e.prob:.6g} {' '.join(e.phones)}" for e in entries]
     fsutil.atomic_write_text(tmp / LEXICON_DISAMBIG, "".join(f"{line}\n" for line in lines))
-    return {"tables": tables, "L": l_disambig, "g2p_filled": len(filled), "lm_words_unspelled": len(unspelled)}
+    return {
+        "tables": tables,
+        "L": l_disambig,
+        "g2p_filled": len(filled),
+        "lm_words_unspelled": len(unspelled),
+        "optional_silence": silence,
+    }
 
 
 def _from_lang(lang_dir: Path, arpa: Path) -> dict:
     tables, l_disambig = read_lang_dir(lang_dir)
     unspelled = arpa_vocabulary(arpa) - set(tables.words)
-    return {"tables": tables, "L": l_disambig, "g2p_filled": 0, "lm_words_unspelled": len(unspelled)}
+    optional = lang_dir / KALDI_OPTIONAL_SILENCE
+    silence = optional.read_text(encoding="utf-8").strip() if optional.is_file() else None
+    if silence is not None and silence not in tables.tokens:
+        raise ValueError(
+            f"{optional}: {silence!r} is not a phone of {lang_dir / PHONES}; write the phone L puts between words"
+        )
+    return {
+        "tables": tables,
+        "L": l_disambig,
+        "g2p_filled": 0,
+        "lm_words_unspelled": len(unspelled),
+        "optional_silence": silence,
+    }
 
 
 def _inputs(source: Path, arpa: Path) -> list[Path]:
@@ -320,6 +343,7 @@ def _inputs(source: Path, arpa: Path) -> list[Path]:
         PHONES,
         WORDS,
         L_DISAMBIG,
+        KALDI_OPTIONAL_SILENCE,
     ]
     return [Path(arpa)] + [Path(source) / n for n in names]
 
@@ -383,6 +407,8 @@ def _build_into(source: Path, arpa: Path, tmp: Path, config: LangConfig, kind: s
         "words": len(tables.words),
         "g2p_filled": parts["g2p_filled"],
         "lm_words_unspelled": parts["lm_words_unspelled"],
+        # the token between words that is no word's (a CTM leaves it out of the words' times); None: unknown
+        "optional_silence": parts["optional_silence"],
         "hlg": {
             "file": HLG_FST,
             "sha256": fsutil.file_sha256(tmp / HLG_FST),
