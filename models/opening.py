@@ -100,8 +100,10 @@ def load_model_dir(model_dir: Path):
     task = catalog.task_class(config.model).create(config, sizes)
     model = task.build()
     checkpoint.restore(weights, model.weights, owners=(model.name,))
-    if (model_dir / "lm" / "lm.json").is_file():
-        data["lm_dir"] = str(model_dir / "lm")  # an attached word LM (models/asr/lm.py `attach`)
+    data["model_dir"] = str(model_dir)  # what errors about the model name (models/asr/lm.py `choose`)
+    # an attached word LM: an n-gram's (lm.json) or a lang dir's graph (lang.json; models/asr/lm.py `attach`)
+    if any((model_dir / "lm" / record).is_file() for record in ("lm.json", "lang.json")):
+        data["lm_dir"] = str(model_dir / "lm")
     return model, config, data
 
 

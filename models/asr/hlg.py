@@ -14,17 +14,21 @@ build's), or when its tokens.txt does not match the model's outputs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import kaldi_decoder
 import kaldifst
 import numpy as np
 
+# kaldifst's `ArcIterator` takes vector FSTs only; the iterator of the Lattice a search's best path is
+# is bound, but not exported (kaldifst 1.8.3). `HlgDecoder.align` walks the path with it.
+from kaldifst.lib._kaldifst import _ArcIteratorLattice as _LatticeArcs
+
 from common import fsutil
 from pipeline import lang as langstage
 
-__all__ = ["HlgDecoder", "HlgDecoding", "HlgGraph", "load_graph"]
+__all__ = ["GraphDecoder", "HlgDecoder", "HlgDecoding", "HlgGraph", "graph_record", "load_graph", "tune"]
 
 _REBUILD = "build it with `python -m pipeline.lang --dict DIR | --lang DIR --arpa LM --out DIR`"
 
@@ -54,6 +58,7 @@ class HlgGraph:
     fst: kaldifst.StdVectorFst = dataclasses.field(compare=False, repr=False)
     tokens: tuple[str, ...]  # tokens.txt in id order: <blk>, the outputs, #k
     words: tuple[str, ...]  # words.txt in id order
+    record: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # lang.json
 
     @property
     def num_outputs(self) -> int:
@@ -67,10 +72,7 @@ def load_graph(lang_dir: Path, num_outputs: int, outputs: Sequence[str] | None =
     FileNotFoundError when a file is missing; ValueError when HLG.fst is not the file lang.json
     records (truncated or foreign) or the tokens do not match the model."""
     lang_dir = Path(lang_dir)
-    path = lang_dir / langstage.HLG_FST
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; {_REBUILD}")
-    _check_record(lang_dir, path)
+    record = graph_record(lang_dir)
     tokens = langstage.read_table(lang_dir / langstage.TOKENS)
     words = langstage.read_table(lang_dir / langstage.WORDS)
     graph_outputs = langstage.Tables(tokens, words).num_outputs
@@ -89,15 +91,20 @@ def load_graph(lang_dir: Path, num_outputs: int, outputs: Sequence[str] | None =
             f"{lang_dir / langstage.TOKENS}:{differ + 1}: token {tokens[differ]!r} where the model's output {differ} "
             f"is {outputs[differ]!r}; {_REBUILD} from the lexicon (or lang dir) the model was trained with"
         )
+    path = lang_dir / langstage.HLG_FST
     fst = kaldifst.StdVectorFst.read(str(path))  # None, with OpenFst's reason on stderr, when unreadable
     if fst is None:
         raise ValueError(f"{path}: not an OpenFst vector FST; {_REBUILD}")
-    return HlgGraph(lang_dir, fst, tokens, words)
+    return HlgGraph(lang_dir, fst, tokens, words, record)
 
 
-def _check_record(lang_dir: Path, path: Path) -> None:
-    """The graph is the one lang.json describes: a copy cut short or another build's is refused
-    before OpenFst reads it."""
+def graph_record(lang_dir: str | Path) -> dict:
+    """A lang dir's record (lang.json), once its HLG.fst is checked to be the file it describes: a
+    copy cut short or another build's is refused before OpenFst reads it."""
+    lang_dir = Path(lang_dir)
+    path = lang_dir / langstage.HLG_FST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; {_REBUILD}")
     record = fsutil.read_json(lang_dir / langstage.RECORD)
     if not isinstance(record, dict) or not isinstance(record.get("hlg"), dict):
         raise FileNotFoundError(
@@ -115,20 +122,66 @@ def _check_record(lang_dir: Path, path: Path) -> None:
             f"{path}: its checksum is not the one {langstage.RECORD} records (another build's "
             f"graph); copy the lang dir again whole, or {_REBUILD}"
         )
+    return record
 
 
 class HlgDecoder:
     """Decodes CTC log-posteriors into words; one decoder serves many utterances (a search of its
     own per call, so calls from several threads do not share state)."""
 
-    def __init__(self, graph: HlgGraph, settings: HlgDecoding = HlgDecoding()):
+    def __init__(self, graph: HlgGraph, settings: HlgDecoding = HlgDecoding(), fst=None):
         self.graph = graph
         self.settings = settings
-        self._fst = _with_word_penalty(graph.fst, settings.word_penalty)
+        # `fst`: the graph with this word penalty already added (`with_settings` passes it on)
+        self._fst = fst if fst is not None else _with_word_penalty(graph.fst, settings.word_penalty)
         self._options = kaldi_decoder.FasterDecoderOptions(beam=settings.beam, max_active=settings.max_active)
+
+    def with_settings(self, settings: HlgDecoding) -> HlgDecoder:
+        """A decoder of the same graph with `settings`; the penalized graph is shared when the word
+        penalty is the same (adding one walks every arc)."""
+        same = settings.word_penalty == self.settings.word_penalty
+        return HlgDecoder(self.graph, settings, self._fst if same else None)
 
     def decode(self, log_probs: np.ndarray) -> list[str]:
         """[frames, outputs] float32 log-posteriors (a log-softmax) -> the best path's words."""
+        best = self._best_path(log_probs)
+        if best is None:
+            return []
+        ok, _, olabels, _ = kaldifst.get_linear_symbol_sequence(best)
+        return [self.graph.words[w] for w in olabels if w != 0] if ok else []
+
+    def align(self, log_probs: np.ndarray) -> list[tuple[str, int, int]]:
+        """The best path's words with their frames: (word, first frame, end frame exclusive), frames
+        of `log_probs` [frames, outputs].
+
+        A word starts at the frame whose arc emits it: the graph, determinized, emits a word once its
+        phones so far tell it from every other word, so the start is exact for a word whose first
+        phone does, and late by the phones it shares with others otherwise. It ends after its last
+        non-blank frame before the next word starts, the optional silence between words (lang.json's
+        `optional_silence`) left out."""
+        best = self._best_path(log_probs)
+        if best is None:
+            return []
+        silence = self.graph.record.get("optional_silence")
+        skip = {0, 1} | ({self.graph.tokens.index(silence) + 1} if silence in self.graph.tokens else set())
+        spans: list[list] = []  # [word, first frame, end frame]
+        frame, state = 0, best.start
+        while True:
+            arcs = _LatticeArcs(best, state)
+            if arcs.done:
+                break
+            arc = arcs.value
+            if arc.olabel:
+                spans.append([self.graph.words[arc.olabel], frame, frame + 1])
+            if arc.ilabel:  # an arc with an input label reads one frame
+                if spans and arc.ilabel not in skip:
+                    spans[-1][2] = frame + 1
+                frame += 1
+            state = arc.nextstate
+        return [(word, first, end) for word, first, end in spans]
+
+    def _best_path(self, log_probs: np.ndarray):
+        """The search's best path (a linear kaldifst Lattice), or None when there is none."""
         frames = np.asarray(log_probs, dtype=np.float32)
         if frames.ndim != 2 or frames.shape[1] != self.graph.num_outputs:
             raise ValueError(
@@ -136,16 +189,13 @@ class HlgDecoder:
                 "outputs; expected [frames, outputs]"
             )
         if frames.shape[0] == 0:
-            return []
+            return None
         scaled = np.ascontiguousarray(frames * self.settings.acoustic_scale)  # [frames, outputs]
         decoder = kaldi_decoder.FasterDecoder(self._fst, self._options)
         decoder.decode(kaldi_decoder.DecodableCtc(scaled))
         # Kaldi's decoders take the best partial path when no final state survived the beam.
         ok, best = decoder.get_best_path(use_final_probs=decoder.reached_final())
-        if not ok:
-            return []
-        ok, _, olabels, _ = kaldifst.get_linear_symbol_sequence(best)
-        return [self.graph.words[w] for w in olabels if w != 0] if ok else []
+        return best if ok else None
 
 
 def _with_word_penalty(fst: kaldifst.StdVectorFst, penalty: float) -> kaldifst.StdVectorFst:
@@ -158,3 +208,79 @@ def _with_word_penalty(fst: kaldifst.StdVectorFst, penalty: float) -> kaldifst.S
             if arc.olabel != 0:
                 arc.weight = kaldifst.TropicalWeight(arc.weight.value + penalty)
     return out
+
+
+class GraphDecoder:
+    """A lang dir's graph for a phone model, with the surface of models/asr/lm.py `LmDecoder` (what
+    `lm.choose` gives a phone model): `decode` utterances into words, `align` them with frames,
+    `describe` the graph for the figures, `coverage` of a split's words, `use` other settings.
+    Settings default to the lang dir's decoding.json (models.tune_lm chooses them)."""
+
+    def __init__(self, lang_dir: str | Path, outputs: Sequence[str], settings: HlgDecoding | None = None):
+        from models.asr import lm
+
+        self.lm_dir = Path(lang_dir)
+        self.graph = load_graph(self.lm_dir, len(outputs), outputs)
+        self.record = self.graph.record
+        self.settings = settings or lm.settings_of(self.lm_dir)
+        self.words = set(self.graph.words) - {langstage.EPS, "#0", "<s>", "</s>"}
+        self._decoder = HlgDecoder(self.graph, self.settings)
+
+    def use(self, settings: HlgDecoding) -> GraphDecoder:
+        """Decodes with `settings` from now on (the graph stays loaded: a grid loads it once)."""
+        self._decoder = self._decoder.with_settings(settings)
+        self.settings = settings
+        return self
+
+    def decode(self, log_probs: Iterable[np.ndarray]) -> list[str]:
+        """The words of each utterance's log-posteriors float32 [T', outputs] (its real frames),
+        space-joined."""
+        return [" ".join(self._decoder.decode(lp)) for lp in log_probs]
+
+    def align(self, log_probs: Iterable[np.ndarray]) -> list[list[tuple[str, int, int]]]:
+        """Per utterance, its words with their output frames (`HlgDecoder.align`)."""
+        return [self._decoder.align(lp) for lp in log_probs]
+
+    def describe(self) -> dict:
+        """What a figure decoded through this graph names: the graph (checksum, size) and the settings."""
+        graph = self.record["hlg"]
+        return {
+            "lm_kind": "hlg",
+            "lm_graph_sha256": graph["sha256"],
+            "lm_graph_bytes": graph["bytes"],
+            "lm_graph_states": graph["states"],
+            "lm_graph_arcs": graph["arcs"],
+            "lm_vocabulary_size": len(self.words),
+            **{f"lm_{k}": v for k, v in dataclasses.asdict(self.settings).items()},
+        }
+
+    def coverage(self, references: Sequence[str]) -> dict:
+        """The share of the references' words outside words.txt (`lm_oov_rate`; the graph can never
+        spell them); `lm_3gram_hit` None: a lang dir keeps no n-grams of its LM's text."""
+        from models.asr import lm
+
+        return lm.coverage_of(self.words, None, references)
+
+
+def tune(
+    references: Sequence[str],
+    log_probs: Sequence[np.ndarray],
+    decoder: GraphDecoder,
+    acoustic_scales: Sequence[float],
+    word_penalties: Sequence[float],
+    progress: bool = True,
+) -> tuple[HlgDecoding, list[dict]]:
+    """The grid's best acoustic scale and word penalty by WER against `references` (words; CER breaks
+    a tie) of the model's `log_probs` on a split, and every point's figures; the other settings are
+    `decoder`'s. The forward pass is the caller's, once; each point decodes every utterance."""
+    from common.progress import progress as progress_bar
+    from models.asr.scoring import error_rates
+
+    base, grid = decoder.settings, []
+    points = [(penalty, scale) for penalty in word_penalties for scale in acoustic_scales]  # one penalized graph each
+    for penalty, scale in progress_bar(points, desc="graph grid", unit="point", disable=not progress):
+        settings = dataclasses.replace(base, acoustic_scale=scale, word_penalty=penalty)
+        rates = error_rates(list(references), decoder.use(settings).decode(log_probs))
+        grid.append({"acoustic_scale": scale, "word_penalty": penalty, "wer": rates["wer"], "cer": rates["cer"]})
+    best = min(grid, key=lambda g: (g["wer"], g["cer"]))
+    return dataclasses.replace(base, acoustic_scale=best["acoustic_scale"], word_penalty=best["word_penalty"]), grid

@@ -15,6 +15,12 @@ An LM travels with its acoustic model when it is attached (`attach`, `models.tun
 copy in the model directory's `lm/`, which the MLflow model logged from that directory carries to
 the registry, so every command that opens the model (evaluation, transcription, the served model)
 decodes with it unless told not to (`--no-lm`, the request param `lm: false`); `choose` says which.
+
+A phone model (its data record's `targets: phones`) decodes into words through a lang dir's HLG
+graph instead (pipeline/lang.py builds it, models/asr/hlg.py `GraphDecoder` decodes with it), by the
+same mechanism: the graph is attached, chosen, tuned (its acoustic scale and word penalty, in
+decoding.json) and tagged as an n-gram is; `is_graph` tells the two kinds of directory apart. A phone
+model spells words only through its graph, so it has no `--no-lm`.
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ from pipeline import lm as lmstage
 from pipeline.text import BLANK, UNK
 
 DECODING = "decoding.json"
+GRAPH_RECORD = "lang.json"  # pipeline/lang.py RECORD, named here so that a char model's LM needs no kaldifst
+GRAPH_FILES = ("HLG.fst", "tokens.txt", "words.txt", GRAPH_RECORD)  # what a phone model decodes with
+TARGETS = ("chars", "phones")  # a model's data record's `targets`: what its output layer spells
 ATTACHED = "lm"  # in a model directory: the LM the model decodes with unless told otherwise (`attach`)
 DATA_KEY = "lm_dir"  # in a loaded model's data record: where its attached LM is (models/opening.py)
+MODEL_KEY = "model_dir"  # in a loaded model's data record: its directory, which errors name (models/opening.py)
 UNK_LABEL = "\u2047"  # how the decoder is told of our `<unk>` id: a label no word holds
 
 
@@ -78,14 +88,27 @@ def record_of(lm_dir: str | Path) -> dict:
     return record
 
 
-def settings_of(lm_dir: str | Path, **overrides) -> LmDecoding:
-    """The decoding settings of an LM: decoding.json's (the tuned ones) or the defaults, then
-    `overrides` that are not None."""
+def settings_of(lm_dir: str | Path, **overrides):
+    """The decoding settings of an LM directory: decoding.json's (the tuned ones) or the defaults,
+    then `overrides` that are not None; an LmDecoding, or for a lang dir (`is_graph`) models/asr/hlg.py's
+    HlgDecoding."""
+    if is_graph(lm_dir):
+        from models.asr.hlg import HlgDecoding as kind
+    else:
+        kind = LmDecoding
     chosen = fsutil.read_json(Path(lm_dir) / DECODING) or {}
-    names = {f.name for f in dataclasses.fields(LmDecoding)}
+    names = {f.name for f in dataclasses.fields(kind)}
     values = {k: v for k, v in chosen.get("settings", {}).items() if k in names}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return LmDecoding(**values)
+    return kind(**values)
+
+
+def is_graph(lm_dir: str | Path) -> bool:
+    """Whether `lm_dir` is a lang dir (pipeline/lang.py: its record lang.json beside HLG.fst), which
+    decodes a phone model, rather than an n-gram's directory (lm.json), which decodes a char model.
+    Its record alone says so: a lang dir whose HLG.fst is missing is still one, and opening it says
+    what is missing."""
+    return (Path(lm_dir) / GRAPH_RECORD).is_file()
 
 
 def labels(vocabulary: Sequence[str]) -> list[str]:
@@ -126,7 +149,7 @@ class LmDecoder:
         """`coverage` of this decoder's LM, from the n-grams it has read already."""
         if self._trigrams is None and self.record["order"] >= 3:
             self._trigrams = ngrams(self.arpa, 3)
-        return _coverage(self.words, self._trigrams, references)
+        return coverage_of(self.words, self._trigrams, references)
 
     def use(self, settings: LmDecoding) -> LmDecoder:
         """Decodes with `settings` from now on (the n-gram stays loaded: a grid loads it once)."""
@@ -189,10 +212,11 @@ def coverage(lm_dir: str | Path, references: Sequence[str]) -> dict:
     3-grams (within a sentence) that its text had (`lm_3gram_hit`; None for an LM of order < 3)."""
     record = record_of(lm_dir)
     arpa = Path(lm_dir) / record["arpa"]["file"]
-    return _coverage(set(unigrams(arpa)), ngrams(arpa, 3) if record["order"] >= 3 else None, references)
+    return coverage_of(set(unigrams(arpa)), ngrams(arpa, 3) if record["order"] >= 3 else None, references)
 
 
-def _coverage(words: set[str], known: set[str] | None, references: Sequence[str]) -> dict:
+def coverage_of(words: set[str], known: set[str] | None, references: Sequence[str]) -> dict:
+    """`coverage` of the references against a vocabulary `words` and word 3-grams `known` (None: unknown)."""
     tokens = [w for r in references for w in r.split()]
     trigrams = [" ".join(ws[i : i + 3]) for r in references for ws in [r.split()] for i in range(len(ws) - 2)]
     return {
@@ -202,39 +226,96 @@ def _coverage(words: set[str], known: set[str] | None, references: Sequence[str]
 
 
 def attach(lm_dir: str | Path, model_dir: str | Path) -> Path:
-    """Copies the LM of `lm_dir` (its ARPA, record and chosen settings) into `model_dir`/lm, replacing
-    any LM attached before; returns that directory."""
+    """Copies the LM of `lm_dir` (an n-gram's ARPA, record and chosen settings; or a lang dir's
+    HLG.fst, tokens.txt, words.txt, lang.json and chosen settings, not its L and G) into
+    `model_dir`/lm, replacing any LM attached before; returns that directory."""
     import shutil
 
-    record = record_of(lm_dir)
-    if not (Path(lm_dir) / DECODING).is_file():
-        raise LmError(f"{Path(lm_dir) / DECODING}: missing: choose the LM's settings first (python -m models.tune_lm)")
+    lm_dir = Path(lm_dir)
+    if is_graph(lm_dir):
+        from models.asr import hlg
+
+        hlg.graph_record(lm_dir)  # a graph cut short or another build's is not attached
+        names = (*GRAPH_FILES, DECODING)
+    else:
+        names = (record_of(lm_dir)["arpa"]["file"], lmstage.RECORD, DECODING)
+    if not (lm_dir / DECODING).is_file():
+        raise LmError(f"{lm_dir / DECODING}: missing: choose the LM's settings first (python -m models.tune_lm)")
     target = Path(model_dir) / ATTACHED
     staging = Path(model_dir) / f".{ATTACHED}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name in (record["arpa"]["file"], lmstage.RECORD, DECODING):
-        shutil.copy2(Path(lm_dir) / name, staging / name)
+    for name in names:
+        shutil.copy2(lm_dir / name, staging / name)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
 
 
 def attached(model_dir: str | Path) -> Path | None:
-    """The LM attached to a model directory, or None."""
+    """The LM (an n-gram's directory or a lang dir) attached to a model directory, or None."""
     target = Path(model_dir) / ATTACHED
-    return target if (target / lmstage.RECORD).is_file() else None
+    return target if (target / lmstage.RECORD).is_file() or is_graph(target) else None
 
 
-def choose(data: dict, lm_dir: str | Path | None = None, no_lm: bool = False) -> LmDecoder | None:
-    """The LM decoder a command uses for a model of `data` (its loaded record): `lm_dir` when given,
-    else the model's attached LM, else none; `no_lm`: none (and an `lm_dir` beside it is an error)."""
+def targets_of(data: dict) -> str:
+    """What a model's output layer spells, from its data record: "chars" (absent: a model of before
+    phone targets) or "phones"."""
+    targets = data.get("targets", "chars")
+    if targets not in TARGETS:
+        raise ValueError(f"data.json: targets {targets!r}, expected one of {', '.join(TARGETS)}")
+    return targets
+
+
+def choose(data: dict, lm_dir: str | Path | None = None, no_lm: bool = False):
+    """The decoder a command uses beside the model of `data` (its loaded record): `lm_dir` when given,
+    else the model's attached one, else none; `no_lm`: none (and an `lm_dir` beside it is an error).
+    A char model decodes with an n-gram (`LmDecoder`); a phone model through a lang dir's graph
+    (models/asr/hlg.py `GraphDecoder`), always: it spells words only that way, so without a graph,
+    or with `no_lm`, it is an error naming the fix. LmError when the LM's kind is not the model's."""
+    phones = targets_of(data) == "phones"
+    model = data.get(MODEL_KEY, "the model")
     if no_lm:
         if lm_dir:
             raise ValueError("both an LM directory and no LM were asked for: give one of them")
+        if phones:
+            raise LmError(
+                f"{model} is a phone model: it spells words only through its decoding graph, never without it"
+            )
         return None
     chosen = lm_dir or data.get(DATA_KEY)
-    return LmDecoder(chosen, data["vocabulary"]) if chosen else None
+    if not chosen:
+        if phones:
+            raise LmError(
+                f"{model} is a phone model with no decoding graph: it spells words only through one. Attach it "
+                f"with `python -m models.tune_lm --model {model} --shards SHARDS --lm LANG_DIR --attach` "
+                "(python -m pipeline.lang builds LANG_DIR)"
+            )
+        return None
+    check_kind(data, chosen)
+    if phones:
+        from models.asr.hlg import GraphDecoder
+
+        return GraphDecoder(chosen, data["outputs"])
+    return LmDecoder(chosen, data["vocabulary"])
+
+
+def check_kind(data: dict, lm_dir: str | Path) -> None:
+    """LmError naming both when `lm_dir` is not the kind of LM the model of `data` decodes with: a
+    lang dir (`is_graph`) for a phone model, an n-gram's directory for a char model."""
+    phones, graph = targets_of(data) == "phones", is_graph(lm_dir)
+    if phones == graph:
+        return
+    model = data.get(MODEL_KEY, "the model")
+    if graph:
+        raise LmError(
+            f"{lm_dir} is a decoding graph (a lang dir: HLG.fst), for a phone model; {model} is a char model, "
+            "which decodes with a word n-gram (python -m pipeline.lm builds one): give that directory instead"
+        )
+    raise LmError(
+        f"{lm_dir} is a word n-gram's directory, for a char model; {model} is a phone model, which spells "
+        "words only through a decoding graph: give a lang dir (python -m pipeline.lang --arpa ... builds one)"
+    )
 
 
 def write_decoding(lm_dir: str | Path, settings: LmDecoding, chosen_on: dict) -> None:
