@@ -9,6 +9,10 @@ arc that emits a word (Kaldi's word insertion penalty): positive values favour f
 A graph is opened with the size of the model's output layer and refused, naming the file and the
 fix, when it is missing, when it is not the HLG.fst its lang.json describes (truncated, another
 build's), or when its tokens.txt does not match the model's outputs.
+
+`GraphDecoder` is the graph as models/asr/lm.py hands it to every command that decodes a phone model
+(`lm.choose`): the surface of the n-gram's `LmDecoder`, its settings from the lang dir's
+decoding.json, which `tune` (models.tune_lm) chooses on a dev split.
 """
 
 from __future__ import annotations
