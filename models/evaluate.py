@@ -6,7 +6,9 @@ runs the model's evaluation (models/asr/evaluation.py, models/tts/evaluation.py)
 
 Acoustic model: CER and WER with greedy and beam-search decoding (and with `--lm DIR`, beam search
 with that word language model: models/asr/lm.py), and a file of hypotheses next to the references, for the test split and, when the shards have them, the noisy test and the test in
-an engine's voices never heard in training (test_engine). Synthesis
+an engine's voices never heard in training (test_engine); for a phone model, the phone error rate
+greedy and by beam search, and WER and CER of its words through its decoding graph
+(models/asr/phone_evaluation.py). Synthesis
 model: mel L1 (teacher-forced) and filterbank cepstral distance (free-running, DTW-aligned) against
 the references, attention plots and a monotonicity measure, predicted-versus-reference mel
 plots, Griffin-Lim audio for a few sentences, and intelligibility: an acoustic model
@@ -246,10 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")
     p.add_argument(
         "--lm",
-        help="asr: a word LM's directory (python -m pipeline.lm): beam search with it is reported too "
-        "(default: the model's attached LM, if any)",
+        help="asr: a word LM's directory (python -m pipeline.lm): beam search with it is reported too; for a "
+        "phone model a lang dir (python -m pipeline.lang) to spell its words through (default: the attached one)",
     )
-    p.add_argument("--no-lm", action="store_true", default=None, help="asr: no LM, not even the model's attached one")
+    p.add_argument(
+        "--no-lm", action="store_true", default=None, help="asr: no LM, not even the model's attached one (chars only)"
+    )
     p.add_argument("--max-utterances", type=int, help="tts: utterances to synthesize (default 100)")
     p.add_argument("--num-audio", type=int, help="tts: sentences to render as audio with Griffin-Lim (default 3)")
     p.add_argument(

@@ -231,17 +231,19 @@ def _logged_model_uri(run_id: str, experiment_id: str) -> str:
     return f"models:/{max(models, key=lambda m: m.creation_timestamp).model_id}"
 
 
-LM_TAG = "speechflow.lm"  # on a logged model: the attached LM it carries (its text, order and settings)
+LM_TAG = "speechflow.lm"  # on a logged model: the attached LM it carries (its text or graph, and settings)
 
 
 def _lm_tags(model_dir: Path) -> dict[str, str]:
     """The model version's tags of its attached LM: its text's sha256, order, vocabulary size and the
-    settings chosen for it (none without an LM)."""
+    settings chosen for it; a phone model's graph's (`_graph_tags`); none without an LM."""
     from models.asr import lm
 
     attached = lm.attached(model_dir)
     if attached is None:
         return {}
+    if lm.is_graph(attached):
+        return _graph_tags(attached)
     record, settings = lm.record_of(attached), lm.settings_of(attached)
     chosen = (read_json(attached / lm.DECODING) or {}).get("chosen_on", {})
     return {
@@ -250,6 +252,24 @@ def _lm_tags(model_dir: Path) -> dict[str, str]:
         "speechflow.lm.vocabulary_size": str(record["text"]["vocabulary_size"]),
         "speechflow.lm.weight": repr(settings.weight),
         "speechflow.lm.word_bonus": repr(settings.word_bonus),
+        "speechflow.lm.chosen_on": str(chosen.get("split", "")),
+    }
+
+
+def _graph_tags(attached: Path) -> dict[str, str]:
+    """The tags of a phone model's attached decoding graph (models/asr/hlg.py): its kind, checksum,
+    size and words, and the acoustic scale and word penalty chosen for it."""
+    from models.asr import hlg, lm
+
+    record, settings = hlg.graph_record(attached), lm.settings_of(attached)
+    chosen = (read_json(attached / lm.DECODING) or {}).get("chosen_on", {})
+    return {
+        "speechflow.lm.kind": "hlg",
+        "speechflow.lm.graph_sha256": record["hlg"]["sha256"],
+        "speechflow.lm.graph_bytes": str(record["hlg"]["bytes"]),
+        "speechflow.lm.words": str(record["words"]),
+        "speechflow.lm.acoustic_scale": repr(settings.acoustic_scale),
+        "speechflow.lm.word_penalty": repr(settings.word_penalty),
         "speechflow.lm.chosen_on": str(chosen.get("split", "")),
     }
 

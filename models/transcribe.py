@@ -21,13 +21,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, help="a Kaldi data directory (wav.scp, utt2spk, [segments])")
     parser.add_argument("files", nargs="*", type=Path, help="audio files (instead of --data-dir)")
     parser.add_argument("--out", type=Path, required=True, help="directory for text, ctm and rejected.tsv")
-    parser.add_argument("--beam-width", type=int, default=0, help="CTC beam search of this width (0: greedy)")
+    parser.add_argument(
+        "--beam-width", type=int, default=0, help="CTC beam search of this width (0: greedy); a char model only"
+    )
     parser.add_argument(
         "--lm",
         type=Path,
-        help="a word LM's directory (python -m pipeline.lm): beam search with it (default: the model's attached LM)",
+        help="a word LM's directory (python -m pipeline.lm): beam search with it; for a phone model a lang dir "
+        "(python -m pipeline.lang), the graph it spells words through (default: the model's attached one)",
     )
-    parser.add_argument("--no-lm", action="store_true", help="decode without an LM, even the model's attached one")
+    parser.add_argument(
+        "--no-lm", action="store_true", help="decode without an LM, even the model's attached one; a char model only"
+    )
     parser.add_argument("--allow-pipes", action="store_true", help="run wav.scp commands that are not decoders")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""Evaluating the acoustic model: transcripts of a split, greedy and beam search, and their error rates."""
+"""Evaluating the acoustic model: transcripts of a split, greedy and beam search, and their error rates
+(a phone model's: models/asr/phone_evaluation.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from models.asr import lm
 from models.asr import network as asr
+from models.asr.phone_evaluation import evaluate_phones
 from models.asr.scoring import COUNTS, compute_wer_lines, error_rates, oov_figures, rates_of  # noqa: F401 (as before)
 from models.asr.task import AsrTask
 
@@ -98,16 +100,23 @@ def speaker_rows(rows: list[tuple], speakers: dict[str, str]) -> list[str]:
 
 
 def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir: Path, listener=None) -> dict:
-    """models.evaluate's evaluation of the acoustic model (common/catalog.py): `evaluate_asr` on each
-    of `splits` (`batches(split, frames_per_batch)` gives its input); the champion is chosen on the
-    first split's CER (dev, when the shards have it)."""
+    """models.evaluate's evaluation of the acoustic model (common/catalog.py): on each of `splits`
+    (`batches(split, frames_per_batch)` gives its input), `evaluate_asr` for a char model, and for a
+    phone model models/asr/phone_evaluation.py's `evaluate_phones`, its words through its graph. The
+    champion is chosen on the first split's (dev, when the shards have it) CER for a char model, and
+    WER of the words through the graph for a phone model."""
     metrics = {}
     decoder = lm.choose(data, cfg.lm, cfg.no_lm)
     if decoder:
         metrics.update(decoder.describe())
+    phones = lm.targets_of(data) == "phones"
     for split in splits:
         dataset = batches(split, cfg.frames_per_batch)
         known = set(data.get("words", ()))
-        metrics.update(evaluate_asr(model, data["vocabulary"], dataset, split, out_dir, cfg.beam_width, known, decoder))
-    metrics["primary_metric"] = f"{splits[0]}_cer"
+        if phones:
+            metrics.update(evaluate_phones(model, data, dataset, split, out_dir, cfg.beam_width, decoder, known))
+        else:
+            vocabulary = data["vocabulary"]
+            metrics.update(evaluate_asr(model, vocabulary, dataset, split, out_dir, cfg.beam_width, known, decoder))
+    metrics["primary_metric"] = f"{splits[0]}_wer_lm" if phones else f"{splits[0]}_cer"
     return metrics

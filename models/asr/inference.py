@@ -73,10 +73,14 @@ def transcribe_features(
 ) -> list[str]:
     """What the served model answers: transcripts of float log-mels [T_i, D] (in order), in batches
     `served_batch` builds; greedy, or CTC beam search of `beam_width`, or with `lm_decoder`
-    (models/asr/lm.py) beam search with its word LM."""
+    (models/asr/lm.py) beam search with its word LM, or for a phone model (which needs it) the words
+    through its graph."""
     from models.asr import lm
     from models.asr import network as asr
     from models.asr.task import AsrTask
+
+    if lm_decoder is None and lm.targets_of(data) == "phones":
+        raise ValueError("a phone model spells words only through its decoding graph: give its decoder (lm.choose)")
 
     out = [""] * len(feats)
     for chunk in length_batches([len(f) for f in feats]):

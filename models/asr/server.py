@@ -7,6 +7,9 @@ Rows (a pandas DataFrame, or JSON `dataframe_records` / `dataframe_split` over H
   file, or a waveform: a list of floats in [-1, 1] with the row's `sample_rate` (Hz);
 returns one transcript per utterance: greedy CTC decoding (param `beam_width` > 0: beam search), or,
 for a model with an attached word LM (models/asr/lm.py), beam search with it (param `lm: false`: without).
+A phone model answers words through its attached decoding graph (models/asr/hlg.py), always: it spells
+words no other way, so the params `lm: false` and `beam_width` > 0 are refused (HTTP 400), and a graph
+that is missing, cut short or not its output layer's stops the server from starting (`decoding_params`).
 What a request may hold is the operator's (models/request_policy.py).
 
 No skew between training and serving. The served model takes audio and runs what training ran on
@@ -50,17 +53,21 @@ class AsrServer:
                 "(train with input.cmvn=utterance for a served model)",
                 stacklevel=3,
             )
-        # Its attached word LM (models/asr/lm.py), opened now: a broken one stops the server from starting.
+        # Its attached word LM or a phone model's graph (models/asr/lm.py), opened now: a broken one, or
+        # none for a phone model, stops the server from starting.
         self.lm = lm.choose(data)
+        self.phones = lm.targets_of(data) == "phones"
         self.infer = asr.compiled(model, data["feature_dim"])
         # Trace now, so the first request does not wait for the graph (about a second).
         dim = data["feature_dim"]
-        transcribe_features(self.infer, config, data, [np.zeros([100, dim], np.float32)])
+        transcribe_features(
+            self.infer, config, data, [np.zeros([100, dim], np.float32)], 0, self.lm if self.phones else None
+        )
 
     def predict(self, model_input, params: dict, settings) -> list[str]:
         cfg = feature_config(self.data)  # refuses here, not at loading, when Kaldi made the features
-        beam = bounded_param(params, "beam_width", 0, 0, 256)
-        with_lm = self.lm if params.get("lm", True) not in (False, "false", 0) else None
+        beam, use_lm = decoding_params(params, self.phones)
+        with_lm = self.lm if use_lm else None
         rows = utterances(model_input)
         check_rows(len(rows), settings)
         feats, seconds = [], 0.0
@@ -96,3 +103,22 @@ class AsrServer:
         """Half a second of a tone."""
         tone = 0.1 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)
         return {"audio": [tone.round(4).tolist()], "sample_rate": [16000]}
+
+
+def decoding_params(params: dict, phones: bool) -> tuple[int, bool]:
+    """(beam width, whether to decode with the attached LM) of a request's params `beam_width` (default
+    0: greedy) and `lm` (default true); `phones`: the model is a phone model, which spells words only
+    through its graph, so `lm: false` and a `beam_width` over 0 are refused with RequestError (HTTP 400)."""
+    beam = bounded_param(params, "beam_width", 0, 0, 256)
+    use_lm = params.get("lm", True) not in (False, "false", 0)
+    if phones and not use_lm:
+        raise RequestError(
+            "param `lm: false`: this is a phone model, which spells words only through its decoding graph, so "
+            "every answer is words through it; leave `lm` out (or true)"
+        )
+    if phones and beam:
+        raise RequestError(
+            f"param `beam_width` {beam}: this is a phone model, which spells words only through its decoding graph "
+            "(its own search, tuned with it), so a CTC beam width does not apply; leave `beam_width` out (or 0)"
+        )
+    return beam, use_lm

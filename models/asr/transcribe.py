@@ -11,9 +11,14 @@ statistics of each speaker's utterances here (`utt2spk`; an audio file is its ow
 feature stage computes them. Utterances are decoded in batches of similar length.
 
 Written to `--out`: `text` (`UTT hypothesis`, as Kaldi's decode step writes it), `ctm` (`UTT 1
-START DURATION WORD`, seconds from the utterance's start; times from the CTC alignment of the
-hypothesis, so a word starts where its first character is emitted), and `rejected.tsv` (utterances
-whose audio could not be used, with the reason; they are also counted on stderr).
+START DURATION WORD`, seconds from the utterance's start), and `rejected.tsv` (utterances whose audio
+could not be used, with the reason; they are also counted on stderr). A char model's CTM times come
+from the CTC alignment of the hypothesis, so a word starts where its first character is emitted. A
+phone model answers words through its decoding graph always (models/asr/lm.py `choose`; no
+`--no-lm`, no `--beam-width`), and its CTM times come from the graph's best path (models/asr/hlg.py
+`HlgDecoder.align`): a word starts at the frame where the path emits it, which is late by the phones
+it shares with other words at its start, and ends after its last phone, the silence between words
+left out.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from pipeline import features, kaldi, text
 
 @dataclasses.dataclass(frozen=True)
 class TranscribeConfig:
-    beam_width: int = 0  # 0: greedy CTC decoding; > 0: CTC beam search of this width
-    lm: str = ""  # a word LM's directory (pipeline/lm.py): beam search with it; empty: the model's attached LM
-    no_lm: bool = False  # decode without an LM, even the model's attached one
+    beam_width: int = 0  # 0: greedy CTC decoding; > 0: CTC beam search of this width (a char model only)
+    lm: str = ""  # a word LM's directory (pipeline/lm.py), or a phone model's lang dir; empty: the attached one
+    no_lm: bool = False  # decode without an LM, even the model's attached one (a char model only)
     allow_pipes: bool = False  # run `cmd |` entries of wav.scp that are not a recognized decoder call
     progress: bool = True  # a progress bar on stderr
 
@@ -91,7 +96,8 @@ def normalization(feats: dict, speakers: dict, cmvn: str, data: dict) -> dict:
 
 def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shift_ms, lm_decoder=None):
     """[(utt, hypothesis, [(word, start s, duration s)])] of one batch; with `lm_decoder`
-    (models/asr/lm.py) the hypotheses are its beam search's with the word LM."""
+    (models/asr/lm.py) the hypotheses are its beam search's with the word LM, or for a phone model
+    the words through its graph (`graph_words`)."""
     import tensorflow as tf
 
     from models.asr import network as asr
@@ -102,14 +108,17 @@ def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shif
     lengths = batch["feat_lengths"]
     logits, out_lengths = model(AsrTask.features(batch), lengths)  # [B, T', V], [B]
     log_probs = tf.nn.log_softmax(logits).numpy()  # [B, T', V]
+    real = [log_probs[i, : out_lengths[i]] for i in range(len(utts))]  # each [T'_i, V]
+    frame_seconds = frame_shift_ms / 1000.0 * config.settings.subsample  # one output frame per `subsample` inputs
+    if lm.targets_of(data) == "phones":
+        return graph_words(utts, lm_decoder.align(real), frame_seconds)
     if lm_decoder is not None:
-        hypotheses = lm_decoder.decode([log_probs[i, : out_lengths[i]] for i in range(len(utts))])
+        hypotheses = lm_decoder.decode(real)
         ids = [text.encode(h, data["vocabulary"]) for h in hypotheses]  # the path to align the words on
     elif beam_width:
         ids = asr.beam_decode(logits, out_lengths, beam_width)
     else:
         ids = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
-    frame_seconds = frame_shift_ms / 1000.0 * config.settings.subsample  # one output frame per `subsample` inputs
     out = []
     for i, (u, labels) in enumerate(zip(utts, ids)):
         hypothesis = text.decode(labels, data["vocabulary"])
@@ -121,6 +130,15 @@ def decode_batch(model, config, data, utts, feats, norms, beam_width, frame_shif
     return out
 
 
+def graph_words(utts: list[str], aligned: list[list[tuple[str, int, int]]], frame_seconds: float) -> list[tuple]:
+    """`decode_batch`'s rows from a graph's words with their output frames (word, first, end exclusive)
+    per utterance, `frame_seconds` an output frame."""
+    return [
+        (u, " ".join(w for w, _, _ in words), [(w, a * frame_seconds, (b - a) * frame_seconds) for w, a, b in words])
+        for u, words in zip(utts, aligned)
+    ]
+
+
 def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: Path | None = None, files=()) -> dict:
     """Transcribes a data directory or audio files into `out_dir` (see the module docstring).
     Returns a summary: utterances transcribed and rejected, the files written."""
@@ -128,6 +146,11 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
     if config.model != "asr":
         raise ValueError(f"{model_spec} is a {config.model} model; transcription needs an acoustic model")
     feature_cfg = dataclasses.replace(opening.feature_config(data), allow_pipes=cfg.allow_pipes)
+    if lm.targets_of(data) == "phones" and cfg.beam_width:
+        raise ValueError(
+            f"{model_spec} is a phone model: it spells words only through its decoding graph, so --beam-width "
+            "(a beam search of its phones) does not apply: leave it out"
+        )
     # A broken LM fails here, before any audio is read: never a silent fallback to decoding without it.
     decoder = lm.choose(data, cfg.lm, cfg.no_lm)
     entries, rejections = audio_entries(data_dir, [Path(f) for f in files], cfg.allow_pipes)

@@ -73,10 +73,7 @@ def log_model(model_dir: Path, config, data: dict, name: str = "model"):
         "numpy<2",
         "pyyaml",
     ]
-    if (Path(model_dir) / "lm" / "lm.json").is_file():  # an attached word LM (models/asr/lm.py)
-        from importlib.metadata import version
-
-        requirements += [f"kenlm=={version('kenlm')}", f"pyctcdecode=={version('pyctcdecode')}"]
+    requirements += attached_lm_requirements(Path(model_dir))
     with warnings.catch_warnings():
         # MLflow suggests typed predict() signatures; ours is given explicitly (`signature` above).
         warnings.filterwarnings("ignore", message=".*type hint.*")
@@ -89,3 +86,16 @@ def log_model(model_dir: Path, config, data: dict, name: str = "model"):
             input_example=input_example(config, data),
             pip_requirements=requirements,
         )
+
+
+def attached_lm_requirements(model_dir: Path) -> list[str]:
+    """The pip requirements of the LM attached to a model directory (models/asr/lm.py `attach`), at the
+    versions installed here: kenlm and pyctcdecode for a word n-gram (lm/lm.json), kaldifst and
+    kaldi_decoder for a phone model's decoding graph (lm/lang.json); none without one."""
+    from importlib.metadata import version
+
+    if (model_dir / "lm" / "lm.json").is_file():
+        return [f"kenlm=={version('kenlm')}", f"pyctcdecode=={version('pyctcdecode')}"]
+    if (model_dir / "lm" / "lang.json").is_file():
+        return [f"kaldifst=={version('kaldifst')}", f"kaldi_decoder=={version('kaldi_decoder')}"]
+    return []
