@@ -2,7 +2,8 @@
 
     plan -> start_mlflow_run -> prepare_corpus -> features_{train,dev,test,...,dev_engine} -> make_shards
                                                -> augment_train -> features_train_aug ----------->
-         -> build_lm --------------------------------------------->
+                                               -> lm_text -> lexicon ---------------------------->
+         -> build_lm -> build_graph ------------------------------>
          -> train_asr ------> tune_lm_asr -> evaluate_asr ---------------> register_asr -> finish_mlflow_run
          -> train_tts -> evaluate_tts (with the new acoustic model) ------> register_tts ->
 
@@ -14,7 +15,12 @@ form's overrides), and that model then trains on `train_aug`; the synthesis mode
 form's `lm_text`) while the models train, and `tune_lm_asr` (models/tune_lm.py) chooses its weight
 and word bonus on `dev_engine` (new sentences in held-out voices; `dev` where there is none) and
 attaches it to the trained acoustic model, which is then evaluated, registered and served with it;
-`word_lm` off skips both. Each task runs one stage's command line, from the training environment
+`word_lm` off skips both. An acoustic model that trains on phones (`asr.targets: phones`) spells words
+only through a decoding graph: `lm_text` (pipeline/lm_text.py) writes the LM's text of general English,
+which holds no held-out sentence, and `lexicon` (pipeline/text_lexicon.py) its words' pronunciations;
+the shards store each transcript's phones over the lexicon's phone table, `build_lm` reads that text,
+`build_graph` (pipeline/lang.py) makes HLG of the lexicon and the LM, and `tune_lm_asr` chooses its
+acoustic scale and word penalty and attaches it; a character model skips the three. Each task runs one stage's command line, from the training environment
 (`execution_mode=local`; training under `horovodrun -np num_workers`) or as a pod of the training
 image (`kubernetes`; training as an MPIJob). With `data_service_workers`, training reads its
 batches from a tf.data service started beside it. Every stage skips work that
@@ -235,7 +241,8 @@ PARAMS = {
         section=TRAINING,
         description="Build a word n-gram (pipeline.lm) beside training, choose its weights on a dev split "
         "in held-out voices and decode the acoustic model with it in evaluation, the registry and serving. "
-        "Off: greedy and character beam search only.",
+        "Off: greedy and character beam search only; an error for a model of phone targets (asr.targets: "
+        "phones), which spells words only through the decoding graph built from the LM.",
     ),
     "lm_text": Param(
         "",
@@ -243,7 +250,9 @@ PARAMS = {
         title="Word LM text",
         section=TRAINING,
         description="A text of the domain, one sentence per line (normalized as the transcripts are), for the "
-        "word LM. Empty: the training split's transcripts. Relative paths are the repository's (local mode).",
+        "word LM. Empty: the training split's transcripts. A phone model's LM text is this text in place of "
+        "the open-text source's, less the held-out splits' sentences, with the training transcripts. "
+        "Relative paths are the repository's (local mode).",
     ),
     "eval_utterances": Param(
         100,
@@ -428,17 +437,27 @@ def speech_pipeline():
 
     @task(trigger_rule="none_failed")
     def build_lm(shards: dict) -> dict:
-        """The word LM (pipeline.lm) of the training transcripts or of `lm_text`, in the shards' alphabet."""
+        """The word LM (pipeline.lm), in the shards' alphabet, of a phone model's LM text, else of the
+        training transcripts or of `lm_text`."""
         p = _plan()
         if not p.lm_dir:
             raise AirflowSkipException("no word LM: word_lm is off, or no selected model decodes with one")
-        runner.run_stage(p, get_current_context(), "lm", commands.LM, commands.lm_args(p))
-        return {"lm_dir": p.lm_dir}
+        return {"lm_dir": p.lm_dir, **runner.run_recorded_stage(p, get_current_context(), "lm")}
 
     @task(trigger_rule="none_failed")
-    def tune_lm(model: str, trained: dict | None, lm: dict | None) -> dict:
-        """Chooses the LM's weight and word bonus for the trained model on a dev split in held-out voices
-        and attaches the LM to it (models.tune_lm --attach); without an LM the model goes on as trained."""
+    def graph_stage(stage: str) -> dict:
+        """A stage of a phone model's decoding graph (workflow/runner.py RECORDED_STAGES): `lm_text`, the
+        LM's text; `lexicon`, its words' pronunciations; `graph`, HLG of the lexicon and the word LM."""
+        p = _plan()
+        if not p.lang_dir:
+            raise AirflowSkipException(commands.graph_skip_reason(p))
+        return runner.run_recorded_stage(p, get_current_context(), stage)
+
+    @task(trigger_rule="none_failed")
+    def tune_lm(model: str, trained: dict | None, lm: dict | None, graph: dict | None) -> dict:
+        """Chooses the decoding settings for the trained model on a dev split in held-out voices and attaches
+        what it decodes with (models.tune_lm --attach): a phone model's graph (acoustic scale, word penalty),
+        else the LM (weight, word bonus); without an LM the model goes on as trained."""
         p = _plan()
         if trained is None:
             raise AirflowSkipException(f"{model} was not trained in this run")
@@ -449,7 +468,7 @@ def speech_pipeline():
         runner.run_stage(
             p, get_current_context(), f"tune-lm-{model}", commands.TUNE_LM, args, gpus=runner.evaluation_gpus(p)
         )
-        return {**trained, "lm_dir": lm["lm_dir"]}
+        return {**trained, "lm_dir": lm["lm_dir"], **({"lang_dir": graph["dir"]} if graph else {})}
 
     @task(trigger_rule="none_failed")
     def evaluate(model: str, trained: dict | None, acoustic: dict | None = None) -> dict:
@@ -487,6 +506,10 @@ def speech_pipeline():
         states.pop(context["ti"].task_id, None)
         failed = runner.failed_tasks(states)
         summary = runner.registry(p, context, "mlflow-finish", commands.finish_args(p, parent_run_id, bool(failed)))
+        done = [context["ti"].xcom_pull(task_ids=t) for t in ("lm_text", "lexicon", "build_lm", "build_graph")]
+        summary["stages"] = runner.add_stages_to_summary(p, done)
+        for stage, info in summary["stages"].items():
+            log.info("%s: %s s, %s", stage, info["seconds"], info["figures"])
         for model, info in summary["models"].items():
             registered = info.get("registered") or {}
             metric = info.get("primary_metric")
@@ -510,12 +533,22 @@ def speech_pipeline():
     augmented = features.override(task_id=f"features_{AUGMENTED_SPLIT}")(AUGMENTED_SPLIT)
     corpus >> augment_train() >> augmented
     featurized.append(augmented)
+    # A phone model's LM text and lexicon, beside the features: the shards store phones of its phone table.
+    lm_text = graph_stage.override(task_id="lm_text")("lm_text")
+    lexicon = graph_stage.override(task_id="lexicon")("lexicon")
+    corpus >> lm_text >> lexicon
     shards = make_shards(featurized)
+    lexicon >> shards
     trained = {m: train.override(task_id=f"train_{m}", outlets=[TRAINED[m]])(m, shards) for m in MODELS}
     lm = build_lm(shards)
+    lm_text >> lm
+    graph = graph_stage.override(task_id="build_graph")("graph")
+    lm >> graph
     # A model that decodes with a word LM is evaluated (and registered) with the one chosen for it.
     decoding = {
-        m: tune_lm.override(task_id=f"tune_lm_{m}")(m, trained[m], lm) if catalog.model(m).word_lm else trained[m]
+        m: tune_lm.override(task_id=f"tune_lm_{m}")(m, trained[m], lm, graph)
+        if catalog.model(m).word_lm
+        else trained[m]
         for m in MODELS
     }
     # Intelligibility: a model whose output is heard (the synthesis model) is evaluated with its

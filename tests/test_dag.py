@@ -25,7 +25,7 @@ import yaml
 
 from common.fsutil import slug
 from tests.conftest import AIRFLOW_BIN, PYTHON, ROOT, quiet_env
-from workflow import commands, local, mpijob
+from workflow import commands, local, mpijob, runner
 from workflow.plan import Plan, make_plan
 
 DAGS = ROOT / "dags"
@@ -148,6 +148,8 @@ EDGES = {
     },
     "augment_train": {"prepare_corpus"},
     "features_train_aug": {"augment_train"},
+    "lm_text": {"prepare_corpus"},
+    "lexicon": {"lm_text"},
     "make_shards": {
         "features_train",
         "features_dev",
@@ -156,11 +158,13 @@ EDGES = {
         "features_test_engine",
         "features_dev_engine",
         "features_train_aug",
+        "lexicon",
     },
     "train_asr": {"make_shards"},
     "train_tts": {"make_shards"},
-    "build_lm": {"make_shards"},
-    "tune_lm_asr": {"train_asr", "build_lm"},
+    "build_lm": {"make_shards", "lm_text"},
+    "build_graph": {"build_lm"},
+    "tune_lm_asr": {"train_asr", "build_lm", "build_graph"},
     "evaluate_asr": {"tune_lm_asr"},
     "evaluate_tts": {"train_tts", "train_asr"},
     "register_asr": {"evaluate_asr"},
@@ -232,7 +236,10 @@ def test_task_graph_is_as_described(dag_info):
         "features_train",
         "features_train_aug",
         "make_shards",
+        "lm_text",
+        "lexicon",
         "build_lm",
+        "build_graph",
         "tune_lm_asr",
         "evaluate_asr",
         "evaluate_tts",
@@ -338,6 +345,10 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         ({"strategy": "adpsgd", "train_overrides": ["strategy.gossip=ring"]}, "fixed-ring, random-ring"),
         ({"strategy": "adpsgd", "train_overrides": ["strategy.gosip=random-ring"]}, "did you mean 'strategy.gossip'"),
         ({"strategy": "sgd"}, "strategy"),
+        (
+            {"word_lm": False, "train_overrides": ["asr.targets=phones"]},
+            "word_lm is off, but asr.targets: phones: a phone model spells words only through its decoding graph",
+        ),
     ],
 )
 def test_plan_rejects_params_that_do_not_fit(change, message, tmp_path):
@@ -417,6 +428,134 @@ def test_command_lines_of_the_stages(tmp_path):
     shards = commands.shards_args(allreduce)
     assert shards[shards.index("--phonemes") + 1] == "en-us"
     assert "--phonemes" not in commands.shards_args(make_plan({**DEFAULTS, **TINY, "phonemes": ""}, "d", "r"))
+
+
+def test_a_phone_model_gets_an_lm_text_a_lexicon_and_a_decoding_graph(tmp_path):
+    phones = make_plan({**DEFAULTS, **TINY, "train_overrides": ["asr.targets=phones"]}, "speech_pipeline", "r")
+    phones = Plan.from_xcom(json.loads(json.dumps(phones.to_xcom())))  # as the tasks receive it
+    run = phones.run_dir
+    assert (phones.lm_text_dir, phones.lexicon_dir, phones.lang_dir) == (f"{run}/lm_text", f"{run}/dict", f"{run}/lang")
+    assert commands.graph_skip_reason(phones) == ""
+    assert commands.lm_text_args(phones) == ["--data", phones.data_root, "--out", f"{run}/lm_text"]
+    text = f"{run}/lm_text/lm_text.txt"
+    assert commands.lexicon_args(phones) == [
+        *("--text", text, "--out", f"{run}/dict", "--set", "voice=en-us", "--no-progress"),
+    ]
+    # The shards hold each transcript's phones over the lexicon's table, from espeak-ng's phonemes in context.
+    shards = commands.shards_args(phones)
+    assert shards[shards.index("--phones-from") + 1 :][:3] == [f"{run}/dict", "--phone-source", "espeak"]
+    assert shards[shards.index("--phonemes") + 1] == "en-us"
+    # The word LM of the LM text; the graph of the lexicon and the LM; the graph tuned and attached.
+    assert commands.lm_args(phones) == [
+        "--text-file",
+        text,
+        "--vocabulary-from",
+        phones.shards_dir,
+        "--out",
+        f"{run}/lm",
+    ]
+    assert commands.graph_args(phones) == [
+        *("--dict", f"{run}/dict", "--arpa", f"{run}/lm/lm.arpa", "--out", f"{run}/lang"),
+    ]
+    tune = commands.tune_lm_args(phones, "asr")
+    assert tune[tune.index("--lm") + 1] == f"{run}/lang" and tune[-2:] == ["--attach", "--no-progress"]
+    # The form's phonemes empty: the shards still have espeak-ng's, the lexicon's accent; another accent reaches both.
+    from pipeline import phonemes
+
+    assert commands.DEFAULT_VOICE == phonemes.DEFAULT_VOICE
+    quiet = make_plan({**DEFAULTS, **TINY, "phonemes": "", "train_overrides": ["asr.targets=phones"]}, "d", "r")
+    assert commands.shards_args(quiet).count("--phonemes") == 1 and "voice=en-us" in commands.lexicon_args(quiet)
+    british = make_plan({**DEFAULTS, **TINY, "phonemes": "en-gb", "train_overrides": ["asr.targets=phones"]}, "d", "r")
+    assert "voice=en-gb" in commands.lexicon_args(british) and "en-gb" in commands.shards_args(british)
+    # The form's text takes the open-text source's place in the LM text, which keeps the held-out sentences out.
+    domain = tmp_path / "domain.txt"
+    domain.write_text("turn the lights on\n")
+    given = make_plan({**DEFAULTS, **TINY, "lm_text": str(domain), "train_overrides": ["asr.targets=phones"]}, "d", "r")
+    assert commands.lm_text_args(given)[-2:] == ["--set", f"text_file={json.dumps(str(domain))}"]
+    assert commands.lm_args(given)[:2] == ["--text-file", f"{given.run_dir}/lm_text/lm_text.txt"]
+
+
+def test_a_character_model_runs_as_before_and_skips_the_graph_stages_saying_why(tmp_path):
+    chars = make_plan({**DEFAULTS, **TINY}, "speech_pipeline", "r")
+    assert (chars.lm_text_dir, chars.lexicon_dir, chars.lang_dir) == ("", "", "")
+    assert commands.graph_skip_reason(chars) == (
+        "no model trains on phones (asr.targets: chars): it decodes with the word LM alone, through no lexicon or graph"
+    )
+    assert "--phones-from" not in commands.shards_args(chars) and "--phone-source" not in commands.shards_args(chars)
+    assert commands.lm_args(chars)[:2] == ["--data", f"{chars.data_root}/train"]
+    tune = commands.tune_lm_args(chars, "asr")
+    assert tune[tune.index("--lm") + 1] == f"{chars.run_dir}/lm"
+    assert "--phonemes" not in commands.shards_args(make_plan({**DEFAULTS, **TINY, "phonemes": ""}, "d", "r"))
+    off = make_plan({**DEFAULTS, **TINY, "word_lm": False}, "d", "r")
+    assert off.lang_dir == "" and commands.graph_skip_reason(off).startswith("no word LM in this run")
+    # The synthesis model alone: the acoustic model's config is not read, and no graph is built for it.
+    alone = make_plan({**DEFAULTS, **TINY, "models": ["tts"], "train_overrides": ["asr.targets=phones"]}, "d", "r")
+    assert alone.lang_dir == "" and alone.lm_dir == ""
+
+
+def test_the_summary_shows_each_graph_stages_seconds_and_its_records_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEECHFLOW_WORK_ROOT", str(tmp_path))
+    plan = make_plan({**DEFAULTS, **TINY, "train_overrides": ["asr.targets=phones"]}, "speech_pipeline", "r")
+    records = {
+        "lm_text/lm_text.json": {
+            "text": {"sentences": 40, "words": 300, "vocabulary_size": 120, "sha256": "x"},
+            "dropped": {"held_out_substring": 2},
+            "coverage": {"test": {"words": 50, "oov_rate": 0.04, "trigrams": 30, "trigram_share": 0.5}},
+        },
+        "dict/text_lexicon.json": {
+            "words": 120,
+            "entries": 150,
+            "phones": 40,
+            "unspelled": 0,
+            "text": "t",
+            "espeak": "v",
+        },
+        "lm/lm.json": {
+            "order": 3,
+            "text": {"sentences": 40, "words": 300, "vocabulary_size": 120},
+            "arpa": {"ngrams": {"1": 122}},
+        },
+        "lang/lang.json": {
+            "num_outputs": 41,
+            "words": 124,
+            "g2p_filled": 0,
+            "lm_words_unspelled": 0,
+            "build_seconds": 1.5,
+            "hlg": {"states": 900, "arcs": 4000, "bytes": 70000, "sha256": "y"},
+        },
+    }
+    for path, record in records.items():
+        (Path(plan.run_dir) / path).parent.mkdir(parents=True)
+        (Path(plan.run_dir) / path).write_text(json.dumps(record))
+    (Path(plan.run_dir) / "summary.json").write_text(json.dumps({"models": {}}))
+    ran: list[list[str]] = []
+    monkeypatch.setattr(runner, "run_command", lambda command: ran.append(command))
+    done = [runner.run_recorded_stage(plan, {}, stage) for stage in ("lm_text", "lexicon", "lm", "graph")]
+    assert [c[2] for c in ran] == ["pipeline.lm_text", "pipeline.text_lexicon", "pipeline.lm", "pipeline.lang"]
+    assert ran[3][3:] == commands.graph_args(plan)
+    stages = runner.add_stages_to_summary(plan, [*done, None])  # None: a stage that was skipped
+    assert all(stages[s]["seconds"] >= 0 for s in ("lm_text", "lexicon", "lm", "graph"))
+    assert stages["lm_text"]["figures"] == {
+        "sentences": 40,
+        "words": 300,
+        "vocabulary_size": 120,
+        "dropped": {"held_out_substring": 2},
+        "oov_rate": {"test": 0.04},
+        "trigram_share": {"test": 0.5},
+    }
+    assert stages["lexicon"]["figures"] == {"words": 120, "entries": 150, "phones": 40, "unspelled": 0}
+    assert stages["graph"]["figures"] == {
+        "states": 900,
+        "arcs": 4000,
+        "bytes": 70000,
+        "num_outputs": 41,
+        "words": 124,
+        "g2p_filled": 0,
+        "lm_words_unspelled": 0,
+        "build_seconds": 1.5,
+    }
+    assert stages["lm"]["figures"]["ngrams"] == {"1": 122} and stages["graph"]["dir"] == plan.lang_dir
+    assert json.loads((Path(plan.run_dir) / "summary.json").read_text()) == {"models": {}, "stages": stages}
 
 
 def test_the_augment_stage_runs_only_when_a_selected_models_config_asks_for_copies(tmp_path):
@@ -758,8 +897,9 @@ CLUSTER_PARAMS = {
     "max_steps": 500,
     "experiment": "prod",
     "data_service_workers": 2,
-    # The acoustic model trains on speed-perturbed copies: the augment stage is a pod of its own too.
-    "train_overrides": ["asr.augment.copies.speed_factors=[0.9, 1.1]"],
+    # The acoustic model trains on speed-perturbed copies: the augment stage is a pod of its own too; and
+    # on phones: the LM text, the lexicon and the decoding graph are pods too.
+    "train_overrides": ["asr.augment.copies.speed_factors=[0.9, 1.1]", "asr.targets=phones"],
 }
 
 
@@ -872,8 +1012,11 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         "features_dev_engine": "pipeline.features",
         "augment_train": "pipeline.augment",
         "features_train_aug": "pipeline.features",
+        "lm_text": "pipeline.lm_text",
+        "lexicon": "pipeline.text_lexicon",
         "make_shards": "pipeline.shards",
         "build_lm": "pipeline.lm",
+        "build_graph": "pipeline.lang",
         "tune_lm_asr": "models.tune_lm",
         "evaluate_asr": "models.evaluate",
         "evaluate_tts": "models.evaluate",
@@ -903,6 +1046,21 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
     augmenting = next(p for p in stages if p["task"] == "augment_train")["args"]
     assert augmenting[:4] == ["--data", f"{run_dir}/corpus/train", "--out", f"{run_dir}/corpus/train_aug"]
     assert recorded[2]["params"] == {"split": "train"} and recorded[-1]["path"] == f"{run_dir}/shards"
+    # A phone model: the LM text of the corpus, its lexicon before the shards (which store its phones), the LM
+    # of that text, then the graph of both, which tune_lm attaches.
+    args = {p["task"]: p["args"] for p in stages}
+    order = [p["task"] for p in stages]
+    assert args["lm_text"] == ["--data", f"{run_dir}/corpus", "--out", f"{run_dir}/lm_text"]
+    assert args["lexicon"][:4] == ["--text", f"{run_dir}/lm_text/lm_text.txt", "--out", f"{run_dir}/dict"]
+    assert order.index("lexicon") < order.index("make_shards")
+    shard_args = args["make_shards"]
+    assert shard_args[shard_args.index("--phones-from") + 1] == f"{run_dir}/dict"
+    assert args["build_lm"][:2] == ["--text-file", f"{run_dir}/lm_text/lm_text.txt"]
+    assert args["build_graph"] == [
+        *("--dict", f"{run_dir}/dict", "--arpa", f"{run_dir}/lm/lm.arpa", "--out", f"{run_dir}/lang"),
+    ]
+    assert order.index("build_graph") < order.index("tune_lm_asr")
+    assert args["tune_lm_asr"][args["tune_lm_asr"].index("--lm") + 1] == f"{run_dir}/lang"
 
     jobs = {j["metadata"]["name"].split("-")[1]: j for j in result["jobs"]}
     assert sorted(jobs) == ["asr", "tts"] and len(result["jobs"]) == 2
@@ -1031,9 +1189,10 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
 
     run, summary = dag_run.run, dag_run.summary
     assert run["state"] == "success"
-    # No model's config asks for copies of the training audio here: no augmented split.
-    augmenting = ("augment_train", "features_train_aug")
-    assert dag_run.states == {t: "skipped" if t in augmenting else "success" for t in EDGES}
+    # No model's config asks for copies of the training audio here: no augmented split; the acoustic model
+    # trains on characters: no LM text, lexicon or decoding graph.
+    skipped = ("augment_train", "features_train_aug", "lm_text", "lexicon", "build_graph")
+    assert dag_run.states == {t: "skipped" if t in skipped else "success" for t in EDGES}
 
     assert summary["status"] == "FINISHED" and summary["dag_run_id"] == run["run_id"]
     assert (
@@ -1055,6 +1214,8 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     decoding = json.loads((dag_run.run_dir / "asr" / "model" / "lm" / "decoding.json").read_text())
     assert decoding["chosen_on"]["split"] == "dev_engine" and len(decoding["chosen_on"]["grid"]) == 20
     assert json.loads((dag_run.run_dir / "lm" / "lm.json").read_text())["text"]["sentences"] == 32  # the 40's train
+    # The summary gives the LM stage's seconds and its record's figures; the graph's stages did not run.
+    assert list(summary["stages"]) == ["lm"] and summary["stages"]["lm"]["figures"]["sentences"] == 32
     # A retried tune_lm_asr finds its choice made for the same weights, LM and grid: it only attaches again.
     retried = subprocess.run(
         [PYTHON, "-m", "models.tune_lm", "--model", str(dag_run.run_dir / "asr"), "--shards",

@@ -18,6 +18,13 @@ from workflow.plan import POD_XCOM_FILE, Plan
 CORPUS, AUGMENT, FEATURES, SHARDS = "pipeline.corpus", "pipeline.augment", "pipeline.features", "pipeline.shards"
 TRAIN, EVALUATE, REGISTRY = "models.train", "models.evaluate", "models.registry"
 LM, TUNE_LM = "pipeline.lm", "models.tune_lm"
+# A phone model's decoding graph: its LM text, the text's lexicon, and the lang dir with HLG.fst
+LM_TEXT, LEXICON, LANG = "pipeline.lm_text", "pipeline.text_lexicon", "pipeline.lang"
+# What pipeline/lm_text.py and pipeline/lm.py write into their directories, which the next stage reads
+LM_TEXT_FILE, ARPA_FILE = "lm_text.txt", "lm.arpa"
+# espeak-ng's voice where the form names none: pipeline/phonemes.py DEFAULT_VOICE, written out because the
+# Airflow image holds only `workflow` and `common` (tests/test_dag.py checks that the two agree)
+DEFAULT_VOICE = "en-us"
 DATA_SERVICE = "pipeline.data_service"
 
 
@@ -63,13 +70,48 @@ def features_args(plan: Plan, split: str) -> list[str]:
     return [*args, "--no-progress"]
 
 
+def phonemes_voice(plan: Plan) -> str:
+    """The espeak-ng voice of the shards' phonemes (the form's `phonemes`) and of a phone model's lexicon;
+    a phone model's targets are espeak-ng's phonemes in context, so it has espeak-ng's default voice where
+    the form gives none. "": no phonemes."""
+    return plan.phonemes or (DEFAULT_VOICE if plan.lexicon_dir else "")
+
+
 def shards_args(plan: Plan) -> list[str]:
+    """`pipeline.shards` of the plan's splits; with a phone model's lexicon (`lexicon_dir`), every
+    transcript's phone targets over its phone table too, from espeak-ng's phonemes of the sentence."""
     args = [a for s in plan.splits for a in ("--split", f"{s}={plan.features_dir(s)}")]
     if plan.allow_pipes:
         args.append("--allow-pipes")
-    if plan.phonemes:
-        args += ["--phonemes", plan.phonemes]
+    if phonemes_voice(plan):
+        args += ["--phonemes", phonemes_voice(plan)]
+    if plan.lexicon_dir:
+        args += ["--phones-from", plan.lexicon_dir, "--phone-source", "espeak"]
     return [*args, "--out", plan.shards_dir, "--num-shards", str(plan.num_shards), "--no-progress"]
+
+
+def lm_text_file(plan: Plan) -> str:
+    """The phone model's LM text (pipeline.lm_text writes it, pipeline.text_lexicon and pipeline.lm read it)."""
+    return f"{plan.lm_text_dir}/{LM_TEXT_FILE}"
+
+
+def lm_text_args(plan: Plan) -> list[str]:
+    """`pipeline.lm_text`: a phone model's LM text, with no sentence of a held-out split of the data
+    root in it: the open-text source's sentences (the form's `lm_text` in their place, when given; as
+    JSON, which the stage reads as YAML) that no split holds, then the training transcripts."""
+    args = ["--data", plan.data_root, "--out", plan.lm_text_dir]
+    return [*args, "--set", f"text_file={json.dumps(plan.lm_text)}"] if plan.lm_text else args
+
+
+def lexicon_args(plan: Plan) -> list[str]:
+    """`pipeline.text_lexicon`: a Kaldi dict dir of the LM text's words, in the accent of the shards' phonemes."""
+    args = ["--text", lm_text_file(plan), "--out", plan.lexicon_dir, "--set", f"voice={phonemes_voice(plan)}"]
+    return [*args, "--no-progress"]
+
+
+def graph_args(plan: Plan) -> list[str]:
+    """`pipeline.lang`: the decoding graph (a lang dir with HLG.fst) of the lexicon and the word LM."""
+    return ["--dict", plan.lexicon_dir, "--arpa", f"{plan.lm_dir}/{ARPA_FILE}", "--out", plan.lang_dir]
 
 
 # ---- training and evaluation ---------------------------------------------------------------------
@@ -171,25 +213,33 @@ def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) ->
 
 
 def lm_args(plan: Plan) -> list[str]:
-    """`pipeline.lm`: the word LM of the plan's text (`lm_text`) or of the training transcripts, in the
-    alphabet of the run's shards."""
-    source = ["--text-file", plan.lm_text] if plan.lm_text else ["--data", plan.data_dir(CLEAN_SPLIT)]
+    """`pipeline.lm`: the word LM, in the alphabet of the run's shards, of a phone model's LM text
+    (pipeline.lm_text), else of the plan's text (`lm_text`) or of the training transcripts."""
+    if plan.lm_text_dir:
+        source = ["--text-file", lm_text_file(plan)]
+    else:
+        source = ["--text-file", plan.lm_text] if plan.lm_text else ["--data", plan.data_dir(CLEAN_SPLIT)]
     return [*source, "--vocabulary-from", plan.shards_dir, "--out", plan.lm_dir]
 
 
 def tune_lm_args(plan: Plan, model: str) -> list[str]:
-    """`models.tune_lm --attach`: the LM's weights chosen on the shards' dev split in held-out voices
-    (dev_engine, else dev) for `model`'s trained weights, and the LM attached to its model directory."""
-    return [
-        "--model",
-        plan.workdirs[model],
-        "--shards",
-        plan.shards_dir,
-        "--lm",
-        plan.lm_dir,
-        "--attach",
-        "--no-progress",
-    ]
+    """`models.tune_lm --attach`: the decoding settings chosen on the shards' dev split in held-out voices
+    (dev_engine, else dev) for `model`'s trained weights, and what it decodes with attached to its model
+    directory: a phone model's decoding graph (`lang_dir`: its acoustic scale and word penalty), else the
+    word LM (its weight and word bonus)."""
+    decoder = plan.lang_dir or plan.lm_dir
+    return ["--model", plan.workdirs[model], "--shards", plan.shards_dir, "--lm", decoder, "--attach", "--no-progress"]
+
+
+def graph_skip_reason(plan: Plan) -> str:
+    """Why the run has no LM text, lexicon or decoding graph stage; "" when it has them."""
+    if plan.lang_dir:
+        return ""
+    decoding = [m for m in plan.models if catalog.model(m).word_lm]
+    if not plan.lm_dir:
+        return "no word LM in this run (word_lm is off, or no selected model decodes words): no decoding graph"
+    settings = ", ".join(f"{m}.targets: chars" for m in decoding)
+    return f"no model trains on phones ({settings}): it decodes with the word LM alone, through no lexicon or graph"
 
 
 # ---- MLflow bookkeeping (models.registry) --------------------------------------------------------

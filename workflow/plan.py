@@ -2,7 +2,8 @@
 
 `make_plan` checks the params (naming the one that does not fit) and each model's training config
 with the form's overrides (an unknown key fails the run here, before any work starts), and fixes
-the run directory, the splits, the shards, each model's workdir and config; the tasks pass the plan along as XCom and
+the run directory, the splits, the shards, each model's workdir and config, and for a model of phone
+targets the directories of its LM text, lexicon and decoding graph; the tasks pass the plan along as XCom and
 workflow/commands.py turns it into each stage's command line.
 """
 
@@ -84,8 +85,16 @@ class Plan:
     # where the word LM goes (pipeline.lm), for the selected models that decode with one (common/catalog.py
     # ModelEntry.word_lm); "": none is built
     lm_dir: str = ""
-    # the LM's text, one sentence per line; "": the training split's transcripts
+    # the LM's text, one sentence per line; "": the training split's transcripts (a phone model: the
+    # source of the LM text stage in place of the open-text source's sentences)
     lm_text: str = ""
+    # A selected model trains on phone targets (its settings' `targets: phones`) and spells words only
+    # through a decoding graph: where the leak-free LM text (pipeline.lm_text), its lexicon
+    # (pipeline.text_lexicon, a Kaldi dict dir) and the graph (pipeline.lang, a lang dir with HLG.fst) go;
+    # "": none of the three stages runs
+    lm_text_dir: str = ""
+    lexicon_dir: str = ""
+    lang_dir: str = ""
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -200,6 +209,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
     loaded = {m: check_training_config(m, params["strategy"], configs[m], overrides) for m in models}
     augment = _augment(loaded)
     lm_dir, lm_text = _word_lm(params, models, run_dir, mode)
+    graph = _decoding_graph(params, _phone_models(loaded), run_dir)
     if augment:
         splits = (*splits, AUGMENTED_SPLIT)
     return Plan(
@@ -235,6 +245,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         augment=augment,
         lm_dir=lm_dir,
         lm_text=lm_text,
+        **graph,
     )
 
 
@@ -249,6 +260,30 @@ def _word_lm(params: Mapping[str, Any], models: tuple[str, ...], run_dir: str, m
             f"lm_text: {lm_text} does not exist (a text file of one sentence per line; empty: the training transcripts)"
         )
     return f"{run_dir}/lm", lm_text
+
+
+def _phone_models(loaded: Mapping[str, Any]) -> tuple[str, ...]:
+    """The models of `loaded` (model -> its TrainConfig) that decode words and train on phone targets:
+    a word-LM model (common/catalog.py ModelEntry.word_lm) whose settings say `targets: phones`."""
+    return tuple(
+        m for m, c in loaded.items() if catalog.model(m).word_lm and getattr(c.settings, "targets", "chars") == "phones"
+    )
+
+
+def _decoding_graph(params: Mapping[str, Any], phones: tuple[str, ...], run_dir: str) -> dict[str, str]:
+    """The plan's lm_text_dir, lexicon_dir and lang_dir: under the run directory when a selected model
+    trains on phones (`phones`, of `_phone_models`), else ""; ValueError naming `word_lm` when the form
+    turns the word LM off for a phone model, which spells words only through the graph built from it."""
+    if not phones:
+        return {"lm_text_dir": "", "lexicon_dir": "", "lang_dir": ""}
+    if not params.get("word_lm", True):
+        settings = ", ".join(f"{m}.targets: phones" for m in phones)
+        raise ValueError(
+            f"word_lm is off, but {settings}: a phone model spells words only through its decoding graph, "
+            f"which is built from the word LM; turn word_lm on, or train on characters "
+            f"(train_overrides {phones[0]}.targets=chars)"
+        )
+    return {"lm_text_dir": f"{run_dir}/lm_text", "lexicon_dir": f"{run_dir}/dict", "lang_dir": f"{run_dir}/lang"}
 
 
 def _demo_text(params: Mapping[str, Any]) -> str:

@@ -213,12 +213,86 @@ def cluster_data_service(
 
 def run_stage(
     plan: Plan, context: Mapping[str, Any], stage: str, module: str, args: Sequence[str], gpus: int = 0
-) -> None:
-    """Runs `python -m MODULE ARGS`: a child process (local) or a pod (kubernetes)."""
+) -> float:
+    """Runs `python -m MODULE ARGS`: a child process (local) or a pod (kubernetes); returns its wall seconds."""
+    started = time.monotonic()
     if plan.mode == "local":
         run_command(commands.module_command(plan.python, module, args))
     else:
         stage_operator(plan, stage, module, args, f"{context['ti'].task_id}-pod", gpus=gpus).execute(context)
+    return round(time.monotonic() - started, 1)
+
+
+# ---- the word LM and a phone model's decoding graph, with their figures for the run's summary -----
+
+
+def _lm_text_figures(record: Mapping[str, Any]) -> dict:
+    """pipeline/lm_text.py's lm_text.json: the text's size, what left it, each split's OOV rate and 3-gram share."""
+    text, coverage = record.get("text", {}), record.get("coverage", {})
+    return {
+        **{k: text.get(k) for k in ("sentences", "words", "vocabulary_size")},
+        "dropped": record.get("dropped", {}),
+        "oov_rate": {split: row.get("oov_rate") for split, row in coverage.items()},
+        "trigram_share": {split: row.get("trigram_share") for split, row in coverage.items()},
+    }
+
+
+def _lexicon_figures(record: Mapping[str, Any]) -> dict:
+    """pipeline/text_lexicon.py's text_lexicon.json: its counts (words, entries, phones, unspelled, ...)."""
+    return {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _lm_figures(record: Mapping[str, Any]) -> dict:
+    """pipeline/lm.py's lm.json: the order, the text's size and the n-gram counts."""
+    text = record.get("text", {})
+    return {
+        "order": record.get("order"),
+        **{k: text.get(k) for k in ("sentences", "words", "vocabulary_size")},
+        "ngrams": record.get("arpa", {}).get("ngrams"),
+    }
+
+
+def _graph_figures(record: Mapping[str, Any]) -> dict:
+    """pipeline/lang.py's lang.json: HLG's states, arcs and bytes, its build seconds, the tables' sizes,
+    and the LM words G2P spelled or none could."""
+    hlg = record.get("hlg", {})
+    keys = ("num_outputs", "words", "g2p_filled", "lm_words_unspelled", "build_seconds")
+    return {**{k: hlg.get(k) for k in ("states", "arcs", "bytes")}, **{k: record.get(k) for k in keys}}
+
+
+# stage -> (its module, its command line, the plan's field of its directory, its done marker there, its figures)
+RECORDED_STAGES = {
+    "lm_text": (commands.LM_TEXT, commands.lm_text_args, "lm_text_dir", "lm_text.json", _lm_text_figures),
+    "lexicon": (commands.LEXICON, commands.lexicon_args, "lexicon_dir", "text_lexicon.json", _lexicon_figures),
+    "lm": (commands.LM, commands.lm_args, "lm_dir", "lm.json", _lm_figures),
+    "graph": (commands.LANG, commands.graph_args, "lang_dir", "lang.json", _graph_figures),
+}
+
+
+def run_recorded_stage(plan: Plan, context: Mapping[str, Any], stage: str) -> dict:
+    """Runs `stage` of RECORDED_STAGES; returns {"stage", "dir", "seconds" (its wall time, a stage found
+    up to date included), "figures" (of its done marker; {} in cluster mode: the Airflow pods lack the data)}."""
+    module, args, field, _, _ = RECORDED_STAGES[stage]
+    seconds = run_stage(plan, context, stage.replace("_", "-"), module, args(plan))
+    return {"stage": stage, "dir": getattr(plan, field), "seconds": seconds, "figures": stage_figures(plan, stage)}
+
+
+def stage_figures(plan: Plan, stage: str) -> dict:
+    """The figures of `stage`'s done marker (RECORDED_STAGES); {} in cluster mode or when it is missing."""
+    _, _, field, marker, figures = RECORDED_STAGES[stage]
+    record = read_json(Path(getattr(plan, field)) / marker) if plan.mode == "local" else None
+    return figures(record) if isinstance(record, dict) else {}
+
+
+def add_stages_to_summary(plan: Plan, done: Sequence[Mapping[str, Any] | None]) -> dict[str, dict]:
+    """{stage: {"dir", "seconds", "figures"}} of `done` (what `run_recorded_stage` returned; None: a stage
+    skipped); in local mode also RUN_DIR/summary.json's `stages` (models.registry finish writes the file)."""
+    stages = {d["stage"]: {k: v for k, v in d.items() if k != "stage"} for d in done if d}
+    summary = Path(plan.run_dir) / "summary.json"
+    written = read_json(summary) if plan.mode == "local" else None
+    if stages and isinstance(written, dict):
+        atomic_write_json(summary, {**written, "stages": stages})
+    return stages
 
 
 def registry(plan: Plan, context: Mapping[str, Any], stage: str, args: Sequence[str]) -> dict:
