@@ -239,7 +239,9 @@ def lexicon_for_text(
     entries, unspelled = to_entries(vocabulary, variants, alone, config.min_prob)
     if not entries:
         raise ValueError(f"espeak-ng -v {config.voice} says none of the text's words; is it an English text?")
-    phones = sorted({p for e in entries for p in e.phones})
+    # every symbol of the running speech, those only in merged runs too: the phone targets of a
+    # sentence are its running speech (pipeline/phones.py "espeak")
+    phones = sorted(reference | {p for e in entries for p in e.phones})
     if config.silence in phones:
         raise ValueError(f"silence {config.silence!r} is one of espeak-ng's symbols here; name another silence phone")
     with_context = {w for w, _ in variants}
