@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -229,7 +231,7 @@ def lexicon_for_text(
     stats: Counter = Counter(dict.fromkeys(COUNTS, 0))
     spoken = _phonemize(sentences, config, show_progress)
     fold = config.fold_stress
-    said_alone = lexlib.g2p(vocabulary, config.voice)
+    said_alone = _g2p(vocabulary, config)
     reference = _reference(spoken, fold)
     alone = {
         w: fit_alone(tuple(unstressed(p) if fold else p for p in said_alone[w]), reference, stats) for w in vocabulary
@@ -259,14 +261,23 @@ def lexicon_for_text(
 
 
 def _phonemize(sentences: Sequence[str], config: TextLexiconConfig, show_progress: bool) -> list[list[str]]:
-    """phonemize's symbols of each sentence, one espeak-ng call per `config.batch` sentences."""
+    """phonemize's symbols of each sentence, one espeak-ng call per `config.batch` sentences, as many
+    calls at once as there are cores (threads: each waits on its own espeak-ng process)."""
+    batches = [list(sentences[i : i + config.batch]) for i in range(0, len(sentences), config.batch)]
     spoken: list[list[str]] = []
     with progress(total=len(sentences), unit="sentence", desc="espeak-ng", disable=not show_progress) as bar:
-        for start in range(0, len(sentences), config.batch):
-            batch = sentences[start : start + config.batch]
-            spoken += phonemes.phonemize(list(batch), config.voice)
-            bar.update(len(batch))
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for batch, said in zip(batches, pool.map(lambda b: phonemes.phonemize(b, config.voice), batches)):
+                spoken += said
+                bar.update(len(batch))
     return spoken
+
+
+def _g2p(words: Sequence[str], config: TextLexiconConfig) -> dict[str, tuple[str, ...]]:
+    """pipeline/lexicon.py `g2p` of every word alone, in batches as `_phonemize` runs them."""
+    batches = [list(words[i : i + 4 * config.batch]) for i in range(0, len(words), 4 * config.batch)]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return {w: p for said in pool.map(lambda b: lexlib.g2p(b, config.voice), batches) for w, p in said.items()}
 
 
 def read_text(path: Path) -> list[str]:
