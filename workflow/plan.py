@@ -161,57 +161,19 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         raise ValueError(f"models must be a non-empty selection of {list(MODELS)}, got {params['models']!r}")
     catalog.strategy(params["strategy"])  # ValueError naming the registered strategies
     overrides = _train_overrides(params)
-    num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
-    data_service_workers = int(params.get("data_service_workers") or 0)
-    if data_service_workers < 0:
-        raise ValueError(f"data_service_workers must be 0 (off) or more, got {data_service_workers}")
-    if num_shards < num_workers:
-        raise ValueError(
-            f"num_shards ({num_shards}) must be at least num_workers ({num_workers}): "
-            f"every training worker reads its own shards"
-        )
-    # Short on purpose: the paths of the Kaldi directories under it end up in MLflow fields of limited length.
-    run_dir = str(Path(params.get("work_root") or default_work_root(mode)) / slug(dag_run_id, 37))
-    if mode == "local":
-        run_dir = str(Path(_resolve(run_dir, mode)).resolve())
+    num_workers, num_shards, data_service_workers = _worker_counts(params)
+    run_dir = _run_dir(params, mode, dag_run_id)
     data_dir = (params.get("data_dir") or "").strip()
-    if data_dir:
-        data_root = _resolve(data_dir, mode)
-        if mode == "local":
-            root = Path(data_root)
-            missing = [s for s in REQUIRED_SPLITS if not _has_data(root / s)]
-            if missing:
-                raise ValueError(
-                    f"data_dir {root}: no Kaldi data directory (wav.scp or feats.scp) for split(s) "
-                    f"{missing}; it needs {list(REQUIRED_SPLITS)} and may have dev and test_noisy"
-                )
-            splits = tuple(s for s in SPLITS if _has_data(root / s))
-        else:
-            splits = ("train", "dev", "test")  # the Airflow pods do not mount the data: the standard three
-    else:
-        data_root, splits = f"{run_dir}/corpus", SPLITS
+    data_root, splits = _data_root(data_dir, mode, run_dir)
     demo_engines, demo_voices = _demo_voices(params)
     if not data_dir and not voices.of_engines(demo_voices.get("test_engine", voices.TEST_ENGINE_VOICES), demo_engines):
         splits = tuple(s for s in splits if s not in ENGINE_SPLITS)  # the corpus makes neither
-    features_dir = (params.get("features_dir") or "").strip()
-    features_root = _resolve(features_dir, mode) if features_dir else data_root
-    if mode == "local" and features_dir:
-        features_root = str(Path(features_root).resolve())
-        if Path(features_root).resolve() == Path(data_root).resolve():
-            features_root = data_root
+    features_root = _features_root(params, mode, data_root)
     configs = {m: _resolve(params.get(f"{m}_config") or catalog.model(m).config_file, mode) for m in MODELS}
-    if mode == "local":
-        for model in models:
-            if not Path(configs[model]).is_file():
-                raise ValueError(f"{model}_config: {configs[model]} does not exist")
-    loaded = {m: check_training_config(m, params["strategy"], configs[m], overrides) for m in models}
+    loaded = _load_configs(params, models, configs, overrides, mode)
     augment = _augment(loaded)
     lm_dir, lm_text = _word_lm(params, models, run_dir, mode)
     graph = _decoding_graph(params, _phone_models(loaded), run_dir)
-    if augment:
-        splits = (*splits, AUGMENTED_SPLIT)
     return Plan(
         dag_id=dag_id,
         dag_run_id=dag_run_id,
@@ -220,7 +182,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         make_corpus=not data_dir,
         data_root=data_root,
         demo_utterances=int(params["demo_utterances"]),
-        splits=splits,
+        splits=(*splits, AUGMENTED_SPLIT) if augment else splits,
         shards_dir=f"{run_dir}/shards",
         num_shards=num_shards,
         models=models,
@@ -247,6 +209,76 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         lm_text=lm_text,
         **graph,
     )
+
+
+def _run_dir(params: Mapping[str, Any], mode: str, dag_run_id: str) -> str:
+    """The run's directory: the work root's directory named after the DAG run."""
+    # Short on purpose: the paths of the Kaldi directories under it end up in MLflow fields of limited length.
+    run_dir = str(Path(params.get("work_root") or default_work_root(mode)) / slug(dag_run_id, 37))
+    return str(Path(_resolve(run_dir, mode)).resolve()) if mode == "local" else run_dir
+
+
+def _load_configs(
+    params: Mapping[str, Any],
+    models: tuple[str, ...],
+    configs: Mapping[str, str],
+    overrides: tuple[str, ...],
+    mode: str,
+) -> dict[str, Any]:
+    """model -> its TrainConfig (`check_training_config`) of the selected `models`; ValueError naming
+    `MODEL_config` when its file is missing (local mode)."""
+    if mode == "local":
+        for model in models:
+            if not Path(configs[model]).is_file():
+                raise ValueError(f"{model}_config: {configs[model]} does not exist")
+    return {m: check_training_config(m, params["strategy"], configs[m], overrides) for m in models}
+
+
+def _worker_counts(params: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(num_workers, num_shards, data_service_workers) of the form; ValueError naming the param that does not fit."""
+    num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    data_service_workers = int(params.get("data_service_workers") or 0)
+    if data_service_workers < 0:
+        raise ValueError(f"data_service_workers must be 0 (off) or more, got {data_service_workers}")
+    if num_shards < num_workers:
+        raise ValueError(
+            f"num_shards ({num_shards}) must be at least num_workers ({num_workers}): "
+            f"every training worker reads its own shards"
+        )
+    return num_workers, num_shards, data_service_workers
+
+
+def _data_root(data_dir: str, mode: str, run_dir: str) -> tuple[str, tuple[str, ...]]:
+    """(data root, the splits it has) of the form's `data_dir`; with none, the demo corpus' under the run
+    directory and all of SPLITS. ValueError naming `data_dir` when a required split is missing (local mode)."""
+    if not data_dir:
+        return f"{run_dir}/corpus", SPLITS
+    data_root = _resolve(data_dir, mode)
+    if mode != "local":
+        return data_root, ("train", "dev", "test")  # the Airflow pods do not mount the data: the standard three
+    root = Path(data_root)
+    missing = [s for s in REQUIRED_SPLITS if not _has_data(root / s)]
+    if missing:
+        raise ValueError(
+            f"data_dir {root}: no Kaldi data directory (wav.scp or feats.scp) for split(s) "
+            f"{missing}; it needs {list(REQUIRED_SPLITS)} and may have dev and test_noisy"
+        )
+    return data_root, tuple(s for s in SPLITS if _has_data(root / s))
+
+
+def _features_root(params: Mapping[str, Any], mode: str, data_root: str) -> str:
+    """Where the features go: the form's `features_dir`, or the data root itself (also when they are one)."""
+    features_dir = (params.get("features_dir") or "").strip()
+    if not features_dir:
+        return data_root
+    features_root = _resolve(features_dir, mode)
+    if mode == "local":
+        features_root = str(Path(features_root).resolve())
+        if Path(features_root).resolve() == Path(data_root).resolve():
+            return data_root
+    return features_root
 
 
 def _word_lm(params: Mapping[str, Any], models: tuple[str, ...], run_dir: str, mode: str) -> tuple[str, str]:
