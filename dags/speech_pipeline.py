@@ -20,9 +20,9 @@ only through a decoding graph: `lm_text` (pipeline/lm_text.py) writes the LM's t
 which holds no held-out sentence, and `lexicon` (pipeline/text_lexicon.py) its words' pronunciations;
 the shards store each transcript's phones over the lexicon's phone table, `build_lm` reads that text,
 `build_graph` (pipeline/lang.py) makes HLG of the lexicon and the LM, and `tune_lm_asr` chooses its
-acoustic scale and word penalty and attaches it; a character model skips the three. Each task runs one stage's command line, from the training environment
-(`execution_mode=local`; training under `horovodrun -np num_workers`) or as a pod of the training
-image (`kubernetes`; training as an MPIJob). With `data_service_workers`, training reads its
+acoustic scale and word penalty and attaches it; a character model skips the three. Each task runs
+one stage's command line, from the training environment (`execution_mode=local`; training under
+`horovodrun -np num_workers`) or as a pod of the training image (`kubernetes`; training as an MPIJob). With `data_service_workers`, training reads its
 batches from a tf.data service started beside it. Every stage skips work that
 is already done, so a retried or cleared task picks up where it stopped. MLflow: one parent run per
 DAG run, a child run per stage; the registry's alias `champion` moves only to a better model.
