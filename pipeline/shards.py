@@ -396,7 +396,11 @@ def _phonemes(plans: dict, cfg: ShardConfig, given: dict | None) -> tuple[list[s
         return [], {}, {}
     keys = [(name, utt) for name, plan in plans.items() for utt in plan.entries]
     transcripts = {(n, u): text.normalize_transcript(plans[n].entries[u].transcript, cfg.lowercase) for n, u in keys}
-    symbols = dict(zip(keys, phonemes.phonemize(list(transcripts.values()), cfg.phonemes))) if cfg.phonemes else {}
+    symbols = {}
+    if cfg.phonemes:  # each distinct sentence once: the copies in train_aug repeat train's
+        distinct = sorted(set(transcripts.values()))
+        said = dict(zip(distinct, phonemes.phonemize(distinct, cfg.phonemes)))
+        symbols = {key: said[t] for key, t in transcripts.items()}
     vocabulary: list[str] = []
     if given is not None and given["phoneme_vocabulary"]:
         vocabulary = given["phoneme_vocabulary"]
