@@ -94,6 +94,9 @@ def load_model_dir(model_dir: Path):
         vocabulary=data["vocabulary"],
         phonemes=data.get("phonemes", ""),
         phoneme_vocabulary=data.get("phoneme_vocabulary", []),
+        # a phone model's output layer (<blk> and the phones) and the lexicon they came from
+        phone_vocabulary=tuple(data["outputs"]) if data.get("targets") == "phones" else (),
+        phones=data.get("phones", {}),
         num_targets=0,
         splits={},
     )
