@@ -35,8 +35,8 @@ START_TIMEOUT_S = 300  # a model server imports TensorFlow and loads the weights
 
 
 def champion(name: str, kind: str, alias: str = registry.ALIAS) -> dict:
-    """What the page needs of `name`'s champion: {name, alias, version, uri, voices}, or {name, alias,
-    error} when no version holds `alias` or the version is not a `kind` model."""
+    """What the page needs of `name`'s champion: {name, alias, version, uri, voices, targets}, or {name,
+    alias, error} when no version holds `alias` or the version is not a `kind` model."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -58,7 +58,9 @@ def champion(name: str, kind: str, alias: str = registry.ALIAS) -> dict:
         data = json.loads(Path(data_file).read_text(encoding="utf-8"))
     if data.get("model") != kind:
         return {**found, "error": f"{name} version {version.version} is a {data.get('model')!r} model, not {kind!r}"}
-    return {**found, "version": version.version, "uri": uri, "voices": list(data.get("voices") or [])}
+    voices = list(data.get("voices") or [])
+    # what an acoustic model spells: a phone model answers words through its attached graph (models/asr/lm.py)
+    return {**found, "version": version.version, "uri": uri, "voices": voices, "targets": data.get("targets", "chars")}
 
 
 def start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:

@@ -9,8 +9,9 @@ of `mlflow models serve`, each server holding `mlflow.pyfunc.load_model("models:
 (models/serving/pyfunc.py `SpeechModel`). What the page shows is what serving answers, byte for byte.
 
 Imports nothing of the project: `--champions FILE` (JSON written by apps.try_models) tells it, for
-`asr` and `tts`, the registered name and version, the URL of its server and the synthesis voices,
-or why that champion is missing.
+`asr` and `tts`, the registered name and version, the URL of its server, the synthesis voices and
+what the acoustic model's outputs are (`targets`: chars, or phones spelled into words through its
+graph), or why that champion is missing.
 """
 
 from __future__ import annotations
@@ -104,7 +105,10 @@ def header(kind: str, champion: dict) -> str:
     """One line over each tab: which registered version answers, or why none does."""
     if missing := missing_message(kind, champion):
         return f"**No {LABELS[kind]} to try.** {missing}"
-    return f"Answered by `{champion['name']}` version {champion['version']} (alias `{champion['alias']}`)."
+    line = f"Answered by `{champion['name']}` version {champion['version']} (alias `{champion['alias']}`)."
+    if champion.get("targets") == "phones":
+        line += " A phone model: it hears phones and spells the words through its decoding graph."
+    return line
 
 
 def build(champions: dict, out_dir: Path):

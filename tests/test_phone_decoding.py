@@ -300,3 +300,11 @@ def test_the_evaluation_of_a_phone_model_scores_its_phones_and_its_words_through
     speakers = (tmp_path / "dev_speakers.tsv").read_text().splitlines()
     assert speakers[0] == "speaker\tutterances\tphones\tper\tper_beam\twords\twer_lm\tcer_lm"
     assert speakers[1].split("\t") == ["spk", "2", "13", "0.0769", "0.0769", "5", "0.2000", "0.1667"]
+
+
+def test_the_try_page_says_a_phone_model_spells_through_its_graph():
+    from apps import try_page
+
+    champion = {"url": "http://127.0.0.1:1", "name": "asr", "version": 3, "alias": "champion"}
+    assert "phone model" not in try_page.header("asr", champion)
+    assert "spells the words through its decoding graph" in try_page.header("asr", {**champion, "targets": "phones"})
