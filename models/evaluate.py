@@ -156,7 +156,9 @@ def split_batches(task, config, shards: ShardSet, split: str, frames_per_batch: 
 def check_vocabulary(data: dict, shards: ShardSet, model_dir: str | Path) -> None:
     """ValueError with the fix when the shards' token ids do not mean the model's characters (or, for
     a model with phoneme input, its phonemes): the references would be decoded with the wrong
-    characters (or as `<unk>`) and every CER be wrong, or the model would read other phonemes."""
+    characters (or as `<unk>`) and every CER be wrong, or the model would read other phonemes. For
+    a phone model, the shards' phone targets must be of its output layer too (`check_phones`)."""
+    check_phones(data, shards, model_dir)
     ours, theirs = list(data["vocabulary"]), list(shards.vocabulary)
     lowercase = bool(data.get("lowercase", True)), shards.lowercase
     phonemes = list(data.get("phoneme_vocabulary", []))
@@ -177,6 +179,27 @@ def check_vocabulary(data: dict, shards: ShardSet, model_dir: str | Path) -> Non
     raise ValueError(
         f"the shards in {shards.root} were not made with the vocabulary of the model in {model_dir}: {differs}. "
         f"Make them again with it: `python -m pipeline.shards ... --vocabulary-from {model_dir} --out DIR`"
+    )
+
+
+def check_phones(data: dict, shards: ShardSet, model_dir: str | Path) -> None:
+    """ValueError with the fix when the model is a phone model (data.json `targets: phones`) and the
+    shards hold no phone targets, or phone ids of another table than its output layer (`outputs`):
+    its phone error rate would be scored against other phones."""
+    if data.get("targets") != "phones" or list(shards.phone_vocabulary) == list(data["outputs"]):
+        return
+    theirs, ours = list(shards.phone_vocabulary), list(data["outputs"])
+    if not theirs:
+        differs = f"hold no phone targets, which the phone model in {model_dir} is scored against"
+    else:
+        differs = (
+            f"hold phone ids of another table than the output layer of the phone model in {model_dir} "
+            f"({len(theirs)} and {len(ours)} ids; only the shards': {sorted(set(theirs) - set(ours))}, "
+            f"only the model's: {sorted(set(ours) - set(theirs))})"
+        )
+    raise ValueError(
+        f"the shards in {shards.root} {differs}: make them again with its phones and lexicon: "
+        f"`python -m pipeline.shards ... --vocabulary-from {model_dir} --out DIR`"
     )
 
 

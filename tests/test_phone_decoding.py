@@ -308,3 +308,20 @@ def test_the_try_page_says_a_phone_model_spells_through_its_graph():
     champion = {"url": "http://127.0.0.1:1", "name": "asr", "version": 3, "alias": "champion"}
     assert "phone model" not in try_page.header("asr", champion)
     assert "spells the words through its decoding graph" in try_page.header("asr", {**champion, "targets": "phones"})
+
+
+def test_shards_without_the_phone_models_phone_targets_are_refused_before_it_is_scored():
+    import dataclasses
+
+    from models.evaluate import check_vocabulary
+    from tests.conftest import shard_set
+
+    shards = shard_set({"dev": {}}, vocabulary=VOCABULARY)
+    data = phone_data(["<blk>", "AA", "AE"])
+    with pytest.raises(ValueError, match=r"hold no phone targets, which the phone model in runs/p is scored against"):
+        check_vocabulary(data, shards, "runs/p")
+    other = dataclasses.replace(shards, phone_vocabulary=("<blk>", "AA", "IY"))
+    with pytest.raises(ValueError, match=r"another table .* only the shards': \['IY'\], only the model's: \['AE'\]"):
+        check_vocabulary(data, other, "runs/p")
+    check_vocabulary(data, dataclasses.replace(shards, phone_vocabulary=("<blk>", "AA", "AE")), "runs/p")
+    check_vocabulary({"vocabulary": VOCABULARY}, shards, "runs/c")  # a char model needs no phones
