@@ -101,7 +101,7 @@ def test_the_kaldi_lang_dir_keeps_position_dependent_phones_and_its_l(lang_graph
 
 def test_acoustic_scale_and_word_penalty(dict_graph):
     graph = hlg.load_graph(dict_graph, 14)
-    penalised = hlg._with_word_penalty(graph.fst, 2.5)
+    penalised = hlg._with_word_penalty(graph.fst, 2.5, len(graph.words))
 
     def word_arcs(fst):
         weights = [

@@ -137,7 +137,7 @@ class HlgDecoder:
         self.graph = graph
         self.settings = settings
         # `fst`: the graph with this word penalty already added (`with_settings` passes it on)
-        self._fst = fst if fst is not None else _with_word_penalty(graph.fst, settings.word_penalty)
+        self._fst = fst if fst is not None else _with_word_penalty(graph.fst, settings.word_penalty, len(graph.words))
         self._options = kaldi_decoder.FasterDecoderOptions(beam=settings.beam, max_active=settings.max_active)
 
     def with_settings(self, settings: HlgDecoding) -> HlgDecoder:
@@ -202,15 +202,23 @@ class HlgDecoder:
         return best if ok else None
 
 
-def _with_word_penalty(fst: kaldifst.StdVectorFst, penalty: float) -> kaldifst.StdVectorFst:
-    """A copy of `fst` with `penalty` added to every arc that emits a word (the graph itself when 0)."""
+def _with_word_penalty(fst: kaldifst.StdVectorFst, penalty: float, num_words: int) -> kaldifst.StdVectorFst:
+    """`fst` with `penalty` added to every arc that emits a word of words.txt's `num_words` (the graph
+    itself when 0): composed
+    with a one-state FST whose every word loop costs `penalty`. OpenFst's composition runs in C++,
+    several times faster than walking the graph's millions of arcs in Python."""
     if penalty == 0:
         return fst
-    out = kaldifst.StdVectorFst(fst)
-    for state in kaldifst.StateIterator(out):
-        for arc in kaldifst.ArcIterator(out, state):
-            if arc.olabel != 0:
-                arc.weight = kaldifst.TropicalWeight(arc.weight.value + penalty)
+    per_word = kaldifst.StdVectorFst()
+    loop = per_word.add_state()
+    per_word.start = loop
+    per_word.set_final(state=loop, weight=0)
+    for word in range(1, num_words):
+        per_word.add_arc(state=loop, arc=kaldifst.StdArc(ilabel=word, olabel=word, weight=penalty, nextstate=loop))
+    graph = kaldifst.StdVectorFst(fst)  # the arcsort changes it
+    kaldifst.arcsort(graph, sort_type="olabel")
+    out = kaldifst.compose(graph, per_word)
+    kaldifst.arcsort(out, sort_type="ilabel")
     return out
 
 
