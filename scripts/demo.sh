@@ -132,33 +132,73 @@ print()
 print(f"speech_pipeline {'succeeded' if status == 0 else 'FAILED'} in {elapsed // 60} min {elapsed % 60} s "
       f"(MLflow parent run {s['parent_run_id']}, {s['status']})")
 models = s["models"]
-if "asr" in models:
-    m = models["asr"]["metrics"]
-    print(f"  acoustic model   {trained(models['asr'])}; greedy, beam search and beam search with the word LM:")
+def char_table(m):
     print(f"                   {'split':<12} {'CER greedy':>10} {'beam':>6} {'LM':>6}   {'WER greedy':>10} {'beam':>6} {'LM':>6}")
     for split in ("dev", "test", "test_noisy", "test_engine"):
         if f"{split}_cer" in m:
             print(f"                   {split:<12} {pct(m, f'{split}_cer'):>10} {pct(m, f'{split}_cer_beam'):>6} "
                   f"{pct(m, f'{split}_cer_lm'):>6}   {pct(m, f'{split}_wer'):>10} {pct(m, f'{split}_wer_beam'):>6} "
                   f"{pct(m, f'{split}_wer_lm'):>6}")
-    lm_file = Path(models["asr"]["workdir"]) / "model" / "lm" / "decoding.json"
-    if lm_file.exists():  # the LM the model was evaluated and registered with (models/tune_lm.py)
-        d = json.loads(lm_file.read_text())
-        lm_text = json.loads(lm_file.with_name("lm.json").read_text())["text"]
-        print(f"                   word LM: {lm_text['sentences']:,} sentences, {lm_text['vocabulary_size']:,} words, "
-              f"weight {d['settings']['weight']}, word bonus {d['settings']['word_bonus']} (chosen on "
-              f"{d['chosen_on']['split']}); its words miss {pct(m, 'test_lm_oov_rate')} of test's")
-    else:
+
+
+def phone_table(m):
+    print(f"                   {'split':<12} {'PER greedy':>10} {'beam':>6}   {'WER':>6} {'CER':>6}   {'RTF':>6}")
+    for split in ("dev", "test", "test_noisy", "test_engine"):
+        if f"{split}_per" in m:
+            rtf = f"{m[f'{split}_decode_rtf_lm']:.3f}" if f"{split}_decode_rtf_lm" in m else "n/a"
+            print(f"                   {split:<12} {pct(m, f'{split}_per'):>10} {pct(m, f'{split}_per_beam'):>6}   "
+                  f"{pct(m, f'{split}_wer_lm'):>6} {pct(m, f'{split}_cer_lm'):>6}   {rtf:>6}")
+
+
+def decoding(m, lm_dir):
+    """The attached LM's or graph's line (models/tune_lm.py chose its settings)."""
+    if not (lm_dir / "decoding.json").exists():
         print("                   no word LM attached (the param word_lm is off, or tune_lm_asr did not run: see its log)")
-    if "test_engine_cer" in m:
-        print(f"                   test_engine: the test sentences in {voices(heard.get('test_engine', [])) or 'n/a'}, "
-              "voices never heard in training; per speaker:")
-        table = Path(models["asr"]["workdir"]) / "eval" / "test_engine_speakers.tsv"
-        if table.exists():  # the held-out speakers slt and kal, each engine's rendering apart
-            rows = [line.split("\t") for line in table.read_text().splitlines()[1:] if line]
-            for speaker, utts, _, cer, cer_beam, wer, _ in rows:
-                print(f"                     {speaker:<34} CER {100 * float(cer):5.1f}% (beam {100 * float(cer_beam):5.1f}%), "
-                      f"WER {100 * float(wer):5.1f}%, {utts} utterances")
+        return
+    d = json.loads((lm_dir / "decoding.json").read_text())
+    chosen = d["settings"]
+    if (lm_dir / "lang.json").exists():  # an HLG graph (pipeline/lang.py)
+        g = json.loads((lm_dir / "lang.json").read_text())
+        print(f"                   HLG graph: {g['words']:,} words, {g['hlg']['states']:,} states, {g['hlg']['arcs']:,} arcs "
+              f"({g['hlg']['bytes'] / 1e6:.0f} MB), acoustic scale {chosen['acoustic_scale']}, word penalty "
+              f"{chosen['word_penalty']} (chosen on {d['chosen_on']['split']}); its words miss "
+              f"{pct(m, 'test_lm_oov_rate')} of test's")
+        return
+    lm_text = json.loads((lm_dir / "lm.json").read_text())["text"]
+    print(f"                   word LM: {lm_text['sentences']:,} sentences, {lm_text['vocabulary_size']:,} words, "
+          f"weight {chosen['weight']}, word bonus {chosen['word_bonus']} (chosen on "
+          f"{d['chosen_on']['split']}); its words miss {pct(m, 'test_lm_oov_rate')} of test's")
+
+
+def speakers(m, workdir, phones):
+    """test_engine per speaker (eval/test_engine_speakers.tsv): the held-out speakers, each engine apart."""
+    table = Path(workdir) / "eval" / "test_engine_speakers.tsv"
+    if not table.exists():
+        return
+    print(f"                   test_engine: the test sentences in {voices(heard.get('test_engine', [])) or 'n/a'}, "
+          "voices never heard in training; per speaker:")
+    for row in (line.split("\t") for line in table.read_text().splitlines()[1:] if line):
+        if phones:  # speaker utterances phones per per_beam words wer_lm cer_lm
+            speaker, utts, _, per, _, _, wer, _ = row
+            print(f"                     {speaker:<34} PER {100 * float(per):5.1f}%, WER {100 * float(wer):5.1f}%, "
+                  f"{utts} utterances")
+        else:  # speaker utterances chars cer cer_beam wer wer_beam
+            speaker, utts, _, cer, cer_beam, wer, _ = row
+            print(f"                     {speaker:<34} CER {100 * float(cer):5.1f}% (beam {100 * float(cer_beam):5.1f}%), "
+                  f"WER {100 * float(wer):5.1f}%, {utts} utterances")
+
+
+if "asr" in models:
+    m = models["asr"]["metrics"]
+    phones = "test_per" in m or "dev_per" in m
+    if phones:
+        print(f"  acoustic model   phones, {trained(models['asr'])}; phone error rate greedy and beam, words through HLG:")
+        phone_table(m)
+    else:
+        print(f"  acoustic model   {trained(models['asr'])}; greedy, beam search and beam search with the word LM:")
+        char_table(m)
+    decoding(m, Path(models["asr"]["workdir"]) / "model" / "lm")
+    speakers(m, models["asr"]["workdir"], phones)
     unheard = [(split, m[f"{split}_oov_rate"], m.get(f"{split}_oov_cer")) for split in ("test", "test_noisy", "test_engine")
                if f"{split}_oov_rate" in m]
     if unheard:  # the words no training sentence has (models/asr/scoring.py oov_figures)
