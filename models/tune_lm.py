@@ -47,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--word-bonuses", default="0,0.5,1,2", help="word LM: word bonuses to try, comma-separated")
     p.add_argument("--beam-width", type=int, default=32, help="word LM: the beam search's width")
     p.add_argument(
-        "--acoustic-scales", default="0.5,0.7,1.0,1.4", help="lang dir: acoustic scales to try, comma-separated"
+        "--acoustic-scales", default="0.6,0.7,0.85,1.0", help="lang dir: acoustic scales to try, comma-separated"
     )
     p.add_argument(
         "--word-penalties",
-        default="-1,0,1,2",
+        default="-2,-1,0",
         help="lang dir: word insertion penalties to try, comma-separated (positive: fewer words)",
     )
     p.add_argument(
