@@ -52,19 +52,26 @@ class AsrTask:
     def create(cls, config, shards: records.ShardSet, eval_config=None) -> AsrTask:
         """The task of TrainConfig `config`, sized from `shards` (its vocabulary decodes dev batches)."""
         settings = resolve_asr(config.settings, shards)
-        return cls(settings, list(outputs_of(settings, shards)), shards.phones)
+        return cls(settings, list(outputs_of(settings, shards)), shards.phones, shards.phonemes)
 
     def resolved(self, config):
         return dataclasses.replace(config, settings=self.config)
 
     def model_data(self) -> dict:
-        """What data.json adds for this model: its targets, output layer and phone source."""
-        return {"voices": [], "targets": self.config.targets, "outputs": list(self.vocabulary), "phones": self.phones}
+        """What data.json adds for this model: its targets, output layer and phone source; a phone
+        model also the espeak-ng voice of its shards' phonemes ("": none), in which its targets (or
+        the words G2P filled) were said, and in which a sentence's targets are built again
+        (models/tts/evaluation.py's phone listener)."""
+        data = {"voices": [], "targets": self.config.targets, "outputs": list(self.vocabulary), "phones": self.phones}
+        return {**data, "phonemes": self.phonemes} if self.phone_targets else data
 
-    def __init__(self, config: AsrConfig, vocabulary: list[str] | None = None, phones: dict | None = None):
+    def __init__(
+        self, config: AsrConfig, vocabulary: list[str] | None = None, phones: dict | None = None, phonemes: str = ""
+    ):
         self.config = config
         self.vocabulary = vocabulary or []  # the output layer's symbols: characters, or <blk> and phones
         self.phones = phones or {}  # the shards' record of the lexicon the phone targets came from
+        self.phonemes = phonemes  # the espeak-ng voice of the shards' phonemes ("": none)
         self.phone_targets = config.targets == "phones"
         self.selection_metric = "dev_per" if self.phone_targets else "dev_cer"
         # the training step's augmentation settings (SpecAugment, VTLP); None: none
