@@ -102,9 +102,17 @@ def duration_figures(searched: list[np.ndarray], predicted: list[np.ndarray], la
 
 
 def heard(arms: dict, vocabulary: list[str], listener) -> dict:
-    """Each arm's CER and WER by `listener` (models/tts/evaluation.py `Listener`); the teacher-forced
-    frames are normalized by the recording's voice as evaluation does (on dev the same voice)."""
-    from models.asr.evaluation import error_rates
+    """Each arm's figures by `listener` (models/tts/evaluation.py `Listener`): `error_rates` of its
+    words (`cer`, `wer` and their counts), and for a phone listener `per` and `phones` of its greedy
+    phones against the targets it trains on (evaluation's `heard_rates`). The teacher-forced frames
+    are normalized by the recording's voice as evaluation does (on dev the same voice)."""
+    from models.tts.evaluation import heard_rates
+    from pipeline import text
 
     refs = ["".join(vocabulary[t] for t in tokens) for tokens in arms["tokens"]]
-    return {name: error_rates(refs, listener.transcribe(mels, arms["voices"])) for name, mels in arms["mels"].items()}
+    said = None
+    if listener.phones:
+        keys = [("diagnosis", f"sentence {i}") for i in range(len(refs))]
+        found = listener.references({k: text.decode(t, vocabulary) for k, t in zip(keys, arms["tokens"])})
+        said = [found[k] for k in keys]
+    return {name: heard_rates(refs, said, listener.hear(mels, arms["voices"])) for name, mels in arms["mels"].items()}

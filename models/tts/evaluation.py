@@ -6,8 +6,10 @@
    dev split: held-out sentences in training voices), otherwise the training voice nearest to it
    (the test split's voices are new; see `TtsTask.voices`), or one voice asked for by name.
 2. `tts_metrics`: numbers from the `Spoken`s (mel L1, filterbank cepstral distance after DTW, attention
-   monotonicity and diagonality), and `intelligibility`: our acoustic model transcribes the
-   synthesized mels, and its CER says how understandable they are.
+   monotonicity and diagonality), and `intelligibility`: our acoustic model (`Listener`) transcribes
+   the synthesized mels, and its error rates say how understandable they are: a char model's CER
+   and WER, or a phone model's PER against the targets it trains on and the WER of its words through
+   its decoding graph. `intelligibility_listener` in the figures says which listener heard them.
 3. `write_samples`: attention and mel plots and Griffin-Lim WAVs of the first few sentences, each
    file named with its voice, and `SPLIT_samples.tsv` saying who speaks what.
 """
@@ -15,14 +17,18 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.asr import network as asr
 from models.tts import alignment as tts_alignment
 from models.tts import audio
+
+if TYPE_CHECKING:  # a char listener needs no lexicon (pipeline/phones.py imports kaldifst)
+    from pipeline.phones import PhoneTable
 
 
 @dataclasses.dataclass
@@ -117,23 +123,52 @@ class Listener:
     """A trained acoustic model that transcribes log-mels [T, 80] (any form models/opening.py
     opens). Features are normalized as it was trained: each utterance by its own statistics
     (`input.cmvn: utterance`), or each voice as one speaker, by the mean and variance of all its
-    utterances among those it is given (speaker CMVN and the others)."""
+    utterances among those it is given (speaker CMVN and the others).
+
+    A char model's words are its greedy characters. A phone model (data.json `targets: phones`)
+    hears greedy phones, scored against the targets it trains on (`references`), and spells words
+    only through its decoding graph (models/asr/lm.py `choose`), which is opened here once."""
 
     def __init__(self, asr_model: str | Path):
         from models import opening
+        from models.asr import lm
 
+        self.name = str(asr_model)
         self.model, self.config, self.data = opening.open_model(asr_model)
         self.per_utterance = self.config.input.cmvn == "utterance"
+        self.phones = lm.targets_of(self.data) == "phones"
+        self.graph = lm.choose(self.data) if self.phones else None
+        self.table = listener_table(self.data, self.name) if self.phones else None
 
     def transcribe(self, mels: list[np.ndarray], voices: list[str]) -> list[str]:
-        """One transcript per log-mel matrix; `voices` names whose statistics normalize each."""
+        """One transcript (words) per log-mel matrix; `voices` names whose statistics normalize each."""
+        return self.hear(mels, voices)["words"]
+
+    def hear(self, mels: list[np.ndarray], voices: list[str]) -> dict[str, list[str]]:
+        """{"words": one transcript per log-mel matrix}, and for a phone listener "phones": its greedy
+        phones, space-joined (the strings whose word error rate is the PER)."""
+        from models.asr import lm
+        from models.asr.phone_evaluation import phone_string
+
+        heard: dict[str, list[str]] = {"words": [], "phones": []} if self.phones else {"words": []}
+        for feats, lengths in self._batches(mels, voices):
+            if not self.phones:
+                heard["words"] += asr.transcribe(self.model, feats, lengths, self.data["vocabulary"])
+                continue
+            logits, out_lengths = asr.forward(self.model, feats, lengths)  # [B, T', outputs], [B]
+            greedy = asr.greedy_decode(logits.numpy(), out_lengths.numpy())
+            heard["phones"] += [phone_string(ids, self.data["outputs"]) for ids in greedy]
+            heard["words"] += self.graph.decode(lm.log_probs_of(logits, out_lengths))
+        return heard
+
+    def _batches(self, mels: list[np.ndarray], voices: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Batches of 16 as the model reads them: (feats float32 [B, T, D] normalized, lengths int32 [B])."""
         from pipeline import frontend
 
         stats = {}  # per-voice statistics, for a judge that does not normalize each utterance itself
         for voice in () if self.per_utterance else set(voices):
             frames = np.concatenate([m for m, v in zip(mels, voices) if v == voice])
             stats[voice] = frames.mean(0), np.maximum(frames.std(0), 1e-4)
-        hyps = []
         for start in range(0, len(mels), 16):
             chunk, chunk_voices = mels[start : start + 16], voices[start : start + 16]
             lengths = np.asarray([len(m) for m in chunk], np.int32)
@@ -143,41 +178,171 @@ class Listener:
                 feats[i, : len(m)] = (m - mean) / std
             if self.per_utterance:
                 feats = frontend.utterance_normalize(feats, lengths).numpy()
-            hyps += asr.transcribe(self.model, feats, lengths, self.data["vocabulary"])
-        return hyps
+            yield feats, lengths
+
+    def references(self, sentences: Mapping[tuple[str, str], str]) -> dict[tuple[str, str], str]:
+        """A phone listener's reference phones of {(split, utt): the sentence's text}: the target
+        sequence its shards hold for that text (`phone_references`)."""
+        from pipeline import phonemes, text
+
+        lowercase = bool(self.data.get("lowercase", True))
+        normalized = {key: text.normalize_transcript(t, lowercase) for key, t in sentences.items()}
+        voice = self.data.get("phonemes") or phonemes.DEFAULT_VOICE
+        try:
+            return phone_references(normalized, self.data.get("phones", {}), self.table, voice)
+        except ValueError as err:
+            raise ValueError(f"the phone listener {self.name}'s reference phones: {err}") from err
+
+    def describe(self) -> dict:
+        """Which listener heard a figure: its targets, the model, and how its words are spelled (for a
+        phone model the graph, models/asr/hlg.py `GraphDecoder.describe`, and the lexicon)."""
+        if not self.phones:
+            return {"targets": "chars", "model": self.name, "decoding": "greedy", "lm": None}
+        record, graph = self.data.get("phones", {}), self.graph.describe()
+        return {
+            "targets": "phones",
+            "model": self.name,
+            "decoding": "greedy phones; words through the graph",
+            "lm": graph["lm_kind"],
+            "lm_dir": str(self.graph.lm_dir),
+            **graph,
+            "phones_from": record.get("from", ""),
+            "phone_source": record.get("source", "lexicon"),
+        }
+
+
+def listener_table(data: dict, name: str) -> PhoneTable:
+    """The phone table of the lexicon a phone model's targets came from (data.json `phones.from`),
+    checked to be the one it trained with. FileNotFoundError naming the directory and the fix when it
+    is gone; ValueError when its phone set is not the model's output layer, or (targets looked up in
+    the lexicon) its files are not the ones the model's shards were made with."""
+    from pipeline import phones
+
+    record = data.get("phones") or {}
+    source = record.get("from", "")
+    fix = (
+        "put the dict or lang dir the model's shards were made with (`pipeline.shards --phones-from`) back "
+        "there, or give a char model as the listener"
+    )
+    if not source:
+        raise ValueError(f"{name}: a phone model whose data.json names no lexicon (phones.from): train it again")
+    if not Path(source).is_dir():
+        raise FileNotFoundError(
+            f"{source}: no such directory; it is the lexicon the phone listener {name} was trained with "
+            f"(data.json phones.from), which its reference phones are built from: {fix}"
+        )
+    table = phones.open_table(source)
+    if list(table.outputs) != list(data["outputs"]):
+        raise ValueError(
+            f"{source}: its phone set is not the output layer of the phone listener {name} "
+            f"(only the lexicon's: {sorted(set(table.outputs) - set(data['outputs']))}, only the model's: "
+            f"{sorted(set(data['outputs']) - set(table.outputs))}): {fix}"
+        )
+    if record.get("source", "lexicon") == "lexicon" and record.get("sha256") not in (None, table.sha256):
+        raise ValueError(
+            f"{source}: not the lexicon the phone listener {name} was trained with (sha256 {table.sha256}, "
+            f"data.json records {record['sha256']}), so its pronunciations may not be the targets: {fix}"
+        )
+    return table
+
+
+def phone_references(
+    sentences: Mapping[tuple[str, str], str], record: dict, table: PhoneTable, voice: str
+) -> dict[tuple[str, str], str]:
+    """{(split, utt): phone string} of normalized sentences: the target sequence the shard stage
+    (pipeline/shards.py with pipeline/phones.py) stores for that text with the lexicon `table` and
+    the source `record` (data.json `phones`) names: espeak-ng's phonemes of the sentence in `voice`
+    (source "espeak"), or each word's likeliest pronunciation (source "lexicon"; the words espeak-ng
+    filled when the shards had G2P, which filled some). Phone symbols joined by single spaces."""
+    from models.asr.phone_evaluation import phone_string
+    from pipeline import phonemes, phones
+
+    if record.get("source", "lexicon") == "espeak":
+        keys = list(sentences)
+        said = phonemes.phonemize([sentences[k] for k in keys], voice)
+        ids = phones.ids_from_espeak(dict(zip(keys, said)), table)
+    else:
+        g2p = bool(record.get("g2p")) or any((record.get("g2p_words") or {}).values())
+        ids, _ = phones.ids_from_lexicon(sentences, table, g2p, voice)
+    return {key: phone_string(ids[key], table.outputs) for key in sentences}
+
+
+# What the listener hears, beside the free-running synthesis: the name of its figures and its TSV column
+SOURCES = {"synthesis": "", "teacher_forced": "_teacher_forced", "recording": "_recordings", "vocoded": "_vocoded"}
 
 
 def intelligibility(spoken: list[Spoken], vocabulary: list[str], listener: Listener, split: str, out_dir: Path) -> dict:
-    """CER of an acoustic model (`listener`) on the synthesized log-mels (`SPLIT_intelligibility_cer`),
-    and, to say where what it misses is lost, on two more sources of the same sentences: the model's
-    teacher-forced output (`..._cer_teacher_forced`: the frames it predicts when it is fed the
-    recording, so free-running drift is left out) and the recordings themselves
-    (`..._cer_recordings`: the judge's own errors); and on what a person hears (`..._cer_vocoded`:
-    the synthesized mels through Griffin-Lim as the user gets them, analysed again by the feature
-    stage, `audio.vocoded`)."""
-    from models.asr.evaluation import error_rates
+    """How well an acoustic model (`listener`) hears the synthesized log-mels, and, to say where what
+    it misses is lost, three more sources of the same sentences: the model's teacher-forced output
+    (`..._teacher_forced`: the frames it predicts when it is fed the recording, so free-running drift
+    is left out), the recordings themselves (`..._recordings`: the judge's own errors, the floor), and
+    what a person hears (`..._vocoded`: the synthesized mels through Griffin-Lim as the user gets
+    them, analysed again by the feature stage, `audio.vocoded`).
 
+    A char listener: `SPLIT_intelligibility_cer` and `_wer` of the synthesis, the CER of the others
+    (`..._cer_teacher_forced`, ...). A phone listener: for each source its greedy PER against the
+    targets it trains on (`SPLIT_intelligibility_per`, `..._per_teacher_forced`, ...), and the WER and
+    CER of its words through its graph (`..._wer`, `..._cer`, `..._wer_recordings`, ...).
+    Writes `SPLIT_intelligibility.tsv`: each sentence, its reference and what was heard of each source."""
     refs = ["".join(vocabulary[t] for t in s.tokens) for s in spoken]
-    hyps = listener.transcribe([s.synthesized for s in spoken], [s.voice for s in spoken])
+    said = None
+    if listener.phones:
+        from pipeline import text
+
+        keys = [(split, s.utt_id) for s in spoken]
+        found = listener.references({k: text.decode(s.tokens, vocabulary) for k, s in zip(keys, spoken)})
+        said = [found[k] for k in keys]
+    voices, speakers = [s.voice for s in spoken], [s.speaker for s in spoken]
     # teacher-forced frames follow the recording they are fed, so they are normalized by its speaker
-    forced = listener.transcribe([s.teacher_forced for s in spoken], [s.speaker for s in spoken])
-    recorded = listener.transcribe([s.reference for s in spoken], [s.speaker for s in spoken])
-    heard = listener.transcribe(audio.vocoded([s.synthesized for s in spoken]), [s.voice for s in spoken])
-    columns = ["utt_id", "speaker", "voice", "reference", "asr_on_synthesis", "asr_on_teacher_forced"]
-    columns += ["asr_on_recording", "asr_on_vocoded"]
-    rows = ["\t".join(columns)] + [
-        "\t".join([s.utt_id, s.speaker, s.voice, *texts])
-        for s, *texts in zip(spoken, refs, hyps, forced, recorded, heard)
-    ]
-    (out_dir / f"{split}_intelligibility.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    rates, forced_rates, recorded_rates, heard_rates = (error_rates(refs, h) for h in (hyps, forced, recorded, heard))
-    return {
-        f"{split}_intelligibility_cer": rates["cer"],
-        f"{split}_intelligibility_wer": rates["wer"],
-        f"{split}_intelligibility_cer_teacher_forced": forced_rates["cer"],
-        f"{split}_intelligibility_cer_recordings": recorded_rates["cer"],
-        f"{split}_intelligibility_cer_vocoded": heard_rates["cer"],
+    heard = {
+        "synthesis": listener.hear([s.synthesized for s in spoken], voices),
+        "teacher_forced": listener.hear([s.teacher_forced for s in spoken], speakers),
+        "recording": listener.hear([s.reference for s in spoken], speakers),
+        "vocoded": listener.hear(audio.vocoded([s.synthesized for s in spoken]), voices),
     }
+    write_heard(out_dir / f"{split}_intelligibility.tsv", spoken, refs, said, heard)
+    return intelligibility_metrics({name: heard_rates(refs, said, h) for name, h in heard.items()}, split)
+
+
+def heard_rates(refs: list[str], said: list[str] | None, heard: dict[str, list[str]]) -> dict:
+    """`error_rates` of what a listener heard (`Listener.hear`) against the sentences `refs`; for a
+    phone listener (`said`: the reference phone strings) with `per` and `phones` (the reference's
+    count) of its greedy phones."""
+    from models.asr.scoring import error_rates
+
+    rates = error_rates(refs, heard["words"])
+    if said is None:
+        return rates
+    phone_rates = error_rates(said, heard["phones"])
+    return {**rates, "per": phone_rates["wer"], "phones": phone_rates["words"]}
+
+
+def intelligibility_metrics(rates: dict[str, dict], split: str) -> dict:
+    """The figures of `intelligibility` from each source's `heard_rates`."""
+    prefix = f"{split}_intelligibility"
+    if "per" not in rates["synthesis"]:  # a char listener
+        return {
+            f"{prefix}_cer": rates["synthesis"]["cer"],
+            f"{prefix}_wer": rates["synthesis"]["wer"],
+            **{f"{prefix}_cer{SOURCES[name]}": rates[name]["cer"] for name in SOURCES if name != "synthesis"},
+        }
+    return {f"{prefix}_{kind}{SOURCES[name]}": rates[name][kind] for name in SOURCES for kind in ("per", "wer", "cer")}
+
+
+def write_heard(path: Path, spoken: list[Spoken], refs: list[str], said: list[str] | None, heard: dict) -> None:
+    """`SPLIT_intelligibility.tsv`: utt_id, speaker, voice, reference, then the words heard of each
+    source (`asr_on_SOURCE`); for a phone listener also the reference phones after the reference and
+    the phones heard after each source's words (`phones_on_SOURCE`)."""
+    columns = ["utt_id", "speaker", "voice", "reference"] + ([] if said is None else ["phones_reference"])
+    for name in SOURCES:
+        columns += [f"asr_on_{name}"] + ([] if said is None else [f"phones_on_{name}"])
+    rows = ["\t".join(columns)]
+    for i, s in enumerate(spoken):
+        fields = [s.utt_id, s.speaker, s.voice, refs[i]] + ([] if said is None else [said[i]])
+        for name in SOURCES:
+            fields += [heard[name]["words"][i]] + ([] if said is None else [heard[name]["phones"][i]])
+        rows.append("\t".join(fields))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
 def write_samples(
@@ -225,6 +390,8 @@ def evaluate(model, config, data: dict, batches, splits: list[str], cfg, out_dir
     on the first split's intelligibility CER (or cepstral distance without a listener)."""
     metrics = {}
     judge = Listener(listener) if listener is not None else None  # opened once, for every split
+    if judge is not None:  # which listener heard the intelligibility figures (eval.json; not a number)
+        metrics["intelligibility_listener"] = judge.describe()
     for split in splits:
         dataset = batches(split, cfg.frames_per_batch)
         # dev: held-out sentences in training voices; test: voices training never heard (reported apart)
