@@ -552,11 +552,11 @@ def speech_pipeline():
         for m in MODELS
     }
     # Intelligibility: a model whose output is heard (the synthesis model) is evaluated with its
-    # listener (the acoustic model) trained a moment ago transcribing what it made.
+    # listener (the acoustic model) transcribing what it made, once its word LM or graph is attached.
     listeners = {m: catalog.model(m).listener for m in MODELS}
     evaluated = {
         m: evaluate.override(task_id=f"evaluate_{m}")(
-            m, decoding[m], *([trained[listeners[m]]] if listeners[m] else [])
+            m, decoding[m], *([decoding[listeners[m]]] if listeners[m] else [])
         )
         for m in MODELS
     }
