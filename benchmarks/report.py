@@ -27,6 +27,7 @@ from benchmarks.report_runs import (  # noqa: E402
     faults,
     lm_decoding,
     reference_asr,
+    targets,
     text_levers,
     time_to_accuracy,
     voice_levers,
@@ -109,6 +110,23 @@ SECTIONS: dict[str, Section] = {
         "held-out figure. `dev_engine` speaks the voices of `test_engine` in other sentences, so the LM rows of "
         "`test_engine` are held out in their sentences, not in their voices. The last two columns say how well the LM's "
         "text knows the split: the share of its words the LM never saw, and of its word trigrams the text had.",
+    ),
+    "targets.json": (
+        "Characters against phones",
+        "`benchmarks/targets.py`: the demo's acoustic config trained at `horovodrun -np 2` on the demo run's "
+        "shards once per seed with each kind of CTC target (`asr.targets`): characters, and the phones of the "
+        "run's lexicon. Both arms hear the same audio and are scored on the same transcripts. Each model decodes "
+        "greedily and through its word LM, both made from the run's LM text of general English: the char model "
+        "by beam search with its n-gram, the phone model through the decoding graph (HLG) of that n-gram and "
+        "the text's lexicon, which is the only way it spells words. Each model's own copy of its LM is tuned "
+        "with `models.tune_lm` on the split the second table names (`dev_engine`: new sentences in the held-out "
+        "voices), attached, and then fixed for every split. The demo run's own phone model is the seed its config "
+        "names (the second table's `model`).",
+        targets,
+        "Each figure is the mean of the seeds, each seed's in brackets. The phone model's greedy figure is a "
+        "phone error rate, against the phone targets it trains on; its words exist only through the graph, so "
+        "its WER and CER compare with the char model's rows through the n-gram. The words an LM lacks cap what "
+        "its rows can reach.",
     ),
     "tts_seeds.json": (
         "Synthesis: the mean of its seeds",

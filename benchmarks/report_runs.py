@@ -513,3 +513,67 @@ def lm_decoding(r: dict) -> list[str]:
          "WER beam", "WER beam+LM", "WER: LM / beam", "words the LM lacks", "3-grams its text had"],
         rows,
     )  # fmt: skip
+
+
+# benchmarks/targets.py's columns: per split, each arm's figures (the arm, its key in the JSON)
+TARGETS_COLUMNS = (
+    ("chars: CER greedy", "chars", "cer"),
+    ("WER greedy", "chars", "wer"),
+    ("WER with the n-gram", "chars", "wer_lm"),
+    ("CER with the n-gram", "chars", "cer_lm"),
+    ("phones: PER greedy", "phones", "per"),
+    ("WER through HLG", "phones", "wer_lm"),
+    ("CER through HLG", "phones", "cer_lm"),
+)
+# then the share of each split's words each arm's LM lacks (the same for every seed)
+TARGETS_OOV = (("words the n-gram lacks", "chars"), ("words the graph lacks", "phones"))
+# benchmarks/targets.py's model sources, as the page names them
+TARGETS_SOURCES = {"the demo run": "the demo run's own model"}
+
+
+def targets_cell(record: dict, split: str, key: str) -> str:
+    """One arm's figure on a split: the seeds' mean, and with several seeds each seed's in brackets."""
+    mean = record["mean"][split].get(key)
+    each = [run["splits"][split].get(key) for run in record["runs"].values()]
+    if mean is None or len(each) < 2:
+        return pct(mean)
+    return f"{pct(mean)} ({', '.join(pct(v) for v in each)})"
+
+
+def targets_settings(arm: str, run: dict) -> str:
+    """A model's decoding settings that models.tune_lm chose: the n-gram's weight and word bonus, or the
+    graph's acoustic scale and word penalty, and the split they were chosen on."""
+    t = run["tuned"]
+    if arm == "phones":
+        return f"acoustic scale {t['acoustic_scale']:g}, word penalty {t['word_penalty']:g} (on `{t['on']}`)"
+    return f"weight {t['weight']:g}, word bonus {t['word_bonus']:g} (on `{t['on']}`)"
+
+
+def targets(r: dict) -> list[str]:
+    """benchmarks/targets.py: per split, the char model greedy and with its n-gram, the phone model
+    greedy (PER) and through its graph, each the mean of its seeds with every seed's in brackets, the
+    share of words each LM lacks and the graph search's real-time factor (the seeds' mean); then each
+    model's source, steps and decoding settings."""
+    arms, lm, graph = r["arms"], r["lm"], r["graph"]
+    rows = [
+        [f"`{split}`", *(targets_cell(arms[arm], split, key) for _, arm, key in TARGETS_COLUMNS)]
+        + [pct(arms[arm]["mean"][split]["lm_oov_rate"]) for _, arm in TARGETS_OOV]
+        + [num(arms["phones"]["mean"][split].get("decode_rtf_lm"), 3)]
+        for split in r["splits"]
+    ]
+    seeds = "; ".join(f"`{arm}` {', '.join(map(str, record['seeds']))}" for arm, record in arms.items())
+    out = [
+        f"Seeds: {seeds}. The n-gram (order {lm['order']}) of {num(lm['text']['sentences'])} sentences and "
+        f"{num(lm['text']['vocabulary_size'])} words; the graph: {num(graph['words'])} entries in its word table, "
+        f"{num(graph['states'])} states, {num(graph['arcs'])} arcs.",
+        "",
+    ]
+    headers = ["split", *(name for name, _, _ in TARGETS_COLUMNS), *(name for name, _ in TARGETS_OOV)]
+    out += table([*headers, "HLG search RTF"], rows)
+    models = [
+        [f"`{arm}`", seed, TARGETS_SOURCES.get(run["source"], run["source"]), num(run["steps"])]
+        + [targets_settings(arm, run)]
+        for arm, record in arms.items()
+        for seed, run in record["runs"].items()
+    ]
+    return out + table(["arm", "seed", "model", "steps", "decoding settings"], models)

@@ -71,6 +71,7 @@ EXPECTED = {
     "time_to_accuracy": ["arms", "targets", "meta"],
     "voice_levers": ["arms", "splits", "text", "meta"],
     "lm_decoding": ["conditions", "splits", "meta"],
+    "targets": ["arms", "splits", "lm", "graph", "meta"],
     "serving": ["rtf_1_client", "p99_s_4_clients", "failed_16_clients", "w1_c1", "w1_batch", "meta"],
     "speedup_model": [
         "tcalc_s",
@@ -112,7 +113,7 @@ def run_tiny(name: str, tmp_path, store: str) -> dict:
 
 
 # The faults benchmark's tiny run is also the test of the faults it injects: tests/test_faults.py.
-@pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"faults", "time_to_accuracy"}))
+@pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"faults", "time_to_accuracy", "targets"}))
 def test_benchmark_runs_on_tiny_inputs(name, tmp_path, sqlite_store):
     run_tiny(name, tmp_path, sqlite_store)
 
@@ -137,6 +138,56 @@ def test_time_to_accuracy_curves_run_from_launch(tmp_path, sqlite_store):
     assert after["test_cer"] == pytest.approx(sum(r["test_cer"] for r in after["runs"]) / 2)
     assert after["config"] == results["arms"]["before"]["config"]
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
+
+
+def test_targets_scores_both_arms_on_the_same_audio_through_their_lms(tmp_path, sqlite_store):
+    """Chars and phones train on the same shards and are scored on the same utterances and words: chars
+    greedy and with the n-gram, phones greedy (PER) and through the graph, each with the settings its own
+    tune chose on dev; the arm's figure is its seeds' mean, and the page's section shows every split."""
+    from benchmarks.report_runs import targets as render
+
+    results = run_tiny("targets", tmp_path, sqlite_store)
+    chars, phones = results["arms"]["chars"], results["arms"]["phones"]
+    assert results["splits"] == ["dev", "test"] and chars["seeds"] == phones["seeds"] == [0]
+    for split in results["splits"]:
+        for key in ("utterances", "words"):
+            assert chars["mean"][split][key] == phones["mean"][split][key] > 0, (split, key)
+        for arm, keys in ((chars, ("cer", "wer", "cer_lm", "wer_lm")), (phones, ("per", "cer_lm", "wer_lm"))):
+            run = arm["runs"]["0"]
+            assert all(math.isfinite(run["splits"][split][k]) for k in keys), run["splits"][split]
+            assert arm["mean"][split] == pytest.approx(run["splits"][split])
+        assert "per" not in chars["mean"][split] and "cer" not in phones["mean"][split]
+    # each arm's own grid (benchmarks/targets.py TINY_GRID), chosen on dev
+    assert chars["runs"]["0"]["tuned"]["weight"] in (0, 0.5) and chars["runs"]["0"]["tuned"]["on"] == "dev"
+    assert phones["runs"]["0"]["tuned"]["acoustic_scale"] in (0.5, 1.0) and phones["runs"]["0"]["tuned"]["on"] == "dev"
+    assert {run["source"] for arm in (chars, phones) for run in arm["runs"].values()} == {"trained here"}
+    page = "\n".join(render(results))
+    assert "| `dev` |" in page and "| `test` |" in page and "acoustic scale" in page
+
+
+def test_targets_reuses_the_demo_runs_phone_model_only_when_the_demo_config_trained_it(tmp_path):
+    """The demo run's acoustic model stands for the phones arm at its seed only when configs/demo_asr.yaml
+    as it is now, with asr.targets=phones, is what it saved; a char model, or one of other settings, is
+    trained again."""
+    from benchmarks import targets
+    from common import config as configlib
+    from models.training.config import TrainConfig
+
+    config = ROOT / "configs/demo_asr.yaml"
+    workdir = tmp_path / "asr"
+    (workdir / "model").mkdir(parents=True)
+    (workdir / "train_summary.json").write_text("{}")
+    cases = [
+        (["asr.targets=phones", "seed=3"], 3),
+        (["asr.targets=chars", "seed=3"], None),
+        (["asr.targets=phones", "asr.units=64"], None),  # a lever, or the file edited since
+    ]
+    for sets, reused in cases:
+        configlib.save(configlib.load(TrainConfig, config, sets), workdir / "model" / "config.yaml")
+        saved = targets.trained_with(workdir, config, ["asr.targets=phones"])
+        assert (saved and saved.seed) == reused, sets
+    (workdir / "train_summary.json").unlink()  # a training that did not finish
+    assert targets.trained_with(workdir, config, ["asr.targets=phones"]) is None
 
 
 def test_tts_seeds_reuses_the_demo_runs_model_only_for_what_it_was_trained_with(tmp_path):
@@ -177,7 +228,14 @@ def test_tts_durations_gives_the_mean_of_its_models_and_keeps_each_seeds():
             "last_character_predicted_steps": 8.0,
         }
         source = "the demo run" if seed == 0 else "--model"
-        return {"split": "dev", "utterances": 4, "arms": arms, "durations": durations, "training_seed": seed, "source": source}
+        return {
+            "split": "dev",
+            "utterances": 4,
+            "arms": arms,
+            "durations": durations,
+            "training_seed": seed,
+            "source": source,
+        }
 
     combined = tts_durations.combine([run(0, 0.30, 1.0), run(1, 0.40, 2.0)])
     assert combined["arms"]["predicted"]["cer"] == pytest.approx(0.35)
