@@ -2,6 +2,7 @@
 
     python -m pipeline.lm --data DIR/train --vocabulary-from SHARDS --out DIR/lm [--set order=3]
     python -m pipeline.lm --text-file corpus.txt --vocabulary-from SHARDS --out DIR/lm
+    python -m pipeline.lm --text-file lm_text.txt --lexicon DICT --out DIR/lm   # a phone model's
 
 writes `OUT/lm.arpa` and then `OUT/lm.json`, the done marker: the order, the text's source, sha256,
 sentences, words and vocabulary size, the n-gram counts and the ARPA's sha256. models/asr/lm.py
@@ -15,7 +16,8 @@ the function that made the transcripts: a transcript by the shards' (pipeline/te
 removed), which leaves out a line it cannot say as written and counts it by its reason (`left_out` in
 lm.json). A line with a character outside the acoustic model's alphabet (`--vocabulary-from`: the
 shards or a trained model) is then an error that names the file, the line and the characters, since
-a word the model cannot spell can never be decoded; so is a text with no sentences.
+a word the model cannot spell can never be decoded; so is a text with no sentences. A phone model's
+LM (`--lexicon`: the dict dir or lang dir that spells its words) has no alphabet to check.
 
 The estimator is KenLM's `lmplz` (modified Kneser-Ney, interpolated), built from the sources in
 KenLM's PyPI sdist by `make setup` and the training image. It is the estimator of the library the
@@ -88,13 +90,17 @@ def read_lines(data: Path | None, text_file: Path | None) -> tuple[Path, list[tu
 
 
 def plan(
-    path: Path, lines: Sequence[tuple[int, str]], vocabulary: Sequence[str], lowercase: bool, spoken: bool = False
+    path: Path,
+    lines: Sequence[tuple[int, str]],
+    vocabulary: Sequence[str] | None,
+    lowercase: bool,
+    spoken: bool = False,
 ) -> tuple[list[str], Counter]:
     """(the sentences the n-gram is estimated from, {reason: lines left out}): each line normalized
     as the transcripts are (`spoken`: a corpus' line, as pipeline/open_text.py normalizes open
     English; else a transcript). TextError for a text with no sentences or a line with characters
-    outside `vocabulary` (the model's)."""
-    alphabet = {ch for ch in vocabulary if len(ch) == 1}
+    outside `vocabulary` (the model's; None: a phone model's LM, whose words a lexicon spells)."""
+    alphabet = None if vocabulary is None else {ch for ch in vocabulary if len(ch) == 1}
     sentences, bad, left_out = [], [], Counter()
     for number, line in lines:
         if spoken:
@@ -105,7 +111,7 @@ def plan(
                 continue
         else:
             sentence = textlib.normalize_transcript(line, lowercase)
-        outside = sorted({ch for ch in sentence if ch not in alphabet})
+        outside = [] if alphabet is None else sorted({ch for ch in sentence if ch not in alphabet})
         if outside:
             bad.append((number, outside, sentence))
         else:
@@ -152,12 +158,12 @@ def ngram_counts(arpa: Path) -> dict[int, int]:
     return counts
 
 
-def _fingerprint(text_sha: str, config: LmConfig, vocabulary: Sequence[str], lowercase: bool) -> str:
+def _fingerprint(text_sha: str, config: LmConfig, vocabulary: Sequence[str] | None, lowercase: bool) -> str:
     return fsutil.config_hash(
         {
             "text": text_sha,
             "config": dataclasses.asdict(config),
-            "alphabet": list(vocabulary),
+            "alphabet": None if vocabulary is None else list(vocabulary),
             "lowercase": lowercase,
             "code": fsutil.code_version(sys.modules[__name__], textlib, open_text),
         }
@@ -169,7 +175,7 @@ def build_lm(
     lines: Sequence[tuple[int, str]],
     out: Path,
     config: LmConfig,
-    vocabulary: Sequence[str],
+    vocabulary: Sequence[str] | None,
     lowercase: bool = True,
     spoken: bool = False,
 ) -> dict:
@@ -232,11 +238,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", type=Path, help="a Kaldi data directory whose transcripts (text) are the LM's text")
     source.add_argument("--text-file", type=Path, help="the LM's text: one sentence per line (a domain's corpus)")
-    parser.add_argument(
+    spelling = parser.add_mutually_exclusive_group(required=True)
+    spelling.add_argument(
         "--vocabulary-from",
-        required=True,
         type=Path,
-        help="the acoustic model's alphabet: its shards directory, training workdir or model/",
+        help="the acoustic model's alphabet: its shards directory, training workdir or model/ (a character model)",
+    )
+    spelling.add_argument(
+        "--lexicon",
+        type=Path,
+        help="a phone model's: the words are spelled by this dict dir or lang dir, so no alphabet is checked",
     )
     parser.add_argument("--out", required=True, type=Path, help="the directory to write lm.arpa and lm.json into")
     cli.add_config_arguments(parser, "LmConfig")
@@ -246,11 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> None:
     config = configlib.load(LmConfig, args.config, args.set)
-    vocab = textlib.load_vocabulary(args.vocabulary_from)
+    vocab = textlib.load_vocabulary(args.vocabulary_from) if args.vocabulary_from else None
+    if args.lexicon and not args.lexicon.is_dir():
+        raise FileNotFoundError(f"--lexicon {args.lexicon}: no such directory (a Kaldi dict dir or lang dir)")
     path, lines = read_lines(args.data, args.text_file)
-    record = build_lm(
-        path, lines, args.out, config, vocab["vocabulary"], vocab["lowercase"], spoken=args.text_file is not None
-    )
+    alphabet, lowercase = (vocab["vocabulary"], vocab["lowercase"]) if vocab else (None, True)
+    record = build_lm(path, lines, args.out, config, alphabet, lowercase, spoken=args.text_file is not None)
     text = record["text"]
     print(
         f"{'up to date' if record.get('skipped') else 'wrote'} {args.out / ARPA}: order {record['order']}, "

@@ -459,11 +459,18 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
     work.mkdir()
     (work / ".venv").symlink_to(ROOT / ".venv")
     env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{work / 'mlflow.db'}")
+    from pipeline import open_text
+
+    # the LM text's source: WordNet's first examples, where the demo takes all of them (a lexicon of
+    # every word of WordNet's 45,000 sentences takes espeak-ng a minute or two)
+    (work / "source.txt").write_text("".join(f"{line}\n" for line in open_text.wordnet_examples()[:300]))
     by_hand = substitute(
         doc_block("README.md", "### The stages by hand"),
         {
             "--out data/ ": "--out data/ --num-utterances 40 ",
-            "--config configs/demo_asr.yaml": f"--config {ROOT}/tests/configs/tiny_asr.yaml --max-steps 4",
+            "--out runs/lm_text": "--out runs/lm_text --set text_file=source.txt",
+            "--config configs/demo_asr.yaml": f"--config {ROOT}/tests/configs/tiny_asr.yaml --max-steps 4 "
+            "--set asr.targets=phones",
         },
     )
     new_set = substitute(
@@ -480,14 +487,17 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
         assert proc.returncode == 0, f"{name}:\n{script}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     manifest = records.load_manifest(work / "shards")
     assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine", "dev_engine", "train_aug"}
+    assert manifest["phone_vocabulary"][0] == "<blk>" and manifest["phones"]["source"] == "espeak"
     metrics = json.loads((work / "runs" / "asr" / "eval.json").read_text())
-    assert {"test_cer", "test_noisy_cer", "test_engine_cer"} <= set(metrics)
-    assert {"test_cer_lm", "test_wer_lm", "test_lm_oov_rate"} <= set(metrics), "the attached LM decodes too"
+    assert {"test_per", "test_noisy_per", "test_engine_per"} <= set(metrics)
+    assert {"test_cer_lm", "test_wer_lm", "test_lm_oov_rate"} <= set(metrics), "the attached graph spells words"
     decoding = json.loads((work / "runs" / "asr" / "model" / "lm" / "decoding.json").read_text())
     assert decoding["chosen_on"]["split"] == "dev_engine", "decoding settings are chosen in held-out voices"
     # The registered model, named by its URI, evaluated on a data directory no shards had held.
     evaluated = json.loads((work / "eval-other" / "eval.json").read_text())  # --model models:/..., --out-dir
-    assert evaluated["primary_metric"] == "eval_cer" and evaluated["eval_cer"] >= 0
-    assert "eval_wer_lm" in evaluated, "the registered model carries its LM"
-    assert records.load_manifest(work / "shards-eval")["vocabulary"] == manifest["vocabulary"]
+    assert evaluated["primary_metric"] == "eval_wer_lm" and evaluated["eval_words"] > 0
+    assert "eval_per" in evaluated, "the registered model carries its graph"
+    evaluated_shards = records.load_manifest(work / "shards-eval")
+    assert evaluated_shards["vocabulary"] == manifest["vocabulary"]
+    assert evaluated_shards["phone_vocabulary"] == manifest["phone_vocabulary"]
     assert not list((work / "other" / "eval").glob("feats*")), "features were written into the corpus"

@@ -213,12 +213,12 @@ def evaluate_args(plan: Plan, model: str, parent_run_id: str, with_asr: bool) ->
 
 
 def lm_args(plan: Plan) -> list[str]:
-    """`pipeline.lm`: the word LM, in the alphabet of the run's shards, of a phone model's LM text
-    (pipeline.lm_text), else of the plan's text (`lm_text`) or of the training transcripts."""
+    """`pipeline.lm`: the word LM of a phone model's LM text (pipeline.lm_text), its words spelled by
+    the run's lexicon; else of the plan's text (`lm_text`) or of the training transcripts, in the
+    alphabet of the run's shards."""
     if plan.lm_text_dir:
-        source = ["--text-file", lm_text_file(plan)]
-    else:
-        source = ["--text-file", plan.lm_text] if plan.lm_text else ["--data", plan.data_dir(CLEAN_SPLIT)]
+        return ["--text-file", lm_text_file(plan), "--lexicon", plan.lexicon_dir, "--out", plan.lm_dir]
+    source = ["--text-file", plan.lm_text] if plan.lm_text else ["--data", plan.data_dir(CLEAN_SPLIT)]
     return [*source, "--vocabulary-from", plan.shards_dir, "--out", plan.lm_dir]
 
 
