@@ -51,7 +51,12 @@ class PhoneTable:
 
     def describe(self) -> dict:
         """What the shards' manifest records of it."""
-        return {"from": str(self.path.resolve()), "kind": self.kind, "sha256": self.sha256, "fold_stress": self.fold_stress}
+        return {
+            "from": str(self.path.resolve()),
+            "kind": self.kind,
+            "sha256": self.sha256,
+            "fold_stress": self.fold_stress,
+        }
 
 
 def open_table(path: str | Path) -> PhoneTable:
