@@ -74,6 +74,9 @@ def log_model(model_dir: Path, config, data: dict, name: str = "model"):
         "pyyaml",
     ]
     requirements += attached_lm_requirements(Path(model_dir))
+    # A phone model logged by its training run has no graph yet (models.tune_lm attaches it and the
+    # registry logs the model again): no example request MLflow could answer, which it would try.
+    no_words_yet = data.get("targets") == "phones" and not (Path(model_dir) / "lm" / "lang.json").is_file()
     with warnings.catch_warnings():
         # MLflow suggests typed predict() signatures; ours is given explicitly (`signature` above).
         warnings.filterwarnings("ignore", message=".*type hint.*")
@@ -83,7 +86,7 @@ def log_model(model_dir: Path, config, data: dict, name: str = "model"):
             artifacts={"model_dir": str(model_dir)},
             code_paths=[str(root / "common"), str(root / "models"), str(root / "pipeline")],
             signature=signature(config, data),
-            input_example=input_example(config, data),
+            input_example=None if no_words_yet else input_example(config, data),
             pip_requirements=requirements,
         )
 
