@@ -210,7 +210,13 @@ if "tts" in models:
     m = models["tts"]["metrics"]
     fcd = f"{m['test_fbank_cepstral_distance_db']:.2f} dB" if "test_fbank_cepstral_distance_db" in m else "n/a"
     l1 = f"{m['test_mel_l1']:.3f}" if "test_mel_l1" in m else "n/a"
-    print(f"  synthesis model  intelligibility CER {pct(m, 'dev_intelligibility_cer')} in training voices (dev), "
+    if "dev_intelligibility_per" in m:  # a phone listener: its PER, and the words through its graph
+        print(f"  synthesis model  intelligibility PER {pct(m, 'dev_intelligibility_per')} (dev), "
+              f"{pct(m, 'test_intelligibility_per')} (test); WER {pct(m, 'dev_intelligibility_wer')} (dev), "
+              f"{pct(m, 'test_intelligibility_wer')} (test); recordings: PER "
+              f"{pct(m, 'dev_intelligibility_per_recordings')}, WER {pct(m, 'dev_intelligibility_wer_recordings')} (dev)")
+    lead = "                 " if "dev_intelligibility_per" in m else "  synthesis model"
+    print(f"{lead}  intelligibility CER {pct(m, 'dev_intelligibility_cer')} in training voices (dev), "
           f"{pct(m, 'test_intelligibility_cer')} for unseen voices (test), the new acoustic model listening; "
           f"{trained(models['tts'])}")
     print(f"                   the same listener on dev: {pct(m, 'dev_intelligibility_cer_teacher_forced')} "
