@@ -56,6 +56,118 @@ def demo_calibration(r: dict) -> list[str]:
     ]
 
 
+DEMO_SPLITS = (
+    ("dev", "dev (training voices, new sentences)"),
+    ("test", "test (voices never heard in training)"),
+    ("test_noisy", "noisy test (the test sentences with noise)"),
+    ("test_engine", "engine test (the test sentences in held-out speakers' voices, every engine's)"),
+)
+
+
+def demo_asr(asr: dict) -> list[str]:
+    """The demo's phone model: PER greedy and beam, and the words through its HLG graph, per split."""
+    rows = []
+    for split, what in DEMO_SPLITS:
+        if f"{split}_per" in asr:
+            rows.append(
+                [
+                    what,
+                    pct(asr[f"{split}_per"]),
+                    pct(asr[f"{split}_per_beam"]),
+                    pct(asr.get(f"{split}_wer_lm")),
+                    pct(asr.get(f"{split}_cer_lm")),
+                    pct(asr.get(f"{split}_lm_oov_rate")),
+                    num(asr.get(f"{split}_decode_rtf_lm"), 4),
+                ]
+            )
+    graph = (
+        f" Words through the HLG graph the run built and attached: {num(asr['lm_vocabulary_size'])} words, "
+        f"{num(asr['lm_graph_arcs'])} arcs, acoustic scale {asr['lm_acoustic_scale']:g}, word penalty "
+        f"{asr['lm_word_penalty']:g}, chosen by `models.tune_lm` on `dev_engine`."
+        if "lm_graph_arcs" in asr
+        else ""
+    )
+    header = ["split", "PER greedy", "PER beam", "WER (HLG)", "CER (HLG)", "words outside the lexicon", "search RTF"]
+    return [f"Acoustic model of phones (the champion chosen on dev).{graph}", "", *table(header, rows)]
+
+
+def demo_asr_chars(asr: dict) -> list[str]:
+    """The demo's character model: CER and WER greedy, beam and with its word LM, per split."""
+    out = []
+    rows = []
+    for split, what in (
+        ("dev", "dev (training voices, new sentences)"),
+        ("test", "test (voices never heard in training)"),
+        ("test_noisy", "noisy test (the test sentences with noise)"),
+        ("test_engine", "engine test (the test sentences in held-out speakers' voices, every engine's)"),
+    ):
+        if f"{split}_cer" not in asr:  # a run from before the split existed
+            continue
+        rows.append(
+            [
+                what,
+                pct(asr[f"{split}_cer"]),
+                pct(asr[f"{split}_wer"]),
+                pct(asr[f"{split}_cer_beam"]),
+                pct(asr[f"{split}_wer_beam"]),
+                *((pct(asr.get(f"{split}_cer_lm")), pct(asr.get(f"{split}_wer_lm"))) if "lm_weight" in asr else ()),
+            ]
+        )
+    lm = (
+        f" Beam search with the word LM the run built and attached: order {asr['lm_order']}, "
+        f"{num(asr['lm_vocabulary_size'])} words, weight {asr['lm_weight']:g}, word bonus {asr['lm_word_bonus']:g}, "
+        "chosen by `models.tune_lm` on `dev_engine` where the corpus has one: new sentences in the voices of "
+        "the engine test, whose LM columns are then held out in sentences, not in voices."
+        if "lm_weight" in asr
+        else ""
+    )
+    out += [f"Acoustic model (the champion chosen on dev).{lm}", ""]
+    header = ["split", "CER greedy", "WER greedy", "CER beam", "WER beam"]
+    out += table(header + (["CER beam+LM", "WER beam+LM"] if lm else []), rows)
+    return out
+
+
+def demo_tts(r: dict, tts: dict) -> list[str]:
+    """The demo's synthesis model as its listener (the acoustic model of the same run) hears it."""
+    out, phones = [], "dev_intelligibility_per" in tts
+    rows = []
+    for split, what in (("dev", "dev (training voices)"), ("test", "test (unseen voices, nearest training voice)")):
+        rows.append(
+            [
+                what,
+                tts[f"{split}_utterances"],
+                *((pct(tts[f"{split}_intelligibility_per"]),) if phones else ()),
+                pct(tts[f"{split}_intelligibility_cer"]),
+                pct(tts[f"{split}_intelligibility_wer"]),
+                pct(tts[f"{split}_intelligibility_cer_teacher_forced"]),
+                *((pct(tts[f"{split}_intelligibility_per_recordings"]),) if phones else ()),
+                pct(tts[f"{split}_intelligibility_cer_recordings"]),
+                num(tts[f"{split}_fbank_cepstral_distance_db"], 2),
+            ]
+        )
+    heard = (
+        " The listener is the phone model: PER of its phones, CER and WER of its words through its graph."
+        if phones
+        else ""
+    )
+    out += [f"Synthesis model ({r['tts_training'].get('decoder', 'the demo config')}).{heard}", ""]
+    out += table(
+        [
+            "split",
+            "sentences",
+            *(["PER free-running"] if phones else []),
+            "CER free-running",
+            "WER free-running",
+            "CER teacher-forced",
+            *(["PER of the recordings"] if phones else []),
+            "CER of the recordings",
+            "fbank cepstral distance (dB)",
+        ],
+        rows,
+    )
+    return out
+
+
 def demo(r: dict) -> list[str]:
     asr, tts = r["asr"], r["tts"]
     if "task_minutes" in r:  # written by benchmarks/demo.py
@@ -106,62 +218,8 @@ def demo(r: dict) -> list[str]:
         ],
         rows,
     )
-    rows = []
-    for split, what in (
-        ("dev", "dev (training voices, new sentences)"),
-        ("test", "test (voices never heard in training)"),
-        ("test_noisy", "noisy test (the test sentences with noise)"),
-        ("test_engine", "engine test (the test sentences in held-out speakers' voices, every engine's)"),
-    ):
-        if f"{split}_cer" not in asr:  # a run from before the split existed
-            continue
-        rows.append(
-            [
-                what,
-                pct(asr[f"{split}_cer"]),
-                pct(asr[f"{split}_wer"]),
-                pct(asr[f"{split}_cer_beam"]),
-                pct(asr[f"{split}_wer_beam"]),
-                *((pct(asr.get(f"{split}_cer_lm")), pct(asr.get(f"{split}_wer_lm"))) if "lm_weight" in asr else ()),
-            ]
-        )
-    lm = (
-        f" Beam search with the word LM the run built and attached: order {asr['lm_order']}, "
-        f"{num(asr['lm_vocabulary_size'])} words, weight {asr['lm_weight']:g}, word bonus {asr['lm_word_bonus']:g}, "
-        "chosen by `models.tune_lm` on `dev_engine` where the corpus has one: new sentences in the voices of "
-        "the engine test, whose LM columns are then held out in sentences, not in voices."
-        if "lm_weight" in asr
-        else ""
-    )
-    out += [f"Acoustic model (the champion chosen on dev).{lm}", ""]
-    header = ["split", "CER greedy", "WER greedy", "CER beam", "WER beam"]
-    out += table(header + (["CER beam+LM", "WER beam+LM"] if lm else []), rows)
-    rows = []
-    for split, what in (("dev", "dev (training voices)"), ("test", "test (unseen voices, nearest training voice)")):
-        rows.append(
-            [
-                what,
-                tts[f"{split}_utterances"],
-                pct(tts[f"{split}_intelligibility_cer"]),
-                pct(tts[f"{split}_intelligibility_wer"]),
-                pct(tts[f"{split}_intelligibility_cer_teacher_forced"]),
-                pct(tts[f"{split}_intelligibility_cer_recordings"]),
-                num(tts[f"{split}_fbank_cepstral_distance_db"], 2),
-            ]
-        )
-    out += [f"Synthesis model ({r['tts_training'].get('decoder', 'the demo config')}):", ""]
-    out += table(
-        [
-            "split",
-            "sentences",
-            "CER free-running",
-            "WER free-running",
-            "CER teacher-forced",
-            "CER of the recordings",
-            "fbank cepstral distance (dB)",
-        ],
-        rows,
-    )
+    out += demo_asr(asr) if "dev_per" in asr or "test_per" in asr else demo_asr_chars(asr)
+    out += demo_tts(r, tts)
     t = r["tts_training"]
     out += ["Synthesis step on two ranks, per module (ms):", ""]
     out += table(
