@@ -18,8 +18,11 @@ DAG_ORDER = (
     "prepare_corpus",
     "augment_train",
     "features_",
+    "lm_text",
+    "lexicon",
     "make_shards",
     "build_lm",
+    "build_graph",
     "train_asr",
     "train_tts",
     "tune_lm",
@@ -170,27 +173,12 @@ def demo_tts(r: dict, tts: dict) -> list[str]:
 
 def demo(r: dict) -> list[str]:
     asr, tts = r["asr"], r["tts"]
-    if "task_minutes" in r:  # written by benchmarks/demo.py
-        params = "the DAG's default parameters" if not r["params"] else f"parameters `{r['params']}`"
-        out = [f"`make demo` with {params}, `make setup` done before.", ""]
-        tasks = sorted(
-            r["task_minutes"], key=lambda t: next((i for i, p in enumerate(DAG_ORDER) if t.startswith(p)), 99)
-        )
-        rows = [[f"`{task}`", num(r["task_minutes"][task], 1)] for task in tasks]
-        out += table(["task", "minutes"], [*rows, ["**`make demo`, launch to exit**", num(r["demo_wall_s"] / 60, 1)]])
-        out += demo_calibration(r)
-    else:  # written by hand from a run, before the benchmark existed
-        out = [
-            f"`make demo` with the DAG's default parameters. Commit named in the file: {r.get('commit', 'not named')}.",
-            "",
-        ]
-        out += table(
-            ["run", "minutes"],
-            [
-                ["the DAG (`make demo`)", num(r["dag_wall_s"] / 60, 1)],
-                ["`make setup` from the pip cache, then `make demo`", num(r["make_demo_wall_s_with_setup"] / 60, 1)],
-            ],
-        )
+    params = "the DAG's default parameters" if not r["params"] else f"parameters `{r['params']}`"
+    out = [f"`make demo` with {params}, `make setup` done before.", ""]
+    tasks = sorted(r["task_minutes"], key=lambda t: next((i for i, p in enumerate(DAG_ORDER) if t.startswith(p)), 99))
+    rows = [[f"`{task}`", num(r["task_minutes"][task], 1)] for task in tasks]
+    out += table(["task", "minutes"], [*rows, ["**`make demo`, launch to exit**", num(r["demo_wall_s"] / 60, 1)]])
+    out += demo_calibration(r)
     rows = []
     for name, t in (("acoustic model", r["asr_training"]), ("synthesis model", r["tts_training"])):
         rows.append(
