@@ -30,6 +30,7 @@ import numpy as np
 from kaldifst.lib._kaldifst import _ArcIteratorLattice as _LatticeArcs
 
 from common import fsutil
+from models.asr import decoding
 from pipeline import lang as langstage
 
 __all__ = ["GraphDecoder", "HlgDecoder", "HlgDecoding", "HlgGraph", "graph_record", "load_graph", "tune"]
@@ -232,12 +233,10 @@ class GraphDecoder:
     Settings default to the lang dir's decoding.json (models.tune_lm chooses them)."""
 
     def __init__(self, lang_dir: str | Path, outputs: Sequence[str], settings: HlgDecoding | None = None):
-        from models.asr import lm
-
         self.lm_dir = Path(lang_dir)
         self.graph = load_graph(self.lm_dir, len(outputs), outputs)
         self.record = self.graph.record
-        self.settings = settings or lm.settings_of(self.lm_dir)
+        self.settings = settings or decoding.chosen_settings(self.lm_dir, HlgDecoding)
         self.words = set(self.graph.words) - {langstage.EPS, "#0", "<s>", "</s>"}
         self._decoder = HlgDecoder(self.graph, self.settings)
 
@@ -272,9 +271,7 @@ class GraphDecoder:
     def coverage(self, references: Sequence[str]) -> dict:
         """The share of the references' words outside words.txt (`lm_oov_rate`; the graph can never
         spell them); `lm_3gram_hit` None: a lang dir keeps no n-grams of its LM's text."""
-        from models.asr import lm
-
-        return lm.coverage_of(self.words, None, references)
+        return decoding.coverage_of(self.words, None, references)
 
 
 def tune(

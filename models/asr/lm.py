@@ -32,10 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from common import fsutil
+from models.asr import decoding
 from pipeline import lm as lmstage
 from pipeline.text import BLANK, UNK
 
-DECODING = "decoding.json"
+DECODING = decoding.DECODING
 GRAPH_RECORD = "lang.json"  # pipeline/lang.py RECORD, named here so that a char model's LM needs no kaldifst
 GRAPH_FILES = ("HLG.fst", "tokens.txt", "words.txt", GRAPH_RECORD)  # what a phone model decodes with
 TARGETS = ("chars", "phones")  # a model's data record's `targets`: what its output layer spells
@@ -96,11 +97,7 @@ def settings_of(lm_dir: str | Path, **overrides):
         from models.asr.hlg import HlgDecoding as kind
     else:
         kind = LmDecoding
-    chosen = fsutil.read_json(Path(lm_dir) / DECODING) or {}
-    names = {f.name for f in dataclasses.fields(kind)}
-    values = {k: v for k, v in chosen.get("settings", {}).items() if k in names}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return kind(**values)
+    return decoding.chosen_settings(lm_dir, kind, **overrides)
 
 
 def is_graph(lm_dir: str | Path) -> bool:
@@ -149,7 +146,7 @@ class LmDecoder:
         """`coverage` of this decoder's LM, from the n-grams it has read already."""
         if self._trigrams is None and self.record["order"] >= 3:
             self._trigrams = ngrams(self.arpa, 3)
-        return coverage_of(self.words, self._trigrams, references)
+        return decoding.coverage_of(self.words, self._trigrams, references)
 
     def use(self, settings: LmDecoding) -> LmDecoder:
         """Decodes with `settings` from now on (the n-gram stays loaded: a grid loads it once)."""
@@ -212,17 +209,7 @@ def coverage(lm_dir: str | Path, references: Sequence[str]) -> dict:
     3-grams (within a sentence) that its text had (`lm_3gram_hit`; None for an LM of order < 3)."""
     record = record_of(lm_dir)
     arpa = Path(lm_dir) / record["arpa"]["file"]
-    return coverage_of(set(unigrams(arpa)), ngrams(arpa, 3) if record["order"] >= 3 else None, references)
-
-
-def coverage_of(words: set[str], known: set[str] | None, references: Sequence[str]) -> dict:
-    """`coverage` of the references against a vocabulary `words` and word 3-grams `known` (None: unknown)."""
-    tokens = [w for r in references for w in r.split()]
-    trigrams = [" ".join(ws[i : i + 3]) for r in references for ws in [r.split()] for i in range(len(ws) - 2)]
-    return {
-        "lm_oov_rate": sum(w not in words for w in tokens) / max(len(tokens), 1),
-        "lm_3gram_hit": None if known is None else sum(t in known for t in trigrams) / max(len(trigrams), 1),
-    }
+    return decoding.coverage_of(set(unigrams(arpa)), ngrams(arpa, 3) if record["order"] >= 3 else None, references)
 
 
 def attach(lm_dir: str | Path, model_dir: str | Path) -> Path:
