@@ -91,7 +91,8 @@ def load_graph(lang_dir: Path, num_outputs: int, outputs: Sequence[str] | None =
         )
     if outputs is not None and len(outputs) != num_outputs:
         raise ValueError(
-            f"{len(outputs)} output symbols for a model of {num_outputs} outputs; give one symbol per output, blank first"
+            f"{len(outputs)} output symbols for a model of {num_outputs} outputs;"
+            " give one symbol per output, blank first"
         )
     if outputs is not None and tuple(outputs) != tokens[:graph_outputs]:
         differ = next(i for i, (a, b) in enumerate(zip(outputs, tokens)) if a != b)

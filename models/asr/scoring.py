@@ -85,8 +85,8 @@ def oov_figures(references: list[str], hypotheses: list[str], known: set[str]) -
     error rate of those words alone, each scored against the hypothesis word Kaldi's word alignment
     pairs it with (a deleted word counts all its characters; a word split in two is scored against
     the part aligned with it, so the rate is an estimate of how the unknown words are spelled, not a
-    sum that adds up to the split's CER); `oov_tokens`, `oov_chars`: the counts behind them (no `oov_cer` without such words). Empty
-    `known` (a model that did not record its words): {}."""
+    sum that adds up to the split's CER); `oov_tokens`, `oov_chars`: the counts behind them (no
+    `oov_cer` without such words). Empty `known` (a model that did not record its words): {}."""
     import kaldialign
 
     if not known:

@@ -178,7 +178,8 @@ def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: 
     kaldi.write_rejections(out_dir / "rejected.tsv", [("input", r) for r in rejections])
     if rejections:
         print(
-            f"{len(rejections)} utterances not transcribed ({kaldi.summarize(rejections)}): see {out_dir / 'rejected.tsv'}",
+            f"{len(rejections)} utterances not transcribed ({kaldi.summarize(rejections)}):"
+            f" see {out_dir / 'rejected.tsv'}",
             file=sys.stderr,
         )
     return {"transcribed": len(results), "rejected": len(rejections), "text": str(out_dir / "text")}

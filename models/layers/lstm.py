@@ -123,10 +123,19 @@ def _forward(x, w, b):
     units = w.shape[1] // 4
     zeros, no_peephole = tf.zeros([tf.shape(x)[1], units], x.dtype), tf.zeros([units], x.dtype)
     outputs = tf.raw_ops.BlockLSTM(
-        seq_len_max=tf.cast(tf.shape(x)[0], tf.int64), x=x, cs_prev=zeros, h_prev=zeros, w=w,
-        wci=no_peephole, wcf=no_peephole, wco=no_peephole, b=b, forget_bias=0.0, cell_clip=-1.0,
+        seq_len_max=tf.cast(tf.shape(x)[0], tf.int64),
+        x=x,
+        cs_prev=zeros,
+        h_prev=zeros,
+        w=w,
+        wci=no_peephole,
+        wcf=no_peephole,
+        wco=no_peephole,
+        b=b,
+        forget_bias=0.0,
+        cell_clip=-1.0,
         use_peephole=False,
-    )  # fmt: skip
+    )
     return dict(zip(("i", "cs", "f", "o", "ci", "co", "h"), outputs))
 
 
@@ -161,10 +170,24 @@ def _backward(x, w, saved, dh_out, matmul_dtype: tf.DType | None):
 
     def step(t, dh_next, dc_next, dzs):
         dc_prev, dz, _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
-            x=no_input, cs_prev=c_prev[t], h_prev=zeros, w=recurrent, wci=no_peephole, wcf=no_peephole,
-            wco=no_peephole, b=no_bias, i=saved["i"][t], cs=saved["cs"][t], f=saved["f"][t], o=saved["o"][t],
-            ci=saved["ci"][t], co=saved["co"][t], cs_grad=dc_next, h_grad=dh_out[t] + dh_next, use_peephole=False,
-        )  # fmt: skip
+            x=no_input,
+            cs_prev=c_prev[t],
+            h_prev=zeros,
+            w=recurrent,
+            wci=no_peephole,
+            wcf=no_peephole,
+            wco=no_peephole,
+            b=no_bias,
+            i=saved["i"][t],
+            cs=saved["cs"][t],
+            f=saved["f"][t],
+            o=saved["o"][t],
+            ci=saved["ci"][t],
+            co=saved["co"][t],
+            cs_grad=dc_next,
+            h_grad=dh_out[t] + dh_next,
+            use_peephole=False,
+        )
         return t - 1, tf.matmul(dz, recurrent_t), dc_prev, dzs.write(t, dz)  # dz [B, 4u]
 
     dzs = tf.TensorArray(x.dtype, size=frames)

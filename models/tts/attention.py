@@ -260,9 +260,15 @@ class AttentionTacotron(SynthesisModel):
         voice_in = self.speaker_decoder(voice) if voice is not None else zeros
         voice_out = self.speaker_frames(voice) if voice is not None else zeros
         steps, lengths, finished, frames, alignments = self._free_loop(
-            memory, keys, pad_bias, self._loop_weights(), voice_in, voice_out,
-            tf.convert_to_tensor(max_steps, tf.int32), tf.convert_to_tensor(stop_threshold, F32),
-        )  # fmt: skip
+            memory,
+            keys,
+            pad_bias,
+            self._loop_weights(),
+            voice_in,
+            voice_out,
+            tf.convert_to_tensor(max_steps, tf.int32),
+            tf.convert_to_tensor(stop_threshold, F32),
+        )
         frames, alignments = frames[:steps], alignments[:steps]
         lengths = tf.where(finished, lengths, steps * r)
         before = tf.reshape(tf.transpose(frames, [1, 0, 2]), [b, steps * r, c.n_mels])  # [B, T, 80]
