@@ -54,8 +54,8 @@ def shard_set(splits: dict, vocabulary=("<blank>", "<unk>", " ", "a"), feature_d
 @pytest.fixture(scope="session")
 def mlflow_template(tmp_path_factory) -> Path:
     """A new MLflow SQLite store, made once per test process. A new store runs MLflow's migrations
-    (7.8 s on the 2-core machine beside a training, 0.14 s for a copy); a test that copies this one (`sqlite_store`) starts
-    from the same tables without them."""
+    (seconds; a copy takes a fraction of one); a test that copies this one (`sqlite_store`) starts from the
+    same tables without them."""
     import mlflow
 
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.ports import reserve_port
 from tests.conftest import PYTHON, ROOT, quiet_env
-from workflow.serve import stop_session
+from models.serving.mlflow_serve import stop_session
 
 # `mlflow server` also starts a job runner (about eight Huey consumers, each polling and together near
 # half a core on this 2-core machine) for MLflow's GenAI jobs, which nothing here uses.
@@ -26,11 +26,9 @@ class MlflowServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> MlflowServer:
-        cmd = [
-            PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-            "--backend-store-uri", self.store_uri, "--artifacts-destination", str(self.artifacts),
-            "--serve-artifacts", "--workers", "1",
-        ]  # fmt: skip
+        address = ["--host", "127.0.0.1", "--port", str(self.port)]
+        stores = ["--backend-store-uri", self.store_uri, "--artifacts-destination", str(self.artifacts)]
+        cmd = [PYTHON, "-m", "mlflow", "server", *address, *stores, "--serve-artifacts", "--workers", "1"]
         with open(self.log, "a") as out:
             # A session of its own: stop() ends the server and the uvicorn worker it starts.
             self.proc = subprocess.Popen(
