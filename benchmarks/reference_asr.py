@@ -56,9 +56,8 @@ SETUP_HINT = (
 # The audio as the feature stage cuts it, never resampled: pocketsphinx's en-us model is a 16 kHz
 # one, and .venv-benchmarks has no scipy to resample with.
 AUDIO = FeatureConfig(resample=False)
-# The issue's check: pocketsphinx on the demo corpus' test_engine split (its defaults: 2500
-# utterances, seed 0) in the voices it held before Festival's joined (flite's kal16 and slt), CER
-# within TOLERANCE of TARGET.
+# The guard: pocketsphinx on the demo corpus' test_engine split (its defaults: 2500 utterances,
+# seed 0) in flite's voices kal16 and slt, CER within TOLERANCE of TARGET.
 GUARD = {
     "split": "test_engine",
     "voices": ["flite:kal16", "flite:slt"],
@@ -306,7 +305,7 @@ def corpus_record(data_dir: Path) -> dict | None:
 
 
 def guard(name: str, result: dict) -> dict | None:
-    """The issue's check on the demo corpus' test_engine split, whole and of the corpus' defaults."""
+    """The guard on the demo corpus' test_engine split, whole and of the corpus' defaults."""
     corpus = result.get("corpus") or {}
     if name != GUARD["split"] or result["limited"] or any(corpus.get(k) != v for k, v in GUARD["corpus"].items()):
         return None

@@ -36,11 +36,8 @@ def provenance(meta: dict | None, data: dict) -> list[str]:
     meta = meta or {}
     machine = meta.get("machine")
     if isinstance(machine, dict):
-        if "flags" in machine:
-            flags = ", ".join(machine["flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
-            avx = f"flags: {flags}; oneDNN: {machine.get('onednn', 'default')}"
-        else:  # recorded before the flags were
-            avx = "AVX-512" if machine.get("avx512") else "no AVX-512"
+        flags = ", ".join(machine["flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
+        avx = f"flags: {flags}; oneDNN: {machine.get('onednn', 'default')}"
         where = f"{machine.get('cpu_model') or 'CPU model unknown'}, {machine.get('cores')} cores, {avx}"
     elif isinstance(data.get("machine"), str):
         where = f"machine not recorded by the benchmark; the file says: {data['machine']}"

@@ -47,7 +47,7 @@ def _cer(seeds: list[dict], key: str, show=cer) -> str:
 
 
 def _job_minutes(seed: dict) -> str:
-    minutes = seed.get("job_minutes", seed["job_seconds"] / 60 if "job_seconds" in seed else None)
+    minutes = seed.get("job_minutes")
     return "" if minutes is None else num(minutes, 1)
 
 

@@ -104,7 +104,7 @@ def demo_asr_chars(asr: dict) -> list[str]:
         ("test_noisy", "noisy test (the test sentences with noise)"),
         ("test_engine", "engine test (the test sentences in held-out speakers' voices, every engine's)"),
     ):
-        if f"{split}_cer" not in asr:  # a run from before the split existed
+        if f"{split}_cer" not in asr:  # a corpus without that split
             continue
         rows.append(
             [
@@ -253,7 +253,7 @@ def convergence(r: dict) -> list[str]:
             rows.append(
                 [
                     name,
-                    pct(r.get("half_speed_target_dev_cer", r.get("allreduce_final_dev_cer")), 2),
+                    pct(r["half_speed_target_dev_cer"], 2),
                     "never" if to_target is None else num(to_target, 1),
                     pct(r[f"{name}_half_speed_final_dev_cer"], 2),
                     num(r[f"{name}_half_speed_minutes_to_common_dev_cer"], 1),
@@ -270,7 +270,7 @@ def convergence(r: dict) -> list[str]:
             line = f"`{half[0]}` reached {level} in {gossip / base:.2f}x allreduce's minutes"
             aimed, aimed_base = (r.get(f"{n}_half_speed_minutes_to_allreduce_dev_cer") for n in half)
             if aimed is not None and aimed_base:
-                target = pct(r.get("half_speed_target_dev_cer", r.get("allreduce_final_dev_cer")), 2)
+                target = pct(r["half_speed_target_dev_cer"], 2)
                 line += f", and the target, {target}, in {aimed / aimed_base:.2f}x"
             out += [line + ".", ""]
     return out
@@ -378,7 +378,7 @@ def time_to_accuracy(r: dict) -> list[str]:
     rows = []
     for name in sorted(r["arms"], key=lambda n: (n != "before", n)):  # before, then after
         arm = r["arms"][name]
-        runs = arm.get("runs", [{**arm, "seed": r["meta"].get("seeds", {}).get("training", 0)}])
+        runs = arm["runs"]
         for run in [*runs, {**arm, "seed": "mean"}] if len(runs) > 1 else runs:
             rows.append(
                 [
@@ -459,7 +459,7 @@ def reference_asr(r: dict) -> list[str]:
             verdict = "within" if g["within"] else "outside"
             guards.append(
                 f"`{split}`{' in ' + ', '.join(f'`{v}`' for v in g['voices']) if g.get('voices') else ''}: CER "
-                f"{pct(g['cer'])}, {verdict} the issue's {pct(g['target'])} ± {pct(g['tolerance'])}"
+                f"{pct(g['cer'])}, {verdict} the target {pct(g['target'])} ± {pct(g['tolerance'])}"
             )
     heads = ["CER pocketsphinx", "WER pocketsphinx", "CER ours", "WER ours"]
     out += table(["split", "utterances", *heads, "ours on", "real-time factor (CPU time)"], rows)
@@ -473,16 +473,14 @@ def reference_asr(r: dict) -> list[str]:
 
 def measured_on(arm: dict) -> str:
     """An arm's own commit and machine (arms of one results file may come from several runs)."""
-    run = arm.get("run")
-    if not run:
-        return "as the file's"
+    run = arm["run"]
     machine = run["machine"]
     return f"`{run['commit'][:7]}`, {machine['cpu_model']} ({', '.join(machine['flags'])}), {run['date'][:10]}"
 
 
 def voice_levers(r: dict) -> list[str]:
     """benchmarks/voice_levers.py: each arm's test and held-out-speaker CER (seeds' mean, each seed
-    beside it), per held-out voice, and issue 59's verdict against the base arm."""
+    beside it), per held-out voice, and the verdict against the base arm."""
     arms, base = r["arms"], r["arms"].get("base")
 
     def seeds(arm: dict, key: str) -> str:
@@ -520,7 +518,7 @@ def voice_levers(r: dict) -> list[str]:
 def text_levers(r: dict) -> list[str]:
     """benchmarks/voice_levers.py --text open: each arm's CER on open-text sentences (test, the
     held-out speakers), the share of each split's words no training sentence has and their own CER
-    (seeds' mean, each seed beside it), against issue 60's ceiling for test."""
+    (seeds' mean, each seed beside it), against the ceiling for test."""
 
     def seeds(arm: dict, key: str) -> str:
         values = [run.get(key) for run in arm["runs"]]

@@ -12,7 +12,7 @@ measured twice on the same server: as served (beam search with the LM) and with 
 its cores.
 
 Goals (2-core machine): real-time factor <= 0.05 at one client, p99 <= 2 s at 4 clients for the
-untrained model's 3-6 s utterances (1 s for a trained model with its LM: issue 61), no failed request
+untrained model's 3-6 s utterances (1 s for a trained model with its LM), no failed request
 at 16.
 """
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         args.audio = corpus / "test_engine" if (corpus / "test_engine" / "wav.scp").is_file() else corpus / "test"
 
     from models.asr import lm
-    from workflow import serve
+    from models.serving import mlflow_serve as serve
 
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     config_file = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")

@@ -12,7 +12,7 @@ on) and other training settings (`models.train --set`); arms with the same corpu
 with copies trains the base arm's number of steps (`max_steps=BASE`): the same budget over more
 audio, as the demo's time allows. A lever is kept when its
 seeds' mean held-out CER improves on the base arm's by more than the seeds' spread and `test`
-stays <= 3.0% (issue 59's rule; the JSON holds each seed's figures to judge it). `--text`: the
+stays <= 3.0% (the JSON holds each seed's figures to judge it). `--text`: the
 corpus' sentences (`pipeline.corpus --text`): the grammar's (default: the arms of
 benchmarks/results/voice_levers.json were judged on them) or open English (text_levers.json). `--tiny`: 40
 utterances and a few steps of the tiny config, for the tests.
