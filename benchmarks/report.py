@@ -24,18 +24,15 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report_format import provenance  # noqa: E402
 from benchmarks.report_levers import levers  # noqa: E402
-from benchmarks.report_runs import (  # noqa: E402
-    convergence,
-    demo,
-    faults,
+from benchmarks.report_recognition import (  # noqa: E402
     lm_decoding,
     reference_asr,
     targets,
     text_levers,
-    time_to_accuracy,
     voice_levers,
     voice_warp,
 )
+from benchmarks.report_runs import convergence, demo, faults, time_to_accuracy  # noqa: E402
 from benchmarks.report_speed import input_pipeline, serving, speedup_model, straggler, throughput  # noqa: E402
 from benchmarks.report_tts import tts_durations, tts_levers, tts_seed_levers, tts_seeds  # noqa: E402
 

@@ -144,7 +144,7 @@ def test_targets_scores_both_arms_on_the_same_audio_through_their_lms(tmp_path, 
     """Chars and phones train on the same shards and are scored on the same utterances and words: chars
     greedy and with the n-gram, phones greedy (PER) and through the graph, each with the settings its own
     tune chose on dev; the arm's figure is its seeds' mean, and the page's section shows every split."""
-    from benchmarks.report_runs import targets as render
+    from benchmarks.report_recognition import targets as render
 
     results = run_tiny("targets", tmp_path, sqlite_store)
     chars, phones = results["arms"]["chars"], results["arms"]["phones"]
