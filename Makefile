@@ -38,11 +38,11 @@ typecheck: setup
 demo: setup
 	bash scripts/demo.sh
 
-# A page to try the registered champions (apps/try_models.py serves them; the page is Gradio, in
+# A page to try the registered champions (models/serving/try_launcher.py serves them; the page is Gradio, in
 # .venv-try) on http://127.0.0.1:$(TRY_PORT); `make demo` registers them first.
 TRY_PORT ?= 7860
 try: setup
-	$(PY) -m apps.try_models --host 127.0.0.1 --port $(TRY_PORT)
+	$(PY) -m models.serving.try_launcher --host 127.0.0.1 --port $(TRY_PORT)
 
 airflow-ui: setup
 	bash scripts/airflow_ui.sh

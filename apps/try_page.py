@@ -1,5 +1,5 @@
 """A page to try the registered champions: audio in, transcript out; a sentence and a voice in, speech
-out. `make try` starts it (through `apps.try_models`, which serves the champions first).
+out. `make try` starts it (through `models.serving.try_launcher`, which serves the champions first).
 
 Why over HTTP, in an environment of its own: Gradio pins `pillow<13`, and the training environment
 (.venv) has pillow 13 through matplotlib, so the page cannot share .venv without moving a package
@@ -8,10 +8,10 @@ TensorFlow nor MLflow is installed, and asks the champions as any client would: 
 of `mlflow models serve`, each server holding `mlflow.pyfunc.load_model("models:/NAME@champion")`
 (models/serving/pyfunc.py `SpeechModel`). What the page shows is what serving answers, byte for byte.
 
-Imports nothing of the project: `--champions FILE` (JSON written by apps.try_models) tells it, for
-`asr` and `tts`, the registered name and version, the URL of its server, the synthesis voices and
-what the acoustic model's outputs are (`targets`: chars, or phones spelled into words through its
-graph), or why that champion is missing.
+Imports nothing of the project but common/voices.py: `--champions FILE` (JSON written by the launcher,
+models/serving/try_launcher.py) tells it, for `asr` and `tts`, the registered name and version, the URL
+of its server, the synthesis voices and what the acoustic model's outputs are (`targets`: chars, or
+phones spelled into words through its graph), or why that champion is missing.
 """
 
 from __future__ import annotations
@@ -157,7 +157,9 @@ def build(champions: dict, out_dir: Path):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m apps.try_page", description=__doc__.split("\n\n")[0])
-    p.add_argument("--champions", required=True, type=Path, help="JSON from apps.try_models: servers and voices")
+    p.add_argument(
+        "--champions", required=True, type=Path, help="JSON from models.serving.try_launcher: servers, voices"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port to listen on (default 7860)")
     return p

@@ -32,13 +32,13 @@ def diagnose(model_spec: str, shards_dir: Path, listener, split: str, max_uttera
     """The arms' CER and WER (models/tts/diagnosis.py) of `model_spec` on `split`, heard by `listener`
     (models/tts/evaluation.py's Listener)."""
     from common import catalog
-    from models import opening
+    from models import trained_model
     from models.evaluate import check_vocabulary, split_batches
     from models.tts import diagnosis
     from models.tts.config import TtsEvalConfig
     from pipeline.records import open_shard_set
 
-    model, config, data = opening.open_model(model_spec)
+    model, config, data = trained_model.open_model(model_spec)
     if config.model != "tts" or config.settings.alignment != "durations":
         raise ValueError(f"{model_spec}: not a synthesis model with durations (alignment: durations)")
     shards = open_shard_set(shards_dir)

@@ -44,7 +44,7 @@ def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], wa
 
     from common import catalog
     from common.runtime import configure_tensorflow
-    from models import opening
+    from models import trained_model
     from models.asr import network as asr
     from models.asr.config import AsrEvalConfig
     from models.asr.evaluation import error_rates
@@ -54,7 +54,7 @@ def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], wa
     from pipeline.records import open_shard_set
 
     configure_tensorflow()
-    model, config, data = opening.open_model(model_spec)
+    model, config, data = trained_model.open_model(model_spec)
     if config.model != "asr":
         raise ValueError(f"{model_spec}: not an acoustic model (model: {config.model})")
     shards = open_shard_set(shards_dir)

@@ -1,7 +1,7 @@
 """Evaluation: `python -m models.evaluate --model W --shards OUT [--split test]`.
 
 The entry point: it opens the trained model (`--model`: a training workdir, its `model/` or a
-registry URI, as every command names a model: models/opening.py), builds each split's input, and
+registry URI, as every command names a model: models/trained_model.py), builds each split's input, and
 runs the model's evaluation (models/asr/evaluation.py, models/tts/evaluation.py), then logs to MLflow.
 
 Acoustic model: CER and WER with greedy and beam-search decoding (and with `--lm DIR`, beam search
@@ -90,11 +90,11 @@ def eval_config(model: str, yaml_path=None, assignments=(), flags=None) -> EvalC
 def output_dir(model: str | Path, out_dir: Path | None = None) -> Path:
     """Where the evaluation of `model` writes eval.json and eval/: `out_dir`, or else the training
     workdir the model was named by (a workdir or its model/); a registry URI needs `out_dir`."""
-    from models import opening
+    from models import trained_model
 
     if out_dir is not None:
         return Path(out_dir)
-    source = opening.locate(model)
+    source = trained_model.locate(model)
     if source.workdir is None:
         raise ValueError(f"{model} is not in a training workdir: say where the evaluation goes with --out-dir DIR")
     return source.workdir
@@ -107,17 +107,17 @@ def evaluate(
     asr_model: str | Path | None = None,
     out_dir: Path | None = None,
 ) -> dict:
-    """Evaluates the trained `model` (any form models/opening.py opens) on `cfg.splits` of
+    """Evaluates the trained `model` (any form models/trained_model.py opens) on `cfg.splits` of
     `shards` with its model's evaluation (common/catalog.py `ModelEntry.evaluation`) and options
     (`cfg.options`; `cfg` may be a function of the model's name that loads them, or an EvalConfig
     without a model: its options' defaults). Writes `eval.json` and `eval/` (hypotheses, plots,
     audio) into `output_dir(model, out_dir)`; returns the metrics."""
-    from models import opening
+    from models import trained_model
     from pipeline.records import open_shard_set
 
     root = output_dir(model, out_dir)
     model_spec = model
-    model, config, data = opening.open_model(model_spec)
+    model, config, data = trained_model.open_model(model_spec)
     shards = open_shard_set(shards)
     check_vocabulary(data, shards, model_spec)
     cfg = cfg(config.model) if callable(cfg) else cfg

@@ -113,7 +113,7 @@ class Server(Protocol):
 
     def predict(self, model_input, params: dict, settings) -> Any:
         """The answer to a request (rows of a pandas DataFrame); `settings`: the operator's limits
-        (models/request_policy.py `ServingConfig`); RequestError for a request it refuses."""
+        (models/serving/request_policy.py `ServingConfig`); RequestError for a request it refuses."""
 
     @classmethod
     def signature(cls, config, data: dict):

@@ -319,7 +319,7 @@ def _champion(name: str, alias: str, metric: str):
 
 
 def _training_workdir(spec: str | Path) -> Path:
-    """The training workdir of a model named as every command names one (models/opening.py)."""
+    """The training workdir of a model named as every command names one (models/trained_model.py)."""
     if str(spec).startswith(("models:/", "runs:/")):
         raise ValueError(f"{spec} is in the registry already: register takes a training workdir or its model/")
     path = Path(spec)
@@ -331,7 +331,7 @@ def _training_workdir(spec: str | Path) -> Path:
 def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: str = ALIAS) -> dict:
     """Registers the model trained in `workdir` as a version of `name`; moves `alias` to it only when
     its primary metric (eval.json) beats the current holder's (lower is better). `workdir` may
-    also name its model/ (models/opening.py); a registry URI is refused: it is registered already."""
+    also name its model/ (models/trained_model.py); a registry URI is refused: it is registered already."""
     workdir = _training_workdir(workdir)
     trained = tracking.load_run_file(workdir)
     if trained is None:

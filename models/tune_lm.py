@@ -99,17 +99,17 @@ def _open(args: argparse.Namespace):
     """(source, model, config, data, shards, split) of the command line's model and shards, each
     checked: an acoustic model, shards of its vocabulary, a split they have."""
     from common.runtime import configure_tensorflow
-    from models import opening
+    from models import trained_model
     from models.evaluate import check_vocabulary
     from pipeline.records import open_shard_set
 
-    source = opening.locate(args.model)
+    source = trained_model.locate(args.model)
     if args.attach and source.model_dir is None:
         raise ValueError(
             f"--attach needs a training workdir or its model/, not {args.model}: the registry's is read-only"
         )
     configure_tensorflow()
-    model, config, data = opening.open_model(args.model)
+    model, config, data = trained_model.open_model(args.model)
     if config.model != "asr":
         raise ValueError(f"{args.model} is a {config.model} model; an LM decodes an acoustic model")
     shards = open_shard_set(args.shards)

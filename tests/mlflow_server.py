@@ -8,8 +8,8 @@ import urllib.request
 from pathlib import Path
 
 from common.ports import reserve_port
-from tests.conftest import PYTHON, ROOT, quiet_env
 from models.serving.mlflow_serve import stop_session
+from tests.conftest import PYTHON, ROOT, quiet_env
 
 # `mlflow server` also starts a job runner (about eight Huey consumers, each polling and together near
 # half a core on this 2-core machine) for MLflow's GenAI jobs, which nothing here uses.

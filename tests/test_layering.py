@@ -1,8 +1,9 @@
-"""The serving layer sits above the models: nothing under models/ outside models/serving/, and
-nothing in pipeline/, imports models.serving. A model's server, opening a model and the request
-policy live below it (models/<model>/server.py, models/opening.py, models/request_policy.py);
-serving reaches a server, and training the pyfunc logger, only by a registry name
-(common/catalog.py `ModelEntry.server`, `PYFUNC_LOGGER`)."""
+"""The serving layer sits above the models. Nothing in pipeline/ and nothing under models/ outside
+models/serving/ imports models.serving, except each model's server (models/<model>/server.py), which
+imports of it only its floor, the request policy (models/serving/request_policy.py); the request policy
+imports nothing of models/. So the model packages, training and evaluation never load serving, the
+servers sit between the request policy and the pyfunc model, and serving reaches a server, and training
+the pyfunc logger, only by a registry name (common/catalog.py `ModelEntry.server`, `PYFUNC_LOGGER`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 SERVING = "models.serving"
+FLOOR = "models.serving.request_policy"  # what a model's server may import of serving
 
 
 def serving_imports(path: Path, root: Path) -> list[str]:
@@ -39,11 +41,29 @@ def serving_imports(path: Path, root: Path) -> list[str]:
 
 
 def test_no_model_package_nor_the_pipeline_imports_serving():
+    servers = sorted((ROOT / "models").glob("*/server.py"))
     files = [p for p in (ROOT / "models").rglob("*.py") if p.relative_to(ROOT / "models").parts[0] != "serving"]
     files += list((ROOT / "pipeline").rglob("*.py"))
-    assert len(files) > 50 and ROOT / "models" / "asr" / "server.py" in files
-    hits = [hit for path in files for hit in serving_imports(path, ROOT)]
+    assert len(files) > 50 and ROOT / "models" / "asr" / "server.py" in servers
+    hits = [hit for path in files if path not in servers for hit in serving_imports(path, ROOT)]
     assert not hits, "imports of the serving layer from below it:\n" + "\n".join(hits)
+
+
+def test_a_model_server_imports_of_serving_only_the_request_policy():
+    servers = sorted((ROOT / "models").glob("*/server.py"))
+    assert {p.parent.name for p in servers} >= {"asr", "tts"}
+    hits = [hit for path in servers for hit in serving_imports(path, ROOT) if not hit.endswith(": " + FLOOR)]
+    assert not hits, "a model's server imports serving above its request policy:\n" + "\n".join(hits)
+    assert all(serving_imports(path, ROOT) for path in servers), "a server that reads no request policy"
+
+
+def test_the_request_policy_imports_nothing_of_models():
+    policy = ROOT / "models" / "serving" / "request_policy.py"
+    tree = ast.parse(policy.read_text(encoding="utf-8"))
+    modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    modules += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert "mlflow.exceptions" in modules  # the check reads its imports
+    assert not [m for m in modules if m == "models" or m.startswith("models.")], modules
 
 
 def test_the_check_sees_every_form_of_import(tmp_path):
@@ -57,13 +77,18 @@ def test_the_check_sees_every_form_of_import(tmp_path):
         "from models.serving.pyfunc import SpeechModel",
         "from ..serving import pyfunc",
         "from .. import serving",
-        "def f():\n    from models.serving.policy import RequestError",
+        "def f():\n    from models.serving.request_policy import RequestError",
         "importlib.import_module('models.serving.pyfunc')",
         "catalog.resolve('models.serving.pyfunc:log_model')",
     ]
     for line in caught:
         module.write_text(line + "\n")
         assert serving_imports(module, tmp_path), line
-    for line in ["from models import opening", "import models.serving_extra", "from . import server", "x = 'models'"]:
+    for line in [
+        "from models import trained_model",
+        "import models.serving_extra",
+        "from . import server",
+        "x = 'models'",
+    ]:
         module.write_text(line + "\n")
         assert not serving_imports(module, tmp_path), line

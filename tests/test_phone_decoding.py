@@ -41,7 +41,7 @@ def outputs(graph) -> list[str]:
 
 
 def phone_data(outputs, **extra) -> dict:
-    """A phone model's data record as models/opening.py loads it."""
+    """A phone model's data record as models/trained_model.py loads it."""
     return {
         "targets": "phones",
         "outputs": list(outputs),
@@ -196,7 +196,7 @@ def test_word_times_come_from_the_graphs_best_path(graph, outputs):
 
 def test_the_served_phone_model_refuses_params_that_would_not_give_its_words():
     from models.asr.server import decoding_params
-    from models.request_policy import RequestError
+    from models.serving.request_policy import RequestError
 
     assert decoding_params({}, phones=True) == (0, True)
     assert decoding_params({"lm": True, "beam_width": 0}, phones=True) == (0, True)

@@ -26,18 +26,18 @@ import soundfile
 
 from common import config as configlib
 from common.ports import reserve_port
-from models import opening, request_policy
+from models import trained_model
 from models.asr import network as asr
 from models.asr.task import AsrTask
-from models.request_policy import RequestError, ServingConfig
+from models.serving import mlflow_serve, request_policy
 from models.serving import pyfunc as serving
+from models.serving.request_policy import RequestError, ServingConfig
 from models.training import checkpoint
 from models.training.config import TrainConfig
 from models.tts import model as tts
 from pipeline import dataset, features, frontend, kaldi, records, shards, text
 from tests.conftest import CONFIGS, PYTHON, ROOT, quiet_env
 from tests.kaldi_fixtures import make_wav_dir, tone
-from workflow import serve
 
 VOCABULARY = text.build_vocabulary(["the quick brown fox jumps over a lazy dog's back"])
 
@@ -126,7 +126,7 @@ def wav_shards(tmp_path_factory):
 
 def pipeline_transcripts(model_path: Path, shard_dir: Path, cmvn: str) -> dict[str, str]:
     """What evaluation computes: the input pipeline's batches, `AsrTask.features`, greedy decoding."""
-    model, config, data = opening.load_model_dir(model_path)
+    model, config, data = trained_model.load_model_dir(model_path)
     cfg = dataclasses.replace(config.input, cmvn=cmvn)
     out = {}
     for batch in dataset.asr_dataset(records.open_shard_set(shard_dir), "train", cfg, training=False)[0]:
@@ -217,7 +217,7 @@ def test_served_transcripts_of_audio_are_the_models_on_the_training_features(wav
 
 
 def asr_beam(model_path: Path, shard_dir: Path, utt: str) -> list[str]:
-    model, config, data = opening.load_model_dir(model_path)
+    model, config, data = trained_model.load_model_dir(model_path)
     for batch in dataset.asr_dataset(records.open_shard_set(shard_dir), "train", config.input, training=False)[0]:
         ids = [u.decode() for u in batch["utt_id"].numpy()]
         if utt in ids:
@@ -443,14 +443,30 @@ def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path,
         _run([PYTHON, "-m", "pipeline.features", "--data-dir", str(data / split), "--no-progress"], env, ROOT)
     split_args = ["--split", f"train={data / 'train'}", "--split", f"test={data / 'test'}"]
     # float32 storage: evaluation reads exactly the fbank that serving computes from the audio
-    _run([PYTHON, "-m", "pipeline.shards", *split_args, "--out", str(shard_dir), "--set", "feature_dtype=float32",
-          "--no-progress"], env, ROOT)  # fmt: skip
+    _run(
+        [
+            PYTHON,
+            "-m",
+            "pipeline.shards",
+            *split_args,
+            "--out",
+            str(shard_dir),
+            "--set",
+            "feature_dtype=float32",
+            "--no-progress",
+        ],
+        env,
+        ROOT,
+    )
     # A dozen steps: the tiny model still writes letters (by 60 it writes only spaces), so that
     # every character of a transcript tells whether serving computed what evaluation did.
     train = ["--config", str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "12", "--set", "input.cmvn=utterance"]
     _run([PYTHON, "-m", "models.train", "--shards", str(shard_dir), "--workdir", str(workdir), *train], env, ROOT)
-    _run([PYTHON, "-m", "models.evaluate", "--model", str(workdir), "--shards", str(shard_dir), "--split", "test"],
-         env, ROOT)  # fmt: skip
+    _run(
+        [PYTHON, "-m", "models.evaluate", "--model", str(workdir), "--shards", str(shard_dir), "--split", "test"],
+        env,
+        ROOT,
+    )
     _run([PYTHON, "-m", "models.registry", "register", "--workdir", str(workdir), "--name", "served-asr"], env, ROOT)
     rows = (workdir / "eval" / "test_hypotheses.tsv").read_text(encoding="utf-8").splitlines()[1:]
     hypotheses = {r.split("\t")[0]: r.split("\t") for r in rows}
@@ -459,9 +475,11 @@ def test_mlflow_serves_the_champion_with_the_transcripts_of_evaluation(tmp_path,
     assert len(ids) >= 4 and set(ids) <= set(wavs)
     assert sum(any(c.isalpha() for c in hypotheses[u][2]) for u in ids) >= 3, "too few letters to compare"
 
-    command = serve.serve_command("models:/served-asr@champion", reserve_port())
+    command = mlflow_serve.serve_command("models:/served-asr@champion", reserve_port())
     settings = {"SPEECHFLOW_SERVE_AUDIO_DIR": str(data)}  # the corpus's WAVs may be named by path
-    with serve.ModelServer(command, serve.serve_env(env, **settings), tmp_path, tmp_path / "serve.log") as server:
+    with mlflow_serve.ModelServer(
+        command, mlflow_serve.serve_env(env, **settings), tmp_path, tmp_path / "serve.log"
+    ) as server:
         url = f"{server.url}/invocations"
         greedy = [hypotheses[u][2] for u in ids]
         by_path = _post(url, {"dataframe_records": [{"audio": wavs[u]} for u in ids]})["predictions"]
@@ -483,10 +501,12 @@ def http_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("http")
     (root / "allowed").mkdir()
     soundfile.write(root / "allowed" / "a.wav", tone(0.5, 16000, 300, seed=1), 16000, subtype="PCM_16")
-    uri, store = serve.log_to_new_store(model_dir(root / "model", "asr"), root)
+    uri, store = mlflow_serve.log_to_new_store(model_dir(root / "model", "asr"), root)
     settings = {"SPEECHFLOW_SERVE_AUDIO_DIR": str(root / "allowed"), "SPEECHFLOW_SERVE_MAX_SECONDS": "4"}
-    env = serve.serve_env(quiet_env(MLFLOW_TRACKING_URI=store), **settings)
-    with serve.ModelServer(serve.serve_command(uri, reserve_port()), env, root, root / "serve.log") as server:
+    env = mlflow_serve.serve_env(quiet_env(MLFLOW_TRACKING_URI=store), **settings)
+    with mlflow_serve.ModelServer(
+        mlflow_serve.serve_command(uri, reserve_port()), env, root, root / "serve.log"
+    ) as server:
         yield server, root
 
 
@@ -570,16 +590,12 @@ def test_random_requests_get_no_server_error_and_the_server_keeps_serving(http_m
     assert server.alive() and _post(url, good)["predictions"] == before  # and it still transcribes
 
 
-def test_registered_models_name_the_pyfunc_class_by_its_first_import_path():
-    """MLflow pickled `models.serving.SpeechModel` into every model registered before the pyfunc
-    moved to models/serving/pyfunc.py; that reference must still find the class."""
+def test_registered_models_find_the_pyfunc_class_by_its_import_path():
+    """MLflow pickles a logged model's python_model by its class's import path: every registered model
+    names `models.serving.pyfunc.SpeechModel`, so the class must stay at that path."""
     import pickle
 
     from models.serving import pyfunc
 
-    assert pickle.loads(b"cmodels.serving\nSpeechModel\n.") is pyfunc.SpeechModel
-    # the serving package's former modules, kept for one release
-    from models.serving import opening as former_opening
-    from models.serving import policy as former_policy
-
-    assert former_opening.open_model is opening.open_model and former_policy.RequestError is RequestError
+    assert pickle.loads(b"cmodels.serving.pyfunc\nSpeechModel\n.") is pyfunc.SpeechModel
+    assert b"models.serving.pyfunc" in pickle.dumps(pyfunc.SpeechModel())

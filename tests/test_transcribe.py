@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from models import evaluate, opening, transcribe
+from models import evaluate, trained_model, transcribe
 from models.asr import alignment
 from models.asr import transcribe as asr_transcribe
 from models.tts import synthesize as tts_synthesize
@@ -121,11 +121,11 @@ def test_every_command_names_a_model_in_the_same_three_forms(decoded, tmp_path):
 
     root, data, evaluated = decoded
     work, model = root / "work", root / "work" / "model"
-    assert opening.locate(work) == opening.ModelSource(str(work), model_dir=model, workdir=work)
-    assert opening.locate(model) == opening.ModelSource(str(model), model_dir=model, workdir=work)
-    assert opening.locate("models:/m@champion").uri == "models:/m@champion"
+    assert trained_model.locate(work) == trained_model.ModelSource(str(work), model_dir=model, workdir=work)
+    assert trained_model.locate(model) == trained_model.ModelSource(str(model), model_dir=model, workdir=work)
+    assert trained_model.locate("models:/m@champion").uri == "models:/m@champion"
     with pytest.raises(FileNotFoundError, match="training workdir .* its model directory .* registry URI"):
-        opening.locate(root / "shards")
+        trained_model.locate(root / "shards")
     # transcribe: the workdir as the model/ it holds
     assert transcribe.main(["--model", str(work), "--data-dir", str(data), "--out", str(tmp_path / "t")]) == 0
     text = dict(line.split(" ", 1) for line in (tmp_path / "t" / "text").read_text().splitlines())
@@ -195,7 +195,7 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_st
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
     mlflow.set_tracking_uri(sqlite_store)
     try:
-        _, config, info = opening.load_model_dir(root / "work" / "model")
+        _, config, info = trained_model.load_model_dir(root / "work" / "model")
         experiment = mlflow.create_experiment("transcribe", artifact_location=(tmp_path / "artifacts").as_uri())
         with mlflow.start_run(experiment_id=experiment):
             logged = serving.log_model(root / "work" / "model", config, info)
@@ -215,7 +215,7 @@ def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_st
     assert text == evaluated
     assert uri_eval["test_cer"] == json.loads((root / "work" / "eval.json").read_text())["test_cer"]
     with pytest.raises(ValueError, match="models:/missing@champion"):
-        opening.open_model("models:/missing@champion")
+        trained_model.open_model("models:/missing@champion")
 
 
 def test_evaluate_and_transcribe_decode_with_a_word_lm_of_the_transcripts(decoded, tmp_path):
@@ -270,7 +270,7 @@ def test_an_attached_lm_travels_with_the_registered_model_and_decodes_everywhere
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
     mlflow.set_tracking_uri(sqlite_store)
     try:
-        _, config, info = opening.load_model_dir(work / "model")
+        _, config, info = trained_model.load_model_dir(work / "model")
         experiment = mlflow.create_experiment("lm", artifact_location=(tmp_path / "artifacts").as_uri())
         with mlflow.start_run(experiment_id=experiment) as run:  # what training logs at its end
             serving.log_model(work / "model", config, info)
@@ -282,7 +282,7 @@ def test_an_attached_lm_travels_with_the_registered_model_and_decodes_everywhere
         again = registry.register(work, "tiny-asr-lm")
         version = mlflow.MlflowClient().get_model_version("tiny-asr-lm", str(registered["version"]))
         uri = "models:/tiny-asr-lm@champion"
-        _, _, served = opening.open_model(uri)
+        _, _, served = trained_model.open_model(uri)
         server = mlflow.pyfunc.load_model(uri).unwrap_python_model().server
         wav = Path(kaldi.read_table(data / "wav.scp").values[sorted(evaluated)[0]])
         request = [{"audio": base64.b64encode(wav.read_bytes()).decode()}]
@@ -314,6 +314,6 @@ def test_an_attached_lm_travels_with_the_registered_model_and_decodes_everywhere
 
 
 def server_settings():
-    from models.request_policy import ServingConfig
+    from models.serving.request_policy import ServingConfig
 
     return ServingConfig()

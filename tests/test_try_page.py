@@ -1,5 +1,5 @@
-"""The page that tries the champions (`make try`: apps/try_models.py serves them, apps/try_page.py is the
-page): untrained tiny models registered as champions in a temporary MLflow store, the launcher run
+"""The page that tries the champions (`make try`: models/serving/try_launcher.py serves them,
+apps/try_page.py is the page): untrained tiny models registered as champions in a temporary MLflow store, the launcher run
 as `make try` runs it, and headless Chromium uploading a WAV and asking for speech."""
 
 from __future__ import annotations
@@ -20,16 +20,25 @@ import pandas as pd
 import pytest
 import soundfile
 
-from apps import try_models, try_page
+from apps import try_page
 from common.ports import reserve_port
+from models.serving import mlflow_serve, try_launcher
 from tests.conftest import PYTHON, ROOT, quiet_env
 from tests.kaldi_fixtures import tone
 from tests.test_serving import model_dir, served
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless, and nothing that reaches outside the machine (updates, sync, QUIC probes).
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def why_no_browser_test() -> str | None:
@@ -37,8 +46,8 @@ def why_no_browser_test() -> str | None:
         return f"{CHROMIUM} is missing: `make setup` as root installs Debian's chromium (or apt-get install chromium)"
     if importlib.util.find_spec("playwright") is None:
         return "the playwright package is missing from .venv: run `make setup`"
-    if not try_models.PAGE_PYTHON.is_file():
-        return f"{try_models.PAGE_PYTHON} is missing (Gradio's environment): run `make setup`"
+    if not try_launcher.PAGE_PYTHON.is_file():
+        return f"{try_launcher.PAGE_PYTHON} is missing (Gradio's environment): run `make setup`"
     return None
 
 
@@ -51,11 +60,11 @@ def register_champion(path: Path, name: str) -> None:
     """Logs a model directory as the pyfunc model and makes the new version `name`'s champion."""
     import mlflow
 
-    from models import registry
+    from models import registry, trained_model
     from models.serving import pyfunc as serving
     from models.tracking import runs as tracking
 
-    _, config, data = serving.load_model_dir(path)
+    _, config, data = trained_model.load_model_dir(path)
     experiment_id = tracking.ensure_experiment("try")
     with mlflow.start_run(experiment_id=experiment_id):
         logged = serving.log_model(path, config, data)
@@ -65,7 +74,7 @@ def register_champion(path: Path, name: str) -> None:
 
 def test_a_missing_champion_names_the_command_that_makes_one(tmp_path, sqlite_store, monkeypatch):
     use_store(sqlite_store, monkeypatch)
-    missing = try_models.champion("nobody-asr", "asr")
+    missing = try_launcher.champion("nobody-asr", "asr")
     assert "`make demo` trains and registers one" in missing["error"] and "uri" not in missing
     assert try_page.header("asr", missing).startswith("**No acoustic model to try.**")
     with pytest.raises(try_page.PageError, match="make demo"):
@@ -79,7 +88,7 @@ def test_a_taken_port_is_refused_before_anything_starts(tmp_path):
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
         with pytest.raises(RuntimeError, match=f"127.0.0.1:{port} is taken .*TRY_PORT=N make try"):
-            try_models.run("127.0.0.1", port, {"asr": "a", "tts": "t"}, "champion", tmp_path / "logs")
+            try_launcher.run("127.0.0.1", port, {"asr": "a", "tts": "t"}, "champion", tmp_path / "logs")
     assert not (tmp_path / "logs").exists()
 
 
@@ -144,11 +153,22 @@ def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_pa
     tts_dir = model_dir(tmp_path / "tts", "tts", voices=("alice", "bob"))
     register_champion(asr_dir, "try-asr")
     register_champion(tts_dir, "try-tts")
-    assert try_models.champion("try-tts", "tts")["voices"] == ["alice", "bob"]
-    assert "try-tts version 1 is a 'tts' model, not 'asr'" in try_models.champion("try-tts", "asr")["error"]
+    assert try_launcher.champion("try-tts", "tts")["voices"] == ["alice", "bob"]
+    assert "try-tts version 1 is a 'tts' model, not 'asr'" in try_launcher.champion("try-tts", "asr")["error"]
     port, log = reserve_port(), tmp_path / "launcher.log"
-    cmd = [PYTHON, "-m", "apps.try_models", "--port", str(port), "--asr-name", "try-asr", "--tts-name", "try-tts",
-           "--log-dir", str(tmp_path / "logs")]  # fmt: skip
+    cmd = [
+        PYTHON,
+        "-m",
+        "models.serving.try_launcher",
+        "--port",
+        str(port),
+        "--asr-name",
+        "try-asr",
+        "--tts-name",
+        "try-tts",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     with log.open("w") as out:
         launcher = subprocess.Popen(
             cmd, cwd=ROOT, env=quiet_env(MLFLOW_TRACKING_URI=uri), stdout=out, stderr=out, start_new_session=True
@@ -208,4 +228,4 @@ def test_the_page_transcribes_an_uploaded_wav_and_speaks_a_typed_sentence(tmp_pa
         assert body == spoken, "the page played something else than the synthesis champion's WAV in voice bob"
         assert not outside, f"the page reached outside the machine: {outside}"
     finally:
-        try_models.stop(launcher, timeout=60)  # the launcher stops its servers and the page first
+        mlflow_serve.stop_session(launcher, grace=60)  # the launcher stops its servers and the page first

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models import opening
+from models import trained_model
 from models.tts import diagnosis
 from models.tts import evaluation as tts_eval
 from pipeline import lang as langstage
@@ -62,10 +62,10 @@ def spoken(sentence: str, utt: str, said: np.ndarray, truth: np.ndarray) -> tts_
 
 
 def listener(monkeypatch, data: dict, cmvn: str = "speaker") -> tts_eval.Listener:
-    """A `Listener` of `data` (a data.json as models/opening.py loads it) and a `OneHotModel`."""
+    """A `Listener` of `data` (a data.json as models/trained_model.py loads it) and a `OneHotModel`."""
     outputs = len(data.get("outputs") or data["vocabulary"])
     config = types.SimpleNamespace(input=types.SimpleNamespace(cmvn=cmvn))
-    monkeypatch.setattr(opening, "open_model", lambda spec: (OneHotModel(outputs), config, data))
+    monkeypatch.setattr(trained_model, "open_model", lambda spec: (OneHotModel(outputs), config, data))
     return tts_eval.Listener("runs/listener")
 
 

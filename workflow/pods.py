@@ -232,10 +232,10 @@ def render_serving(
 ) -> list[dict[str, Any]]:
     """A server of a registered model: [Service, Deployment] answering on port SERVING_PORT of `name`.
 
-    Each of `replicas` pods runs `mlflow models serve -m MODEL_URI` (workflow/serve.py's command, one
+    Each of `replicas` pods runs `mlflow models serve -m MODEL_URI` (models/serving/mlflow_serve.py's command, one
     worker) in the training image, which fetches the model from the MLflow server of the settings, e.g.
     `models:/speechflow-asr@champion`. `serve_settings` are the model's SPEECHFLOW_SERVE_* variables
-    (models/request_policy.py, docs/serving.md). The pods carry no pipeline label, so the training
+    (models/serving/request_policy.py, docs/serving.md). The pods carry no pipeline label, so the training
     pods do not accept them; the NetworkPolicy `serving` (k8s/base) lets anyone ask them on their port
     and them reach only MLflow.
     """

@@ -41,8 +41,8 @@ GRAPH_RECORD = "lang.json"  # pipeline/lang.py RECORD, named here so that a char
 GRAPH_FILES = ("HLG.fst", "tokens.txt", "words.txt", GRAPH_RECORD)  # what a phone model decodes with
 TARGETS = ("chars", "phones")  # a model's data record's `targets`: what its output layer spells
 ATTACHED = "lm"  # in a model directory: the LM the model decodes with unless told otherwise (`attach`)
-DATA_KEY = "lm_dir"  # in a loaded model's data record: where its attached LM is (models/opening.py)
-MODEL_KEY = "model_dir"  # in a loaded model's data record: its directory, which errors name (models/opening.py)
+DATA_KEY = "lm_dir"  # in a loaded model's data record: where its attached LM is (models/trained_model.py)
+MODEL_KEY = "model_dir"  # in a loaded model's data record: its directory, which errors name (models/trained_model.py)
 UNK_LABEL = "\u2047"  # how the decoder is told of our `<unk>` id: a label no word holds
 
 

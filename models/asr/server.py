@@ -10,11 +10,11 @@ for a model with an attached word LM (models/asr/lm.py), beam search with it (pa
 A phone model answers words through its attached decoding graph (models/asr/hlg.py), always: it spells
 words no other way, so the params `lm: false` and `beam_width` > 0 are refused (HTTP 400), and a graph
 that is missing, cut short or not its output layer's stops the server from starting (`decoding_params`).
-What a request may hold is the operator's (models/request_policy.py).
+What a request may hold is the operator's (models/serving/request_policy.py).
 
 No skew between training and serving. The served model takes audio and runs what training ran on
 it: the feature stage's reading and resampling (`pipeline.features.prepare_waveform`) and fbank
-(`compute_fbank`) with the training data's FeatureConfig (data.json, models/opening.py
+(`compute_fbank`) with the training data's FeatureConfig (data.json, models/trained_model.py
 `feature_config`), straight to float log-mel (no 8-bit storage in between), then the training
 step's normalization itself (`AsrTask.features` -> `pipeline.frontend.normalize`) on a batch built
 by the input pipeline's own function (`pipeline.frontend.acoustic_batch`, models/asr/inference.py).
@@ -35,8 +35,15 @@ import numpy as np
 
 from models.asr import lm
 from models.asr.inference import transcribe_features
-from models.opening import feature_config
-from models.request_policy import ENV_PREFIX, RequestError, audio_features, bounded_param, check_rows, utterances
+from models.serving.request_policy import (
+    ENV_PREFIX,
+    RequestError,
+    audio_features,
+    bounded_param,
+    check_rows,
+    utterances,
+)
+from models.trained_model import feature_config
 
 
 class AsrServer:

@@ -31,7 +31,7 @@ import numpy as np
 
 from common import fsutil
 from common.progress import progress as progress_bar
-from models import opening
+from models import trained_model
 from models.asr import alignment, inference, lm
 from pipeline import features, kaldi, text
 
@@ -142,10 +142,10 @@ def graph_words(utts: list[str], aligned: list[list[tuple[str, int, int]]], fram
 def transcribe(model_spec: str, out_dir: Path, cfg: TranscribeConfig, data_dir: Path | None = None, files=()) -> dict:
     """Transcribes a data directory or audio files into `out_dir` (see the module docstring).
     Returns a summary: utterances transcribed and rejected, the files written."""
-    model, config, data = opening.open_model(model_spec)
+    model, config, data = trained_model.open_model(model_spec)
     if config.model != "asr":
         raise ValueError(f"{model_spec} is a {config.model} model; transcription needs an acoustic model")
-    feature_cfg = dataclasses.replace(opening.feature_config(data), allow_pipes=cfg.allow_pipes)
+    feature_cfg = dataclasses.replace(trained_model.feature_config(data), allow_pipes=cfg.allow_pipes)
     if lm.targets_of(data) == "phones" and cfg.beam_width:
         raise ValueError(
             f"{model_spec} is a phone model: it spells words only through its decoding graph, so --beam-width "

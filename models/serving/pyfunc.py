@@ -1,7 +1,7 @@
 """The MLflow pyfunc model that serves a trained model directory, and its logging to MLflow.
 
-Generic: `SpeechModel` opens the model directory (models/opening.py `load_model_dir`), reads the
-operator's limits from the environment (models/request_policy.py `ServingConfig`) and hands every
+Generic: `SpeechModel` opens the model directory (models/trained_model.py `load_model_dir`), reads the
+operator's limits from the environment (models/serving/request_policy.py `ServingConfig`) and hands every
 request to its model's server, which it finds only through the registry (common/catalog.py
 `ModelEntry.server`, `catalog.resolve`); the server says what a request holds and what the answer
 is: models/asr/server.py (audio in, text out), models/tts/server.py (text in, WAV audio and
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import mlflow
 
-from models.opening import load_model_dir
-from models.request_policy import ServingConfig
+from models.serving.request_policy import ServingConfig
+from models.trained_model import load_model_dir
 
 
 class SpeechModel(mlflow.pyfunc.PythonModel):
     """The pyfunc model of a model directory; what it accepts is set by the operator's environment
-    (models/request_policy.py). What it answers is its model's server (common/catalog.py
+    (models/serving/request_policy.py). What it answers is its model's server (common/catalog.py
     `ModelEntry.server`: models/asr/server.py, models/tts/server.py)."""
 
     def load_context(self, context):

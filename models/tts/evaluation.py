@@ -120,7 +120,7 @@ def tts_metrics(spoken: list[Spoken], split: str) -> dict:
 
 
 class Listener:
-    """A trained acoustic model that transcribes log-mels [T, 80] (any form models/opening.py
+    """A trained acoustic model that transcribes log-mels [T, 80] (any form models/trained_model.py
     opens). Features are normalized as it was trained: each utterance by its own statistics
     (`input.cmvn: utterance`), or each voice as one speaker, by the mean and variance of all its
     utterances among those it is given (speaker CMVN and the others).
@@ -130,11 +130,11 @@ class Listener:
     only through its decoding graph (models/asr/lm.py `choose`), which is opened here once."""
 
     def __init__(self, asr_model: str | Path):
-        from models import opening
+        from models import trained_model
         from models.asr import lm
 
         self.name = str(asr_model)
-        self.model, self.config, self.data = opening.open_model(asr_model)
+        self.model, self.config, self.data = trained_model.open_model(asr_model)
         self.per_utterance = self.config.input.cmvn == "utterance"
         self.phones = lm.targets_of(self.data) == "phones"
         self.graph = lm.choose(self.data) if self.phones else None

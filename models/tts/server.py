@@ -8,7 +8,7 @@ sentence, Griffin-Lim from the predicted mels), `voices` (the voice of each sent
 `sample_rate`, `mels` float32 [B, T, D] (log-mel as the feature stage computes it, zero after each
 sentence's length) and `lengths` int32 [B]. Params `max_steps` (decoder steps, default 400) and
 `griffin_lim_iters` (default 48; 0: no audio). What a request may hold is the operator's
-(models/request_policy.py).
+(models/serving/request_policy.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import shutil
 
 import numpy as np
 
-from models.request_policy import ENV_PREFIX, RequestError, bounded_param, check_rows, texts_and_voices
+from models.serving.request_policy import ENV_PREFIX, RequestError, bounded_param, check_rows, texts_and_voices
 
 
 class TtsServer:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from common.progress import progress as progress_bar
-from models import opening
+from models import trained_model
 
 BATCH_SENTENCES = 16  # sentences synthesized together
 
@@ -42,7 +42,7 @@ def synthesize(model_spec: str, text_file: Path, out_dir: Path, cfg: SynthesizeC
     from models.tts import audio
     from models.tts.task import speak
 
-    model, config, data = opening.open_model(model_spec)
+    model, config, data = trained_model.open_model(model_spec)
     if config.model != "tts":
         raise ValueError(f"{model_spec} is an {config.model} model; synthesis needs a synthesis model")
     sentences = read_sentences(text_file)

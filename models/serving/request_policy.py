@@ -4,9 +4,8 @@ feature stage reads it, and the refusal of a bad row as an HTTP 400 that names t
 
 Every model's server (common/catalog.py `ModelEntry.server`: models/asr/server.py,
 models/tts/server.py) reads its rows with these, and the pyfunc model (models/serving/pyfunc.py)
-hands it the settings; so the module lives below both, imports no TensorFlow, and the serving
-package re-exports `ServingConfig` and `RequestError` (models/serving/policy.py, its former place,
-is kept importable for one release).
+hands it the settings. It is the floor of the serving package: the only module of it a model's
+server imports, and it imports nothing of models/ and no TensorFlow (tests/test_layering.py).
 
 The settings come from the serving process's environment (`ServingConfig.from_env`), so an operator
 sets them beside `mlflow models serve` without re-logging the model:
@@ -112,9 +111,6 @@ def allowed_file(value: str, config: ServingConfig) -> Path | None:
 
 
 def looks_like_base64(value: str) -> bool:
-    import base64
-    import binascii
-
     try:
         base64.b64decode("".join(value.split()), validate=True)
     except (binascii.Error, ValueError):
@@ -202,7 +198,8 @@ def read_audio_cell(value: str, settings: ServingConfig) -> tuple[int, np.ndarra
         files = (
             f"nor a file in {settings.audio_dir}"
             if settings.audio_dir
-            else f"(this server reads no file a request names: the operator allows a directory with {ENV_PREFIX}AUDIO_DIR)"
+            else "(this server reads no file a request names: the operator allows a directory with "
+            f"{ENV_PREFIX}AUDIO_DIR)"
         )
         raise RequestError(f"`audio` is not base64 file bytes {files}: {value[:80]!r}") from err
     if not raw:

@@ -1,11 +1,10 @@
-"""One way to name and open a trained model, for every command that reads one (`models.evaluate`,
-`models.transcribe`, `models.synthesize`, `models.registry`, the pyfunc server), and the feature
+"""A trained model named and opened, one way for every command that reads one (`models.evaluate`,
+`models.transcribe`, `models.synthesize`, `models.tune_lm`, the pyfunc server), and the feature
 settings a model directory records.
 
 It lives here, beside the model packages and below the serving layer (models/serving/), because
 evaluation, transcription and synthesis open models too: they import this module, never serving,
-and the served pyfunc model opens its directory with the same `load_model_dir`. (It was
-models/serving/opening.py; that name stays importable for one release.)
+and the served pyfunc model opens its directory with the same `load_model_dir`.
 
 A trained model is named in one of three forms, the same for every command:
   - a training workdir (`runs/asr`: what `models.train --workdir` wrote; its model is `model/`),
@@ -29,7 +28,10 @@ from types import SimpleNamespace
 from common import config as configlib
 from models.training import checkpoint
 
-FORMS = "a training workdir (runs/asr), its model directory (runs/asr/model) or a registry URI such as models:/speechflow-asr@champion"
+FORMS = (
+    "a training workdir (runs/asr), its model directory (runs/asr/model) "
+    "or a registry URI such as models:/speechflow-asr@champion"
+)
 
 
 @dataclasses.dataclass(frozen=True)

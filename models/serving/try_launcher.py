@@ -1,6 +1,6 @@
 """`make try`: serves the registered champions and opens the page that tries them (apps/try_page.py).
 
-    python -m apps.try_models [--port 7860] [--host 127.0.0.1] [--asr-name speechflow-asr] ...
+    python -m models.serving.try_launcher [--port 7860] [--host 127.0.0.1] [--asr-name speechflow-asr] ...
 
 Runs in the training environment (.venv), which has MLflow and TensorFlow: it looks up each
 champion (`models:/NAME@champion`) in the MLflow store of MLFLOW_TRACKING_URI, reads the synthesis
@@ -26,9 +26,10 @@ from pathlib import Path
 
 from common.ports import reserve_port
 from models import registry
+from models.serving import mlflow_serve
 from models.tracking import runs as tracking
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE_PYTHON = ROOT / ".venv-try" / "bin" / "python"
 KINDS = ("asr", "tts")
 START_TIMEOUT_S = 300  # a model server imports TensorFlow and loads the weights; slow on 2 busy cores
@@ -47,8 +48,11 @@ def champion(name: str, kind: str, alias: str = registry.ALIAS) -> dict:
         if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") or "not found" not in str(err):
             raise
         store = tracking.tracking_uri()
-        return {**found, "error": f"no version of {name} holds the alias '{alias}' in the MLflow store {store}: "
-                f"`make demo` trains and registers one; then run `make try` again."}  # fmt: skip
+        error = (
+            f"no version of {name} holds the alias '{alias}' in the MLflow store {store}: "
+            "`make demo` trains and registers one; then run `make try` again."
+        )
+        return {**found, "error": error}
     uri = f"models:/{name}/{version.version}"  # this version, even if the alias moves meanwhile
     # models/serving/pyfunc.py log_model: the model directory is the pyfunc artifact `model_dir`.
     flavor = mlflow.models.Model.load(uri).flavors["python_function"]
@@ -64,20 +68,10 @@ def champion(name: str, kind: str, alias: str = registry.ALIAS) -> dict:
 
 
 def start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
-    """A child in a session of its own (stop() ends it with the workers it starts), output to `log`."""
+    """A child in a session of its own (`mlflow_serve.stop_session` ends it with the workers it starts),
+    output to `log`."""
     with log.open("w") as out:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
-    """SIGTERM to a child's session (SIGKILL after `timeout` seconds)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def wait_until_up(children: dict[str, tuple[subprocess.Popen, str, Path]], timeout: float) -> None:
@@ -102,9 +96,10 @@ def wait_until_up(children: dict[str, tuple[subprocess.Popen, str, Path]], timeo
         time.sleep(0.5)
 
 
-def run(host: str, port: int, names: dict[str, str], alias: str, log_dir: Path) -> int:
-    """Serves the champions and the page until one of them exits or a signal arrives."""
-    with socket.socket() as sock:  # a page already there would answer for ours
+def check_can_start(host: str, port: int) -> None:
+    """RuntimeError when the page's port is taken (a page already there would answer for ours),
+    FileNotFoundError when Gradio's environment is missing."""
+    with socket.socket() as sock:
         try:
             sock.bind((host, port))
         except OSError as err:
@@ -115,30 +110,46 @@ def run(host: str, port: int, names: dict[str, str], alias: str, log_dir: Path) 
         raise FileNotFoundError(
             f"{PAGE_PYTHON} does not exist: run `make setup` (it builds .venv-try, Gradio's environment)"
         )
+
+
+def serve_champions(champions: dict, env: dict, log_dir: Path, children: dict) -> None:
+    """Starts `mlflow models serve` of each found champion on a free loopback port; adds it to
+    `children` (what: (process, ping URL, log)) and its `url` to the champion."""
+    for kind, found in champions.items():
+        if "uri" not in found:
+            print(f"[try] {found['error']}", flush=True)
+            continue
+        server_port = reserve_port()
+        found["url"] = f"http://127.0.0.1:{server_port}"
+        log = log_dir / f"serve-{kind}.log"
+        serve = mlflow_serve.serve_command(found["uri"], server_port)
+        children[f"the {kind} model server"] = (start(serve, log, env), f"{found['url']}/ping", log)
+        print(f"[try] serving {found['uri']} on {found['url']} (log: {log})", flush=True)
+
+
+def start_page(champions: dict, env: dict, host: str, port: int, log_dir: Path, children: dict) -> None:
+    """Writes champions.json and starts the page in .venv-try; adds it to `children`."""
+    champions_file = log_dir / "champions.json"
+    champions_file.write_text(json.dumps(champions, indent=2) + "\n", encoding="utf-8")
+    page_env = dict(env, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    page = [str(PAGE_PYTHON), "-m", "apps.try_page", "--champions", str(champions_file)]
+    page += ["--host", host, "--port", str(port)]
+    page_log = log_dir / "page.log"
+    children["the page"] = (start(page, page_log, page_env), f"http://{host}:{port}/", page_log)
+
+
+def run(host: str, port: int, names: dict[str, str], alias: str, log_dir: Path) -> int:
+    """Serves the champions and the page until one of them exits or a signal arrives."""
+    check_can_start(host, port)
     log_dir.mkdir(parents=True, exist_ok=True)
     champions = {kind: champion(names[kind], kind, alias) for kind in KINDS}
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", MLFLOW_TRACKING_URI=tracking.tracking_uri())
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # uvicorn, which mlflow serve runs
+    env = mlflow_serve.serve_env(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", MLFLOW_TRACKING_URI=tracking.tracking_uri()
+    )
     children: dict[str, tuple[subprocess.Popen, str, Path]] = {}
     try:
-        for kind, found in champions.items():
-            if "uri" not in found:
-                print(f"[try] {found['error']}", flush=True)
-                continue
-            server_port = reserve_port()
-            found["url"] = f"http://127.0.0.1:{server_port}"
-            log = log_dir / f"serve-{kind}.log"
-            serve = [sys.executable, "-m", "mlflow", "models", "serve", "-m", found["uri"], "--env-manager", "local",
-                     "-h", "127.0.0.1", "-p", str(server_port), "-w", "1"]  # fmt: skip
-            children[f"the {kind} model server"] = (start(serve, log, env), f"{found['url']}/ping", log)
-            print(f"[try] serving {found['uri']} on {found['url']} (log: {log})", flush=True)
-        champions_file = log_dir / "champions.json"
-        champions_file.write_text(json.dumps(champions, indent=2) + "\n", encoding="utf-8")
-        page_env = dict(env, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-        page = [str(PAGE_PYTHON), "-m", "apps.try_page", "--champions", str(champions_file),
-                "--host", host, "--port", str(port)]  # fmt: skip
-        page_log = log_dir / "page.log"
-        children["the page"] = (start(page, page_log, page_env), f"http://{host}:{port}/", page_log)
+        serve_champions(champions, env, log_dir, children)
+        start_page(champions, env, host, port, log_dir, children)
         wait_until_up(children, START_TIMEOUT_S)
         print(f"[try] ready: open http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
         while all(proc.poll() is None for proc, _, _ in children.values()):
@@ -149,11 +160,11 @@ def run(host: str, port: int, names: dict[str, str], alias: str, log_dir: Path) 
         return 1
     finally:
         for proc, _, _ in children.values():
-            stop(proc)
+            mlflow_serve.stop_session(proc, grace=20)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m apps.try_models", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m models.serving.try_launcher", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="the page's address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="the page's port (default 7860)")
     p.add_argument("--asr-name", default="speechflow-asr", help="registered acoustic model (default speechflow-asr)")

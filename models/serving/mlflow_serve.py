@@ -1,5 +1,6 @@
-"""`mlflow models serve` of a logged or registered model: the command line, and a process that is
-started, waited for until it answers /ping, and stopped (tests and benchmarks/serving.py)."""
+"""`mlflow models serve` of a logged or registered model: the command line, its environment, and a
+process that is started, waited for until it answers /ping, and stopped (`make try`'s launcher,
+models/serving/try_launcher.py; tests and benchmarks/serving.py)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,13 @@ def serve_command(
     cluster's model server, workflow/pods.py, names the image's). Each worker is a process that loads
     the model; see the README's serving section for the worker count that suits a machine."""
     mlflow = mlflow or str(Path(sys.executable).with_name("mlflow"))
-    return [mlflow, "models", "serve", "-m", model_uri, "--env-manager", "local",
-            "-h", host, "-p", str(port), "-w", str(workers)]  # fmt: skip
+    serve = ["models", "serve", "-m", model_uri, "--env-manager", "local"]
+    return [mlflow, *serve, "-h", host, "-p", str(port), "-w", str(workers)]
 
 
 def serve_env(base: Mapping[str, str], **settings: str) -> dict[str, str]:
     """`base` with uvicorn (which `mlflow models serve` runs by name) on PATH and the model's
-    SPEECHFLOW_SERVE_* `settings` (models/request_policy.py)."""
+    SPEECHFLOW_SERVE_* `settings` (models/serving/request_policy.py)."""
     env = dict(base)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(SERVER_ENV)
