@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -38,12 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import NO_COPIES, PYTHON, ROOT, print_table, write_json  # noqa: E402
-from common.ports import reserve_port
+from benchmarks import report_runs  # noqa: E402
+from benchmarks.harness import NO_COPIES, PYTHON, ROOT, write_json  # noqa: E402
+from common.ports import reserve_port  # noqa: E402
 from workflow import commands  # noqa: E402
-
-# The table's columns (benchmarks/report.py prints the same ones from the JSON).
-TABLE = ["fault", "exit code", "seconds to detect", "steps lost", "final test CER / outcome"]
 
 
 def env(**extra: str) -> dict:
@@ -174,6 +173,252 @@ def evaluate_cer(workdir: Path, shards: Path) -> float:
     return json.loads((workdir / "eval.json").read_text())["test_cer"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """The benchmark's settings and places, shared by every fault."""
+
+    work: Path  # the temporary directory every job writes under
+    shards: Path  # the small demo corpus' shards
+    config: Path  # the acoustic config every job trains
+    epochs: int  # each job's budget
+    kill_at: int  # the step each fault is injected at
+    sets: tuple[str, ...]  # the `--set` items every job trains with
+    uri: str  # the MLflow tracking URI of the jobs that keep their server
+    tiny: bool  # the tests' run: the CER only of the undisturbed job
+
+    def train_args(self, name: str, *extra: str, shards: Path | None = None) -> list[str]:
+        shards = shards or self.shards
+        sets = list(self.sets)
+        return commands.train_args(
+            shards, self.work / name, config=self.config, epochs=self.epochs, sets=sets, extra=extra
+        )
+
+    def launch(self, name: str, *extra: str, environment: dict | None = None) -> Job:
+        environment = environment or env(MLFLOW_TRACKING_URI=self.uri)
+        argv = commands.horovodrun_local(PYTHON, 2, commands.TRAIN, self.train_args(name, *extra))
+        return Job(argv, environment, self.work / name)
+
+    def cer(self, name: str) -> float | None:
+        """The test CER of the job trained in `name`; None in the tiny run (its model learns nothing, and
+        the evaluation's code is the same for every job)."""
+        return None if self.tiny else evaluate_cer(self.work / name, self.shards)
+
+
+def setup(args, work: Path) -> Run:
+    # Tiny (the tests): 6 epochs of 4 steps, a checkpoint and an elastic commit every 2 steps, the
+    # kills at step 5, so that each resume starts from a saved step.
+    utterances, epochs, kill_at, every = (60, 6, 5, 2) if args.tiny else (args.utterances, args.epochs, 20, 5)
+    # The demo's model, so that the final CERs compare a model that learned something.
+    config = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
+    sets = (NO_COPIES, f"checkpoint_every={every}", f"commit_every={every}", "log_every=1", "log_model=false")
+    shards = build_corpus(work, utterances, args.tiny)
+    return Run(work, shards, config, epochs, kill_at, sets, f"sqlite:///{work / 'mlflow.db'}", args.tiny)
+
+
+def clean(run: Run) -> dict:
+    """The undisturbed job of the same budget."""
+    code = run.launch("clean").wait()
+    return {"clean_exit": code, "clean_cer": evaluate_cer(run.work / "clean", run.shards)}
+
+
+def kill_worker(run: Run) -> dict:
+    """A worker killed, not elastic; then the command again (the Airflow retry)."""
+    job = run.launch("kill_worker")
+    job.wait_for_step(run.kill_at)
+    reached = job.step()
+    os.kill(rank_pid(1, run.work / "kill_worker"), signal.SIGKILL)
+    killed = time.monotonic()
+    code = job.wait()
+    detect = time.monotonic() - killed
+    retry_code = run.launch("kill_worker").wait()
+    retried = json.loads((run.work / "kill_worker" / "train_summary.json").read_text())
+    resumed = retried["resumed_from_step"]
+    return dict(
+        kill_worker_exit=code,
+        kill_worker_detect_s=detect,
+        kill_worker_rank_named="Process name: 1" in job.output() or "Process 1 exit" in job.output(),
+        kill_worker_retry_exit=retry_code,
+        kill_worker_reached_step=reached,
+        kill_worker_resumed_from_step=resumed,
+        kill_worker_retry_ranks_agree=retried["ranks_agree"],
+        kill_worker_steps_lost=max(0, reached - resumed),
+        kill_worker_cer=run.cer("kill_worker"),
+    )
+
+
+def elastic_job(run: Run) -> Job:
+    """The training job under Horovod elastic: two hosts of one slot on this machine."""
+    hosts = run.work / "hosts.txt"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    launcher = [
+        str(Path(PYTHON).with_name("horovodrun")),
+        *("-np", "2", "--min-np", "1", "--max-np", "2"),
+        *("--host-discovery-script", str(ROOT / "scripts" / "discover_hosts.sh")),
+        *("--network-interface", "lo", "--gloo"),
+    ]
+    argv = [*launcher, PYTHON, "-m", commands.TRAIN, *run.train_args("elastic", "--elastic")]
+    return Job(argv, env(MLFLOW_TRACKING_URI=run.uri, SPEECHFLOW_HOSTS_FILE=str(hosts)), run.work / "elastic")
+
+
+def kill_worker_elastic(run: Run) -> dict:
+    """A worker killed under Horovod elastic: the survivor resets and goes on alone."""
+    job = elastic_job(run)
+    job.wait_for_step(run.kill_at)
+    reached = job.step()
+    os.kill(rank_pid(1, run.work / "elastic"), signal.SIGKILL)
+    killed = time.monotonic()
+    while "the job now has 1 workers" not in job.output() and job.proc.poll() is None:
+        time.sleep(0.1)
+    reset = time.monotonic() - killed
+    match = re.search(r"going on from step (\d+)", job.output())
+    code = job.wait()
+    if code != 0:
+        print(f"the elastic job exited {code}:\n{job.output()[-4000:]}", file=sys.stderr)
+    survived = json.loads((run.work / "elastic" / "train_summary.json").read_text()) if code == 0 else {}
+    return dict(
+        kill_worker_elastic_exit=code,
+        kill_worker_elastic_reset_s=reset,
+        kill_worker_elastic_reset_said="the job now has 1 workers" in job.output(),
+        kill_worker_elastic_world_size=survived.get("world_size"),
+        kill_worker_elastic_world_size_changes=len(survived.get("world_size_changes") or []),
+        kill_worker_elastic_model_saved=(run.work / "elastic" / "model" / "config.yaml").is_file(),
+        kill_worker_elastic_steps_lost=max(0, reached - int(match.group(1))) if match else None,
+        kill_worker_elastic_cer=run.cer("elastic") if code == 0 else None,
+    )
+
+
+def kill_job(run: Run) -> dict:
+    """The whole job killed, then the command again."""
+    job = run.launch("kill_job")
+    job.wait_for_step(run.kill_at)
+    reached = job.step()
+    os.killpg(job.proc.pid, signal.SIGKILL)
+    # The ranks run in process groups of their own under Horovod's launcher: a lost node takes
+    # them too, so they go as well (left running, they would hold the workdir's files).
+    for rank in (0, 1):
+        with contextlib.suppress(RuntimeError, ProcessLookupError):  # already gone
+            os.kill(rank_pid(rank, run.work / "kill_job", timeout=1), signal.SIGKILL)
+    job.wait()
+    first_run = json.loads((run.work / "kill_job" / "mlflow_run.json").read_text())["run_id"]
+    retry = run.launch("kill_job")
+    retry_code = retry.wait()
+    if retry_code != 0:
+        raise RuntimeError(f"the re-run after killing the whole job exited {retry_code}:\n{retry.output()[-3000:]}")
+    retried = json.loads((run.work / "kill_job" / "train_summary.json").read_text())
+    resumed = retried["resumed_from_step"]
+    return dict(
+        kill_job_retry_exit=retry_code,
+        kill_job_resumed_from_step=resumed,
+        kill_job_same_mlflow_run=retried["run_id"] == first_run,  # the rerun goes on logging into it
+        kill_job_steps_lost=max(0, reached - resumed),
+        kill_job_cer=run.cer("kill_job"),
+    )
+
+
+def kill_shard_writer(run: Run) -> dict:
+    """The shard stage killed while writing, then re-run: the same manifest as an undisturbed run."""
+    # The training split repeated 30 times: its 48 utterances are written in about 10 ms, a
+    # window polling can miss; 1440 take about half a second to write.
+    big = repeat_split(run.work / "data" / "train", run.work / "data" / "train_x30", 30)
+
+    def shard_argv(out: Path) -> list[str]:
+        split = ["--split", f"train={big}"]
+        return commands.module_command(
+            PYTHON, commands.SHARDS, [*split, "--out", str(out), "--num-shards", "8", "--no-progress"]
+        )
+
+    reshard = run.work / "reshard"
+    writer = subprocess.Popen(shard_argv(reshard), cwd=ROOT, env=env(), start_new_session=True)
+    # Killed at its first output (a shard being written or one renamed into place), before the manifest.
+    while writer.poll() is None and not (list(reshard.glob(".*.tmp")) or list(reshard.glob("train-*"))):
+        time.sleep(0.005)
+    killed_writer = writer.poll() is None
+    if killed_writer:
+        os.killpg(writer.pid, signal.SIGKILL)
+    writer.wait()
+    killed_writer = killed_writer and not (reshard / "manifest.json").exists()
+    rerun = subprocess.run(shard_argv(reshard), cwd=ROOT, env=env(), capture_output=True)
+    reference = subprocess.run(shard_argv(run.work / "reshard-clean"), cwd=ROOT, env=env(), capture_output=True)
+    same = [
+        [s["sha256"] for s in json.loads((run.work / d / "manifest.json").read_text())["splits"]["train"]["shards"]]
+        for d in ("reshard", "reshard-clean")
+    ]
+    return dict(
+        kill_shard_writer_killed_while_writing=killed_writer,
+        kill_shard_writer_rerun_exit=rerun.returncode,
+        kill_shard_writer_same_shards=same[0] == same[1] and reference.returncode == 0,
+    )
+
+
+def corrupt_shard(run: Run) -> dict:
+    """A training shard with one flipped byte: the job's exit, and whether its error names the file."""
+    broken = run.work / "broken"
+    shutil.copytree(run.shards, broken)
+    victim = sorted(broken.glob("train-*.tfrecord"))[1]
+    data_bytes = bytearray(victim.read_bytes())
+    data_bytes[len(data_bytes) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data_bytes))
+    started = time.monotonic()
+    argv = commands.horovodrun_local(PYTHON, 2, commands.TRAIN, run.train_args("corrupt", shards=broken))
+    proc = subprocess.run(argv, cwd=ROOT, env=env(MLFLOW_TRACKING_URI=run.uri), capture_output=True, text=True)
+    return dict(
+        corrupt_shard_exit=proc.returncode,
+        corrupt_shard_detect_s=time.monotonic() - started,
+        corrupt_shard_named=victim.name in proc.stdout + proc.stderr,
+        corrupt_shard_checksum_named="sha256" in proc.stdout + proc.stderr,
+    )
+
+
+def start_server(run: Run, port: int) -> subprocess.Popen:
+    """An MLflow tracking server on `port`, once it answers."""
+    argv = [
+        *(str(Path(PYTHON).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port)),
+        *("--backend-store-uri", f"sqlite:///{run.work / 'server.db'}"),
+        *("--artifacts-destination", str(run.work / "artifacts")),
+    ]
+    started = subprocess.Popen(
+        argv,
+        cwd=run.work,
+        # without the job runner for MLflow's GenAI jobs (its Huey consumers take near half a core)
+        env=env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    _wait_http(f"http://127.0.0.1:{port}")
+    return started
+
+
+def mlflow_down(run: Run) -> dict:
+    """MLflow down for 30 s (the tiny run: 5 s) in the middle of training: whether every loss point arrived."""
+    import mlflow
+
+    port = reserve_port()
+    http = f"http://127.0.0.1:{port}"
+    server = start_server(run, port)
+    job = run.launch("mlflow_down", environment=env(MLFLOW_TRACKING_URI=http))
+    job.wait_for_step(run.kill_at)
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait()
+    time.sleep(5 if run.tiny else 30)
+    server = start_server(run, port)
+    code = job.wait()
+    summary = json.loads((run.work / "mlflow_down" / "train_summary.json").read_text())
+    points = mlflow.MlflowClient(http).get_metric_history(summary["run_id"], "loss")
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait()
+    return dict(
+        mlflow_down_exit=code,
+        mlflow_down_loss_points=len(points),
+        mlflow_down_steps=summary["steps"],
+        mlflow_down_none_lost=len(points) == summary["steps"],
+    )
+
+
+# The faults in the order they run.
+FAULTS = (clean, kill_worker, kill_worker_elastic, kill_job, kill_shard_writer, corrupt_shard, mlflow_down)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
@@ -182,242 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="faults-"))
-    # Tiny (the tests): 6 epochs of 4 steps, a checkpoint and an elastic commit every 2 steps, the
-    # kills at step 5, so that each resume starts from a saved step; the CER only of the undisturbed
-    # run (the tiny model learns nothing, and the evaluation's code is the same for every run).
-    utterances, epochs, kill_at, every = (60, 6, 5, 2) if args.tiny else (args.utterances, args.epochs, 20, 5)
-    # The demo's model, so that the final CERs compare a model that learned something.
-    config = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
-    sets = [NO_COPIES, f"checkpoint_every={every}", f"commit_every={every}", "log_every=1", "log_model=false"]
-    cer = (lambda workdir, shards: None) if args.tiny else evaluate_cer
-    uri = f"sqlite:///{work / 'mlflow.db'}"
-    results: dict = {"tiny": args.tiny, "epochs": epochs, "kill_at_step": kill_at}
-    rows = []
     try:
-        shards = build_corpus(work, utterances, args.tiny)
-
-        def train_args(name: str, *extra: str) -> list[str]:
-            return commands.train_args(shards, work / name, config=config, epochs=epochs, sets=sets, extra=extra)
-
-        def launch(name: str, *extra: str, environment: dict | None = None) -> Job:
-            environment = environment or env(MLFLOW_TRACKING_URI=uri)
-            argv = commands.horovodrun_local(PYTHON, 2, commands.TRAIN, train_args(name, *extra))
-            return Job(argv, environment, work / name)
-
-        # The undisturbed run of the same budget.
-        clean = launch("clean")
-        results["clean_exit"] = clean.wait()
-        results["clean_cer"] = evaluate_cer(work / "clean", shards)
-        rows.append(["none (undisturbed)", results["clean_exit"], "", "", results["clean_cer"]])
-
-        # A worker killed, not elastic; then the command again (the Airflow retry).
-        job = launch("kill_worker")
-        job.wait_for_step(kill_at)
-        reached = job.step()
-        os.kill(rank_pid(1, work / "kill_worker"), signal.SIGKILL)
-        killed = time.monotonic()
-        code = job.wait()
-        detect = time.monotonic() - killed
-        retry = launch("kill_worker")
-        retry_code = retry.wait()
-        retried = json.loads((work / "kill_worker" / "train_summary.json").read_text())
-        resumed = retried["resumed_from_step"]
-        results.update(
-            kill_worker_exit=code,
-            kill_worker_detect_s=detect,
-            kill_worker_rank_named="Process name: 1" in job.output() or "Process 1 exit" in job.output(),
-            kill_worker_retry_exit=retry_code,
-            kill_worker_reached_step=reached,
-            kill_worker_resumed_from_step=resumed,
-            kill_worker_retry_ranks_agree=retried["ranks_agree"],
-            kill_worker_steps_lost=max(0, reached - resumed),
-            kill_worker_cer=cer(work / "kill_worker", shards),
-        )
-        rows.append(["SIGKILL rank 1", code, detect, results["kill_worker_steps_lost"], results["kill_worker_cer"]])
-
-        # The same under Horovod elastic: two hosts of one slot on this machine.
-        hosts = work / "hosts.txt"
-        hosts.write_text("localhost:1\n127.0.0.1:1\n")
-        elastic_argv = [
-            str(Path(PYTHON).with_name("horovodrun")),
-            "-np", "2", "--min-np", "1", "--max-np", "2",
-            "--host-discovery-script", str(ROOT / "scripts" / "discover_hosts.sh"),
-            "--network-interface", "lo", "--gloo",
-            PYTHON, "-m", commands.TRAIN, *train_args("elastic", "--elastic"),
-        ]  # fmt: skip
-        job = Job(elastic_argv, env(MLFLOW_TRACKING_URI=uri, SPEECHFLOW_HOSTS_FILE=str(hosts)), work / "elastic")
-        job.wait_for_step(kill_at)
-        reached = job.step()
-        os.kill(rank_pid(1, work / "elastic"), signal.SIGKILL)
-        killed = time.monotonic()
-        while "the job now has 1 workers" not in job.output() and job.proc.poll() is None:
-            time.sleep(0.1)
-        reset = time.monotonic() - killed
-        match = re.search(r"going on from step (\d+)", job.output())
-        code = job.wait()
-        if code != 0:
-            print(f"the elastic job exited {code}:\n{job.output()[-4000:]}", file=sys.stderr)
-        survived = json.loads((work / "elastic" / "train_summary.json").read_text()) if code == 0 else {}
-        results.update(
-            kill_worker_elastic_exit=code,
-            kill_worker_elastic_reset_s=reset,
-            kill_worker_elastic_reset_said="the job now has 1 workers" in job.output(),
-            kill_worker_elastic_world_size=survived.get("world_size"),
-            kill_worker_elastic_world_size_changes=len(survived.get("world_size_changes") or []),
-            kill_worker_elastic_model_saved=(work / "elastic" / "model" / "config.yaml").is_file(),
-            kill_worker_elastic_steps_lost=max(0, reached - int(match.group(1))) if match else None,
-            kill_worker_elastic_cer=cer(work / "elastic", shards) if code == 0 else None,
-        )
-        rows.append(
-            [
-                "SIGKILL rank 1, elastic",
-                code,
-                reset,
-                results["kill_worker_elastic_steps_lost"],
-                results["kill_worker_elastic_cer"],
-            ]
-        )
-
-        # The whole job killed, then the command again.
-        job = launch("kill_job")
-        job.wait_for_step(kill_at)
-        reached = job.step()
-        os.killpg(job.proc.pid, signal.SIGKILL)
-        # The ranks run in process groups of their own under Horovod's launcher: a lost node takes
-        # them too, so they go as well (left running, they would hold the workdir's files).
-        for rank in (0, 1):
-            with contextlib.suppress(RuntimeError, ProcessLookupError):  # already gone
-                os.kill(rank_pid(rank, work / "kill_job", timeout=1), signal.SIGKILL)
-        job.wait()
-        first_run = json.loads((work / "kill_job" / "mlflow_run.json").read_text())["run_id"]
-        retry = launch("kill_job")
-        retry_code = retry.wait()
-        if retry_code != 0:
-            raise RuntimeError(f"the re-run after killing the whole job exited {retry_code}:\n{retry.output()[-3000:]}")
-        retried = json.loads((work / "kill_job" / "train_summary.json").read_text())
-        resumed = retried["resumed_from_step"]
-        results.update(
-            kill_job_retry_exit=retry_code,
-            kill_job_resumed_from_step=resumed,
-            kill_job_same_mlflow_run=retried["run_id"] == first_run,  # the rerun goes on logging into it
-            kill_job_steps_lost=max(0, reached - resumed),
-            kill_job_cer=cer(work / "kill_job", shards),
-        )
-        rows.append(
-            ["SIGKILL the job, then rerun", retry_code, "", results["kill_job_steps_lost"], results["kill_job_cer"]]
-        )
-
-        # The shard stage killed while writing, then re-run: the same manifest as an undisturbed run.
-        # The training split repeated 30 times: its 48 utterances are written in about 10 ms, a
-        # window polling can miss; 1440 take about half a second to write.
-        big = repeat_split(work / "data" / "train", work / "data" / "train_x30", 30)
-
-        def shard_argv(out: Path) -> list[str]:
-            split = ["--split", f"train={big}"]
-            return commands.module_command(
-                PYTHON, commands.SHARDS, [*split, "--out", str(out), "--num-shards", "8", "--no-progress"]
-            )
-
-        reshard = work / "reshard"
-        writer = subprocess.Popen(shard_argv(reshard), cwd=ROOT, env=env(), start_new_session=True)
-        # Killed at its first output (a shard being written or one renamed into place), before the manifest.
-        while writer.poll() is None and not (list(reshard.glob(".*.tmp")) or list(reshard.glob("train-*"))):
-            time.sleep(0.005)
-        killed_writer = writer.poll() is None
-        if killed_writer:
-            os.killpg(writer.pid, signal.SIGKILL)
-        writer.wait()
-        killed_writer = killed_writer and not (reshard / "manifest.json").exists()
-        rerun = subprocess.run(shard_argv(work / "reshard"), cwd=ROOT, env=env(), capture_output=True)
-        reference = subprocess.run(shard_argv(work / "reshard-clean"), cwd=ROOT, env=env(), capture_output=True)
-        same = [
-            [s["sha256"] for s in json.loads((work / d / "manifest.json").read_text())["splits"]["train"]["shards"]]
-            for d in ("reshard", "reshard-clean")
-        ]
-        results.update(
-            kill_shard_writer_killed_while_writing=killed_writer,
-            kill_shard_writer_rerun_exit=rerun.returncode,
-            kill_shard_writer_same_shards=same[0] == same[1] and reference.returncode == 0,
-        )
-        rows.append(
-            ["SIGKILL shard writer, rerun", rerun.returncode, "", "", "same shards" if same[0] == same[1] else "DIFFER"]
-        )
-
-        # A corrupted shard.
-        broken = work / "broken"
-        shutil.copytree(shards, broken)
-        victim = sorted(broken.glob("train-*.tfrecord"))[1]
-        data_bytes = bytearray(victim.read_bytes())
-        data_bytes[len(data_bytes) // 2] ^= 0xFF
-        victim.write_bytes(bytes(data_bytes))
-        started = time.monotonic()
-        argv = commands.horovodrun_local(
-            PYTHON, 2, commands.TRAIN,
-            commands.train_args(broken, work / "corrupt", config=config, epochs=epochs, sets=sets),
-        )  # fmt: skip
-        proc = subprocess.run(argv, cwd=ROOT, env=env(MLFLOW_TRACKING_URI=uri), capture_output=True, text=True)
-        results.update(
-            corrupt_shard_exit=proc.returncode,
-            corrupt_shard_detect_s=time.monotonic() - started,
-            corrupt_shard_named=victim.name in proc.stdout + proc.stderr,
-            corrupt_shard_checksum_named="sha256" in proc.stdout + proc.stderr,
-        )
-        rows.append(
-            [
-                "corrupted shard",
-                proc.returncode,
-                results["corrupt_shard_detect_s"],
-                "",
-                f"named: {results['corrupt_shard_named']}",
-            ]
-        )
-
-        # MLflow down for 30 s (the tiny run: 5 s) in the middle of training.
-        port = reserve_port()
-        server_argv = [
-            str(Path(PYTHON).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", f"sqlite:///{work / 'server.db'}", "--artifacts-destination", str(work / "artifacts"),
-        ]  # fmt: skip
-        http = f"http://127.0.0.1:{port}"
-
-        def start_server() -> subprocess.Popen:
-            started = subprocess.Popen(
-                server_argv,
-                cwd=work,
-                # without the job runner for MLflow's GenAI jobs (its Huey consumers take near half a core)
-                env=env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            _wait_http(http)
-            return started
-
-        server = start_server()
-        job = launch("mlflow_down", environment=env(MLFLOW_TRACKING_URI=http))
-        job.wait_for_step(kill_at)
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait()
-        time.sleep(5 if args.tiny else 30)
-        server = start_server()
-        code = job.wait()
-        summary = json.loads((work / "mlflow_down" / "train_summary.json").read_text())
-        import mlflow
-
-        points = mlflow.MlflowClient(http).get_metric_history(summary["run_id"], "loss")
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait()
-        results.update(
-            mlflow_down_exit=code,
-            mlflow_down_loss_points=len(points),
-            mlflow_down_steps=summary["steps"],
-            mlflow_down_none_lost=len(points) == summary["steps"],
-        )
-        rows.append(["MLflow down, then back", code, "", "", f"{len(points)}/{summary['steps']} loss points"])
+        run = setup(args, work)
+        results: dict = {"tiny": args.tiny, "epochs": run.epochs, "kill_at_step": run.kill_at}
+        for fault in FAULTS:
+            results.update(fault(run))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_table(TABLE, rows)
-    write_json(args.json, results, seeds={"demo_corpus": 0, "training": 0})
+    record = write_json(args.json, results, seeds={"demo_corpus": 0, "training": 0})
+    print("\n".join(report_runs.faults(record)))
     return 0
 
 

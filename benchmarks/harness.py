@@ -227,13 +227,15 @@ def command_line() -> str:
     return shlex.join(shown_path(a) for a in sys.argv)
 
 
-def write_json(path: Path | None, results: dict, seeds) -> None:
-    """Writes `results` with the run's metadata under "meta" (see run_metadata); `seeds` names the
-    seeds the benchmark used, e.g. {"training": [0, 1], "synthetic_shards": 0}."""
+def write_json(path: Path | None, results: dict, seeds) -> dict:
+    """`results` with the run's metadata under "meta" (see run_metadata), written to `path` when one is
+    given; `seeds` names the seeds the benchmark used, e.g. {"training": [0, 1], "synthetic_shards": 0}.
+    Returns the record as the file holds it, for the benchmark to print with its page section's renderer."""
+    text = json.dumps({**results, "meta": run_metadata(seeds)}, indent=2, sort_keys=True, default=float) + "\n"
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {**results, "meta": run_metadata(seeds)}
-        path.write_text(json.dumps(record, indent=2, sort_keys=True, default=float) + "\n")
+        path.write_text(text)
+    return json.loads(text)
 
 
 def asr_setup(args, prefix: str, tiny_steps: int = 8):
