@@ -5,15 +5,15 @@ registry URI, as every command names a model: models/trained_model.py), builds e
 runs the model's evaluation (models/asr/evaluation.py, models/tts/evaluation.py), then logs to MLflow.
 
 Acoustic model: CER and WER with greedy and beam-search decoding (and with `--lm DIR`, beam search
-with that word language model: models/asr/lm.py), and a file of hypotheses next to the references, for the test split and, when the shards have them, the noisy test and the test in
-an engine's voices never heard in training (test_engine); for a phone model, the phone error rate
-greedy and by beam search, and WER and CER of its words through its decoding graph
-(models/asr/phone_evaluation.py). Synthesis
-model: mel L1 (teacher-forced) and filterbank cepstral distance (free-running, DTW-aligned) against
-the references, attention plots and a monotonicity measure, predicted-versus-reference mel
-plots, Griffin-Lim audio for a few sentences, and intelligibility: an acoustic model
-(`--asr-model`, named in any of the same forms) transcribes the synthesized mels and we report its
-CER. Everything goes to `W/eval.json`, `W/eval/` (or `--out-dir`, which a registry URI needs), and the
+with that word language model: models/asr/lm.py), and a file of hypotheses next to the references,
+for the test split and, when the shards have them, the noisy test and the test in an engine's voices
+never heard in training (test_engine); for a phone model, the phone error rate greedy and by beam
+search, and WER and CER of its words through its decoding graph (models/asr/phone_evaluation.py).
+Synthesis model: mel L1 (teacher-forced) and filterbank cepstral distance (free-running,
+DTW-aligned) against the references, attention plots and a monotonicity measure,
+predicted-versus-reference mel plots, Griffin-Lim audio for a few sentences, and intelligibility: an
+acoustic model (`--asr-model`, named in any of the same forms) transcribes the synthesized mels and
+we report its CER. Everything goes to `W/eval.json`, `W/eval/` (or `--out-dir`, which a registry URI needs), and the
 MLflow run that trained the model.
 """
 
@@ -24,10 +24,9 @@ import dataclasses
 import functools
 import json
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from common import catalog, cli
 from common import config as configlib
@@ -51,35 +50,8 @@ class EvalConfig:
     splits: tuple[str, ...] = ()
     options: Any = configlib.registered_field(_options_class)  # the model's own options, beside `splits`
 
-    # keys of one EvalConfig for every model until this release, with their defaults
-    FORMER: ClassVar[dict[str, Any]] = {
-        "beam_width": 16,
-        "max_utterances": 100,
-        "num_audio": 3,
-        "num_plots": 4,
-        "asr_frames_per_batch": 40000,
-        "tts_frames_per_batch": 12000,
-        "voice": "",
-    }
-
     def __post_init__(self):
         configlib.fill_registered(self)
-
-    @classmethod
-    def renamed_keys(cls, values: dict, config) -> dict:
-        """`asr_frames_per_batch` / `tts_frames_per_batch` -> the model's `frames_per_batch`; a key of
-        the former shared options that this model's do not have -> dropped, with a warning."""
-        model = config.model  # the final choice (common/config.py applies the choices first)
-        for key in ("asr_frames_per_batch", "tts_frames_per_batch"):
-            if key in values and model and key.startswith(model + "_"):
-                configlib.moved(key, "frames_per_batch")
-                values.setdefault("frames_per_batch", values.pop(key))
-        own = catalog.eval_settings_class(model) if model else None
-        names = {f.name for f in dataclasses.fields(own)} if own else set()
-        for key in [k for k in values if k in cls.FORMER and k not in names]:
-            warnings.warn(f"evaluation option {key!r} is not one of model {model!r}'s and is ignored", FutureWarning, 2)
-            del values[key]
-        return values
 
 
 def eval_config(model: str, yaml_path=None, assignments=(), flags=None) -> EvalConfig:
@@ -249,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
-        "--model-dir",
-        dest="model",
         required=True,
         help="a training workdir (runs/asr), its model/ or a registry URI (models:/NAME@ALIAS)",
     )
@@ -264,8 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--asr-model",
-        "--asr-model-dir",
-        dest="asr_model",
         help="tts: the acoustic model that listens, for intelligibility (any form --model takes)",
     )
     p.add_argument("--beam-width", type=int, help="asr: beam search width (default 16)")
@@ -305,7 +273,7 @@ def _main(args: argparse.Namespace) -> None:
     }
     root = output_dir(args.model, args.out_dir)
     # The options are the evaluated model's own: read once its name is known (a flag of another model's
-    # option of the earlier release is dropped with a warning; any other unknown key is refused).
+    # option is refused, as any unknown key is).
     cfg = functools.partial(eval_config, yaml_path=args.config, assignments=args.set, flags=flags)
     metrics = evaluate(args.model, args.shards, cfg, args.asr_model, root)
     if not args.no_mlflow:
