@@ -1,12 +1,13 @@
-"""Audio utilities for evaluating synthesis: Kaldi-compatible log-mel fbank, Griffin-Lim, cepstral distance, plots.
+"""Audio utilities for evaluating synthesis: Griffin-Lim of Kaldi-compatible log-mel fbank, cepstral distance, plots.
 
 The features everywhere in speechflow are kaldi-native-fbank's 80-bin log-mel fbank: 16 kHz,
 25 ms frames every 10 ms (snip_edges), dither 0, DC removed per frame, pre-emphasis 0.97, Povey
 window, 512-point FFT, power spectrum, triangular mel filters from 20 Hz to 8 kHz on Kaldi's mel
-scale 1127 ln(1 + f / 700), natural log floored at float32 epsilon. `kaldi_fbank` re-implements
-that in numpy (tested against kaldi_native_fbank) so that synthesized audio can be re-analysed
-exactly as the training features were. Log-mels here are the raw fbank values, not the
-normalized ones the model sees: de-normalize model outputs before calling these.
+scale 1127 ln(1 + f / 700), natural log floored at float32 epsilon. Griffin-Lim inverts that with
+the same mel filters (`kaldi_mel_matrix`) and window (`povey_window`); synthesized audio is analysed
+again by the feature stage itself (pipeline/features.py `compute_fbank`, in `vocoded`). Log-mels here
+are the raw fbank values, not the normalized ones the model sees: de-normalize model outputs before
+calling these.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ FRAME_LENGTH = 400  # 25 ms at 16 kHz
 FRAME_SHIFT = 160  # 10 ms at 16 kHz
 N_FFT = 512  # the frame length rounded up to a power of two, as Kaldi does
 PREEMPHASIS = 0.97
-LOG_FLOOR = float(np.finfo(np.float32).eps)  # Kaldi's floor before the log
 
 
 def kaldi_mel_scale(freq):
@@ -59,25 +59,6 @@ def kaldi_mel_matrix(n_mels=80, n_fft=512, sample_rate=16000, low_freq=20.0, hig
 def povey_window(length=FRAME_LENGTH) -> np.ndarray:
     """Kaldi's Povey window: a Hann window (periodic in N - 1) raised to the power 0.85."""
     return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / (length - 1))) ** 0.85
-
-
-def kaldi_fbank(wave, n_mels=80) -> np.ndarray:
-    """Waveform [samples] at 16 kHz (any scale) -> log-mel fbank [frames, n_mels] float32.
-
-    frames = 1 + (samples - 400) // 160 (Kaldi's snip_edges); the scale of `wave` only shifts
-    the output by 2 ln(scale), so pass the same scale the training features used.
-    """
-    wave = np.asarray(wave, np.float64)
-    if wave.ndim != 1 or wave.size < FRAME_LENGTH:
-        raise ValueError(f"kaldi_fbank needs a 1-D waveform of at least {FRAME_LENGTH} samples, got {wave.shape}")
-    frames = np.lib.stride_tricks.sliding_window_view(wave, FRAME_LENGTH)[::FRAME_SHIFT].copy()  # [T, 400]
-    frames -= frames.mean(-1, keepdims=True)
-    # Kaldi pre-emphasizes within each frame; its first sample is scaled by (1 - 0.97).
-    frames[:, 1:] -= PREEMPHASIS * frames[:, :-1].copy()
-    frames[:, 0] *= 1 - PREEMPHASIS
-    power = np.abs(np.fft.rfft(frames * povey_window(), N_FFT)) ** 2  # [T, 257]
-    mel = power @ kaldi_mel_matrix(n_mels).astype(np.float64)  # [T, n_mels]
-    return np.log(np.maximum(mel, LOG_FLOOR)).astype(np.float32)
 
 
 def griffin_lim(log_mel, n_iter: int = 48, momentum: float = 0.99, seed: int = 0) -> np.ndarray:
