@@ -27,6 +27,7 @@ completed over several sittings.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -37,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report_runs  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     PYTHON,
     ROOT,
@@ -44,7 +46,6 @@ from benchmarks.harness import (  # noqa: E402
     dev_curve_from_launch,
     evaluate_model,
     pick_variants,
-    print_table,
     run_training,
     synthetic_shards,
     write_json,
@@ -69,19 +70,6 @@ VARIANTS = {
         "strategy.hierarchical=true",
     ],
 }
-# The tables' columns (benchmarks/report.py prints the same ones from the JSON).
-TABLE = ["strategy", "seeds", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"]
-# Time to accuracy, per strategy (the seeds' means; a strategy one of whose seeds never reached a
-# level did not reach it).
-TIME_TABLE = ["strategy", "final dev CER", "minutes to the common level", "vs allreduce", "job minutes"]
-HALF_SPEED_TABLE = [
-    "rank 1 at half speed",
-    "target dev CER",
-    "minutes to it",
-    "final dev CER",
-    "minutes to both's level",
-    "job minutes",
-]
 HOSTS = "localhost:2,127.0.0.1:2"  # two hosts of two ranks on this machine (Horovod groups by host name)
 
 
@@ -204,9 +192,9 @@ def aim_half_speed(results: dict) -> None:
         results[f"{name}_half_speed_minutes_to_allreduce_dev_cer"] = first_below(results[key], target)
 
 
-def time_to_accuracy(results: dict, names: list[str], targets: list[float]) -> list[list]:
+def time_to_accuracy(results: dict, names: list[str], targets: list[float]) -> None:
     """From each seed's dev curve (`{name}_seed{s}_dev_curve`): the minutes until it first reached
-    each target and the common level, per seed and as the strategy's mean, and the table's rows. The
+    each target and the common level, per seed and as the strategy's mean, into `results`. The
     common level is the dev CER every run reached: the highest of the runs' best ones (a level such
     as allreduce's final CER, which a run ending a little above it never reaches, would compare
     nothing)."""
@@ -225,47 +213,23 @@ def time_to_accuracy(results: dict, names: list[str], targets: list[float]) -> l
                 results[f"{name}_seed{seed}_minutes_to_{key}"] = m
             results[f"{name}_minutes_to_{key}"] = None if None in minutes else float(np.mean(minutes))
     base = results["allreduce_minutes_to_common_level"]
-    rows = []
     for name in names:
         minutes = results[f"{name}_minutes_to_common_level"]
         ratio = minutes / base if minutes is not None and base else None
         results[f"{name}_minutes_to_common_level_vs_allreduce"] = ratio
-        rows.append(
-            [
-                name,
-                results[f"{name}_final_dev_cer"],
-                "never" if minutes is None else minutes,
-                "" if ratio is None else ratio,
-                results[f"{name}_job_minutes"],
-            ]
-        )
-    return rows
 
 
-def compare_to_allreduce(results: dict, names: list[str]) -> list[list]:
-    """Each variant's CER relative to allreduce's (in `results`), and the table's rows."""
+def compare_to_allreduce(results: dict, names: list[str]) -> None:
+    """Each variant's CER relative to allreduce's, into `results`, and whether all are within a tenth."""
     base = results["allreduce_cer"]
-    rows = []
     for name in names:
         results[f"{name}_relative_to_allreduce"] = (results[f"{name}_cer"] - base) / base if base else 0.0
-        rows.append(
-            [
-                name,
-                len(results[f"{name}_cers"]),
-                results[f"{name}_cer"],
-                results[f"{name}_cer_spread"],
-                results[f"{name}_wer"],
-                results[f"{name}_relative_to_allreduce"],
-                results.get(f"{name}_from", "this run"),
-            ]
-        )
     results["all_within_10_percent"] = all(
         abs(results[f"{n}_relative_to_allreduce"]) <= 0.10 or results[f"{n}_cer"] <= base for n in names
     )
-    return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true")
@@ -299,7 +263,25 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="part 2: allreduce and the best gossip variant with rank 1 at half speed",
     )
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What every training run of the benchmark shares."""
+
+    work: Path  # the temporary directory the runs write under
+    shards: Path  # train, dev and test splits
+    config: Path  # the acoustic config every run trains
+    epochs: int | None  # every run's budget; None: the config's own schedule
+    seeds: int  # part 1's runs per variant, seeds 0..N-1
+    variants: dict  # name -> the training flags of each variant part 1 trains
+    common: tuple[str, ...]  # `--set` items of every run
+    json: Path | None  # where the results go, rewritten after every step
+    seeds_used: dict  # the seeds the JSON's meta names
+
+
+def plan(parser, args) -> Plan:
     chosen = pick_variants(parser, args.variants, VARIANTS, first="allreduce")  # the reference
     work = Path(tempfile.mkdtemp(prefix="convergence-"))
     if args.tiny:
@@ -315,99 +297,115 @@ def main(argv: list[str] | None = None) -> int:
         variants = chosen
         eval_every = []  # the config's: the demo's dev evaluations, the same share of each run
     schedule = [] if epochs is None else [f"epochs={epochs}", "max_steps=0"]
-    common = [*schedule, "log_model=false", *eval_every]
-    results: dict = {"tiny": args.tiny, "epochs": epochs, "seeds": seeds, "targets": args.targets}
     # Part 1 trains seeds 0..N-1 of every variant, part 2 seed 0; the corpus is the stage's seed 0.
     seeds_used = {"training": list(range(seeds)), "demo_corpus" if not args.tiny else "synthetic_shards": 0}
-    earlier = reference(parser, args.reference, epochs) if args.reference else {}
-    for name, flags in variants.items():
-        cers, wers = earlier_seeds(earlier, name, seeds)  # measured on the same code, shards and budget
-        if cers:
-            kept = tuple(f"{name}_seed{seed}_" for seed in range(len(cers)))
-            # the runs' own figures; their minutes to each level are worked out again over every run
-            results.update({k: v for k, v in earlier.items() if k.startswith(kept) and "_minutes_to_" not in k})
-            if name == "allreduce":
-                results["allreduce_final_dev_cer"] = earlier.get("allreduce_final_dev_cer")
-            read = "seed 0" if len(cers) == 1 else f"seeds 0-{len(cers) - 1}"
-            results[f"{name}_from"] = f"{read} from {args.reference.name}" + (
-                ", the rest this run" if len(cers) < seeds else ""
-            )
-        for seed in range(len(cers), seeds):
-            np_, hosts = (4, HOSTS) if name == "hierarchical" else (2, None)
-            budget = same_budget(config, np_) if epochs is None else []  # epochs: shared by the ranks
-            summary = run_training(
-                shards,
-                work / f"{name}-{seed}",
-                np_,
-                config,
-                [*common, *budget, f"seed={seed}"],
-                extra_args=flags,
-                hosts=hosts,
-                timeout=RUN_TIMEOUT_S,
-            )
-            metrics = evaluate(work / f"{name}-{seed}", shards)
+    common = (*schedule, "log_model=false", *eval_every)
+    return Plan(work, shards, config, epochs, seeds, variants, common, args.json, seeds_used)
+
+
+def read_earlier(results: dict, earlier: dict, name: str, seeds: int, reference_name: str) -> tuple[list, list]:
+    """The seeds of `name` an earlier run measured (on the same code, shards and budget): their CERs and
+    WERs, their own figures copied into `results` (their minutes to each level are worked out again
+    over every run)."""
+    cers, wers = earlier_seeds(earlier, name, seeds)
+    if cers:
+        kept = tuple(f"{name}_seed{seed}_" for seed in range(len(cers)))
+        results.update({k: v for k, v in earlier.items() if k.startswith(kept) and "_minutes_to_" not in k})
+        if name == "allreduce":
+            results["allreduce_final_dev_cer"] = earlier.get("allreduce_final_dev_cer")
+        read = "seed 0" if len(cers) == 1 else f"seeds 0-{len(cers) - 1}"
+        results[f"{name}_from"] = f"{read} from {reference_name}" + (", the rest this run" if len(cers) < seeds else "")
+    return cers, wers
+
+
+def train_seed(p: Plan, results: dict, name: str, seed: int) -> dict:
+    """Trains and evaluates seed `seed` of variant `name`; its job's figures go into `results`."""
+    np_, hosts = (4, HOSTS) if name == "hierarchical" else (2, None)
+    budget = same_budget(p.config, np_) if p.epochs is None else []  # epochs: shared by the ranks
+    summary = run_training(
+        p.shards,
+        p.work / f"{name}-{seed}",
+        np_,
+        p.config,
+        [*p.common, *budget, f"seed={seed}"],
+        extra_args=p.variants[name],
+        hosts=hosts,
+        timeout=RUN_TIMEOUT_S,
+    )
+    results[f"{name}_seed{seed}_job_wall_s"] = summary["job_wall_s"]
+    results[f"{name}_seed{seed}_dev_curve"] = dev_curve_from_launch(summary, summary["launched_unix_s"])
+    results[f"{name}_seed{seed}_final_dev_cer"] = summary.get("last_dev_cer")
+    results.update({f"{name}_seed{seed}_{k}": v for k, v in delay_rounds(summary).items()})
+    if name == "allreduce" and seed == 0:
+        results["allreduce_final_dev_cer"] = summary.get("last_dev_cer")
+    return evaluate(p.work / f"{name}-{seed}", p.shards)
+
+
+def part1(p: Plan, results: dict, earlier: dict, reference_name: str) -> None:
+    """Every variant's seeds, read from the earlier run or trained here, and their test CER and WER."""
+    for name in p.variants:
+        cers, wers = read_earlier(results, earlier, name, p.seeds, reference_name)
+        for seed in range(len(cers), p.seeds):
+            metrics = train_seed(p, results, name, seed)
             cers.append(metrics["test_cer"])
             wers.append(metrics["test_wer"])
-            results[f"{name}_seed{seed}_job_wall_s"] = summary["job_wall_s"]
-            results[f"{name}_seed{seed}_dev_curve"] = dev_curve_from_launch(summary, summary["launched_unix_s"])
-            results[f"{name}_seed{seed}_final_dev_cer"] = summary.get("last_dev_cer")
-            results.update({f"{name}_seed{seed}_{k}": v for k, v in delay_rounds(summary).items()})
-            if name == "allreduce" and seed == 0:
-                results["allreduce_final_dev_cer"] = summary.get("last_dev_cer")
         results[f"{name}_cer"] = float(np.mean(cers))
         results[f"{name}_cer_spread"] = float(np.max(cers) - np.min(cers))
         results[f"{name}_cers"] = cers
         results[f"{name}_wer"] = float(np.mean(wers))
         results[f"{name}_wers"] = wers
-        write_json(args.json, results, seeds=seeds_used)  # each variant kept if a later one is cut short
-    carried = [n for n in VARIANTS if n not in variants and earlier_seeds(earlier, n, seeds)[0]]
-    for name in carried:  # not asked for this time: the earlier run's rows stay in the table
+        write_json(p.json, results, seeds=p.seeds_used)  # each variant kept if a later one is cut short
+
+
+def carry(results: dict, earlier: dict, p: Plan, reference_name: str) -> list[str]:
+    """The variants the earlier run measured and this one was not asked for: their rows stay in the table."""
+    carried = [n for n in VARIANTS if n not in p.variants and earlier_seeds(earlier, n, p.seeds)[0]]
+    for name in carried:
         kept = {k: v for k, v in earlier.items() if k.startswith(f"{name}_") and "_relative_" not in k}
         results.update({k: v for k, v in kept.items() if "_minutes_to_" not in k or "half_speed" in k})
-        results[f"{name}_from"] = f"{args.reference.name} only"
-    rows = compare_to_allreduce(results, [*variants, *carried])
-    print_table(TABLE, rows)
-    # Hierarchical runs four ranks on the same cores: its CER compares, its minutes do not.
-    timed = [n for n in [*variants, *carried] if n != "hierarchical"]
-    if all(f"{n}_seed0_dev_curve" in results for n in timed):  # runs before curves were kept lack it
-        print_table(TIME_TABLE, time_to_accuracy(results, timed, args.targets))
-        if args.json:
-            curves = {
-                f"{n} seed {s}": results[f"{n}_seed{s}_dev_curve"]
-                for n in timed
-                for s in range(len(results[f"{n}_cers"]))
-            }
-            path = args.json.with_name(f"{args.json.stem}_dev.png")
-            level = results["common_dev_level"]
-            xlabel = "minutes from launching horovodrun"
-            print("plot:", dev_cer_plot(curves, level, path, xlabel, "the level every run reached"))
+        results[f"{name}_from"] = f"{reference_name} only"
+    return carried
 
-    write_json(args.json, results, seeds=seeds_used)  # part 1 kept if part 2 is cut short
-    gossip = [n for n in variants if n not in ("allreduce", "hierarchical")]
-    if not args.half_speed and (part2 := earlier_half_speed(earlier)):  # the earlier run's part 2 stays
-        results.update(part2, half_speed_from=f"{args.reference.name} only")
-        aim_half_speed(results)
-        write_json(args.json, results, seeds=seeds_used)
-        if args.json:  # its plot's target line moves with part 1's seeds
-            curves = {n: results[f"{n}_half_speed_dev_curve"] for n in (results["best_gossip_variant"], "allreduce")}
-            print("plot:", dev_cer_plot(curves, results["half_speed_target_dev_cer"], args.json.with_suffix(".png")))
-    if not args.half_speed or not gossip:
-        return 0
 
-    # Part 2: rank 1 at half speed; minutes until allreduce's final dev CER is reached. The gossip
-    # run goes first: it is the shorter one, and the JSON keeps it if allreduce's is cut short.
+def timing(results: dict, timed: list[str], targets: list[float], json_path: Path | None) -> None:
+    """Time to accuracy of the runs `timed`, and the plot of their dev curves beside the JSON."""
+    time_to_accuracy(results, timed, targets)
+    if json_path:
+        curves = {
+            f"{n} seed {s}": results[f"{n}_seed{s}_dev_curve"] for n in timed for s in range(len(results[f"{n}_cers"]))
+        }
+        path = json_path.with_name(f"{json_path.stem}_dev.png")
+        level = results["common_dev_level"]
+        xlabel = "minutes from launching horovodrun"
+        print("plot:", dev_cer_plot(curves, level, path, xlabel, "the level every run reached"))
+
+
+def keep_part2(results: dict, earlier: dict, p: Plan, reference_name: str) -> None:
+    """The earlier run's part 2, measured against the target of this run's seeds, when part 2 is not run."""
+    if not (part2 := earlier_half_speed(earlier)):
+        return
+    results.update(part2, half_speed_from=f"{reference_name} only")
+    aim_half_speed(results)
+    if p.json:  # its plot's target line moves with part 1's seeds
+        curves = {n: results[f"{n}_half_speed_dev_curve"] for n in (results["best_gossip_variant"], "allreduce")}
+        print("plot:", dev_cer_plot(curves, results["half_speed_target_dev_cer"], p.json.with_suffix(".png")))
+
+
+def part2(p: Plan, results: dict, gossip: list[str]) -> None:
+    """Rank 1 at half speed; minutes until allreduce's final dev CER is reached. The gossip run goes
+    first: it is the shorter one, and the JSON keeps it if allreduce's is cut short."""
     target = results["half_speed_target_dev_cer"] = results.get("allreduce_final_dev_cer")
     best = min(gossip, key=lambda n: results[f"{n}_cer"])
     results["best_gossip_variant"] = best
-    rows, curves = [], {}
+    curves = {}
     for name in (best, "allreduce"):
         summary = run_training(
-            shards,
-            work / f"{name}-slow",
+            p.shards,
+            p.work / f"{name}-slow",
             2,
-            config,
-            [*common, "seed=0"],
-            extra_args=[*variants[name], "--straggler-rank", "1", "--straggler-factor", "2"],
+            p.config,
+            [*p.common, "seed=0"],
+            extra_args=[*p.variants[name], "--straggler-rank", "1", "--straggler-factor", "2"],
             timeout=RUN_TIMEOUT_S,
         )
         curves[name] = dev_curve(summary)
@@ -416,28 +414,36 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{name}_half_speed_dev_curve"] = curves[name]  # [minutes, dev CER] per evaluation
         results[f"{name}_half_speed_final_dev_cer"] = summary.get("last_dev_cer")
         results[f"{name}_half_speed_batches"] = [r["batches"] for r in summary.get("per_rank_trained", [])]
-        write_json(args.json, results, seeds=seeds_used)
+        write_json(p.json, results, seeds=p.seeds_used)
     # A gossip run may end a little above allreduce's CER (never reaching the target); then the
     # level both reached, the higher of the two final dev CERs, compares them at equal quality.
     level = max(results[f"{name}_half_speed_final_dev_cer"] for name in curves)
     results["half_speed_common_dev_cer"] = level
     for name in curves:
-        minutes = results[f"{name}_half_speed_minutes_to_allreduce_dev_cer"]
         results[f"{name}_half_speed_minutes_to_common_dev_cer"] = first_below(curves[name], level)
-        rows.append(
-            [
-                name,
-                target,
-                minutes if minutes is not None else "never",
-                results[f"{name}_half_speed_final_dev_cer"],
-                results[f"{name}_half_speed_minutes_to_common_dev_cer"],
-                results[f"{name}_half_speed_job_minutes"],
-            ]
-        )
-    write_json(args.json, results, seeds=seeds_used)
-    print_table(HALF_SPEED_TABLE, rows)
-    if args.json:
-        print("plot:", dev_cer_plot(curves, target, args.json.with_suffix(".png")))
+    if p.json:
+        print("plot:", dev_cer_plot(curves, target, p.json.with_suffix(".png")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse(argv)
+    p = plan(parser, args)
+    results: dict = {"tiny": args.tiny, "epochs": p.epochs, "seeds": p.seeds, "targets": args.targets}
+    earlier = reference(parser, args.reference, p.epochs) if args.reference else {}
+    reference_name = args.reference.name if args.reference else ""
+    part1(p, results, earlier, reference_name)
+    carried = carry(results, earlier, p, reference_name)
+    compare_to_allreduce(results, [*p.variants, *carried])
+    # Hierarchical runs four ranks on the same cores: its CER compares, its minutes do not.
+    timing(results, [n for n in [*p.variants, *carried] if n != "hierarchical"], args.targets, args.json)
+    write_json(args.json, results, seeds=p.seeds_used)  # part 1 kept if part 2 is cut short
+    gossip = [n for n in p.variants if n not in ("allreduce", "hierarchical")]
+    if not args.half_speed:
+        keep_part2(results, earlier, p, reference_name)
+    elif gossip:
+        part2(p, results, gossip)
+    record = write_json(args.json, results, seeds=p.seeds_used)
+    print("\n".join(report_runs.convergence(record)))
     return 0
 
 

@@ -5,7 +5,6 @@ synthesis model's: benchmarks/report_tts.py)."""
 from __future__ import annotations
 
 # The benchmarks' own table columns; importing them loads no TensorFlow.
-import benchmarks.convergence
 from benchmarks.report_format import num, pct, table, thousands
 
 # The DAG's tasks in the order they run (the JSON's keys are sorted), by task id prefix.
@@ -28,6 +27,16 @@ DAG_ORDER = (
     "register_",
     "finish_mlflow_run",
 )
+# benchmarks/convergence.py's columns: part 1, then part 2 (rank 1 at half speed)
+CONVERGENCE_TABLE = ["strategy", "seeds", "test CER (mean)", "spread", "test WER", "CER vs allreduce", "from"]
+HALF_SPEED_TABLE = [
+    "rank 1 at half speed",
+    "target dev CER",
+    "minutes to it",
+    "final dev CER",
+    "minutes to both's level",
+    "job minutes",
+]
 # Variants in the order the benchmark runs them.
 CONVERGENCE_VARIANTS = ("allreduce", "delay-by-one", "fixed-ring", "random-ring", "hierarchical")
 
@@ -239,7 +248,7 @@ def convergence(r: dict) -> list[str]:
         )
     budget = "The demo config's own schedule" if r["epochs"] is None else f"{r['epochs']} epochs"
     out = [f"{budget} of the demo acoustic model for every strategy; test CER greedy.", ""]
-    out += table([*benchmarks.convergence.TABLE, "test CER per seed", "job minutes per seed"], rows)
+    out += table([*CONVERGENCE_TABLE, "test CER per seed", "job minutes per seed"], rows)
     if "common_dev_level" in r:
         out += convergence_time(r)
     half = [n for n in (r.get("best_gossip_variant"), "allreduce") if n and f"{n}_half_speed_job_minutes" in r]
@@ -261,7 +270,7 @@ def convergence(r: dict) -> list[str]:
         level = pct(r["half_speed_common_dev_cer"], 2)
         where = f", from {r['half_speed_from']}" if r.get("half_speed_from") else ""
         out += [f"The second part, rank 1 at half speed (the level both reached: {level} dev CER{where}):", ""]
-        out += table([*benchmarks.convergence.HALF_SPEED_TABLE, "batches r0/r1"], rows)
+        out += table([*HALF_SPEED_TABLE, "batches r0/r1"], rows)
         gossip, base = (r.get(f"{n}_half_speed_minutes_to_common_dev_cer") for n in half)
         if len(half) == 2 and gossip is not None and base:
             line = f"`{half[0]}` reached {level} in {gossip / base:.2f}x allreduce's minutes"
