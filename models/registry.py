@@ -43,25 +43,25 @@ REGISTERED_FILE = "registered.json"  # in a workdir: the version `register` made
 LOWER_IS_BETTER = ("cer", "wer", "distance", "mcd", "l1", "loss")
 
 
-def _mlflow():
+def _mlflow_at_store():
     import mlflow
 
     mlflow.set_tracking_uri(tracking.tracking_uri())
     return mlflow
 
 
-def _find_runs(experiment_id: str, tags: dict[str, str]) -> list:
+def _runs_tagged(experiment_id: str, tags: dict[str, str]) -> list:
     """Runs of the experiment (any status, newest first) carrying every one of `tags`."""
     quoted = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     return tracking.client().search_runs([experiment_id], quoted, order_by=["attributes.start_time DESC"])
 
 
-def start_parent(experiment: str, dag_id: str, dag_run_id: str) -> dict:
+def start_parent_run(experiment: str, dag_id: str, dag_run_id: str) -> dict:
     """The DAG run's parent run: found by its tags (a retry, a cleared run) or created, and RUNNING."""
     client = tracking.client()
     experiment_id = tracking.ensure_experiment(experiment)
     tags = {DAG_ID_TAG: dag_id, DAG_RUN_TAG: dag_run_id}
-    found = [r for r in _find_runs(experiment_id, tags) if not r.data.tags.get("mlflow.parentRunId")]
+    found = [r for r in _runs_tagged(experiment_id, tags) if not r.data.tags.get("mlflow.parentRunId")]
     if found:
         run = found[0]
         if run.info.status != "RUNNING":
@@ -71,7 +71,7 @@ def start_parent(experiment: str, dag_id: str, dag_run_id: str) -> dict:
     return {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "reused": False}
 
 
-def _parent(parent_run_id: str):
+def _parent_run(parent_run_id: str):
     from mlflow.exceptions import MlflowException
 
     try:
@@ -85,11 +85,11 @@ def _parent(parent_run_id: str):
         ) from err
 
 
-def _child_run(parent_run_id: str, stage: str, name: str):
+def _start_child_run(parent_run_id: str, stage: str, name: str):
     """A started child run for (parent, name), or None when a finished one already exists (a retry)."""
-    parent = _parent(parent_run_id)
+    parent = _parent_run(parent_run_id)
     experiment_id = parent.info.experiment_id
-    found = _find_runs(experiment_id, {"mlflow.parentRunId": parent_run_id, NAME_TAG: name})
+    found = _runs_tagged(experiment_id, {"mlflow.parentRunId": parent_run_id, NAME_TAG: name})
     finished = [r for r in found if r.info.status == "FINISHED"]
     if finished:
         return None, finished[0].info.run_id
@@ -108,7 +108,7 @@ def stage_outputs(stage: str, path: Path) -> tuple[dict, dict, list[Path]]:
     """(params, metrics, artifact files) of a data stage's output directory."""
     path = Path(path)
     if stage == "corpus":
-        info = _need_json(path / "corpus.json", f"python -m pipeline.corpus --out {path}")
+        info = _required_json(path / "corpus.json", f"python -m pipeline.corpus --out {path}")
         metrics = {f"utterances.{s}": n for s, n in info["counts"].items()}
         metrics.update(
             {f"speakers.{s}": len(v) for s, v in info["speakers"].items()},
@@ -129,7 +129,7 @@ def stage_outputs(stage: str, path: Path) -> tuple[dict, dict, list[Path]]:
         artifacts = [p for p in [path / "feats_rejected.tsv"] if p.is_file() and p.stat().st_size]
         return {"data_dir": str(path.resolve())}, dict(summary), artifacts
     if stage == "shards":
-        manifest = _need_json(path / "manifest.json", f"python -m pipeline.shards ... --out {path}")
+        manifest = _required_json(path / "manifest.json", f"python -m pipeline.shards ... --out {path}")
         metrics: dict[str, Any] = {
             "vocabulary_size": len(manifest["vocabulary"]),
             "feature_dim": manifest["feature_dim"],
@@ -148,7 +148,7 @@ def stage_outputs(stage: str, path: Path) -> tuple[dict, dict, list[Path]]:
         artifacts = [path / "manifest.json"] + [p for p in [path / "rejected.tsv"] if p.is_file()]
         return params, metrics, artifacts
     if stage == "augment":
-        info = _need_json(path / "augment.json", f"python -m pipeline.augment --data DATA/train --out {path}")
+        info = _required_json(path / "augment.json", f"python -m pipeline.augment --data DATA/train --out {path}")
         summary = info["summary"]
         metrics = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
         metrics.update({f"copies.{kind}": n for kind, n in summary["kinds"].items()})
@@ -157,7 +157,7 @@ def stage_outputs(stage: str, path: Path) -> tuple[dict, dict, list[Path]]:
     raise ValueError(f"unknown stage {stage!r}: corpus, augment, features or shards")
 
 
-def _need_json(path: Path, how: str) -> dict:
+def _required_json(path: Path, how: str) -> dict:
     value = read_json(path)
     if value is None:
         raise FileNotFoundError(f"{path} does not exist or is incomplete: run `{how}` first")
@@ -169,13 +169,13 @@ def record_stage(
 ) -> dict:
     """A child run of the parent for one data stage: its params, counts and small output files."""
     name = name or stage
-    _parent(parent_run_id)  # a wrong store or id first: it would make every stage fail
+    _parent_run(parent_run_id)  # a wrong store or id first: it would make every stage fail
     params, metrics, artifacts = stage_outputs(stage, path)
-    run, existing = _child_run(parent_run_id, stage, name)
+    run, existing = _start_child_run(parent_run_id, stage, name)
     numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if run is None:
         return {"run_id": existing, "stage": stage, "name": name, "metrics": numbers, "reused": True}
-    mlflow = _mlflow()
+    mlflow = _mlflow_at_store()
     with run:
         tracking.log_params({**params, **(extra_params or {})})
         mlflow.log_metrics(numbers)
@@ -198,7 +198,7 @@ def record_stages(parent_run_id: str, records: list[dict]) -> dict:
     }
 
 
-def _record_arg(text: str) -> dict:
+def _stage_record_arg(text: str) -> dict:
     """One `--record` of record-stages: a JSON object."""
     try:
         record = json.loads(text)
@@ -218,9 +218,9 @@ def lower_is_better(metric: str) -> bool:
     )
 
 
-def _logged_model_uri(run_id: str, experiment_id: str) -> str:
+def _trained_model_uri(run_id: str, experiment_id: str) -> str:
     """URI of the run's logged model "model"; the newest when a resumed trainer logged it twice."""
-    mlflow = _mlflow()
+    mlflow = _mlflow_at_store()
     models = mlflow.search_logged_models(
         experiment_ids=[experiment_id],
         output_format="list",
@@ -234,16 +234,16 @@ def _logged_model_uri(run_id: str, experiment_id: str) -> str:
 LM_TAG = "speechflow.lm"  # on a logged model: the attached LM it carries (its text or graph, and settings)
 
 
-def _lm_tags(model_dir: Path) -> dict[str, str]:
+def _attached_lm_tags(model_dir: Path) -> dict[str, str]:
     """The model version's tags of its attached LM: its text's sha256, order, vocabulary size and the
-    settings chosen for it; a phone model's graph's (`_graph_tags`); none without an LM."""
+    settings chosen for it; a phone model's graph's (`_attached_graph_tags`); none without an LM."""
     from models.asr import lm
 
     attached = lm.attached(model_dir)
     if attached is None:
         return {}
     if lm.is_graph(attached):
-        return _graph_tags(attached)
+        return _attached_graph_tags(attached)
     record, settings = lm.record_of(attached), lm.settings_of(attached)
     chosen = (read_json(attached / lm.DECODING) or {}).get("chosen_on", {})
     return {
@@ -256,7 +256,7 @@ def _lm_tags(model_dir: Path) -> dict[str, str]:
     }
 
 
-def _graph_tags(attached: Path) -> dict[str, str]:
+def _attached_graph_tags(attached: Path) -> dict[str, str]:
     """The tags of a phone model's attached decoding graph (models/asr/hlg.py): its kind, checksum,
     size and words, and the acoustic scale and word penalty chosen for it."""
     from models.asr import hlg, lm
@@ -274,7 +274,7 @@ def _graph_tags(attached: Path) -> dict[str, str]:
     }
 
 
-def _logged_with_lm(run, model_dir: Path) -> str:
+def _logged_model_with_lm(run, model_dir: Path) -> str:
     """The URI of the run's logged model that carries the model directory as it is now: the one
     training logged, or, when a word LM was attached since (models.tune_lm --attach), the model logged
     again into the same run with it (once per LM: the newest logged model carries it after that)."""
@@ -282,12 +282,12 @@ def _logged_with_lm(run, model_dir: Path) -> str:
     from common import config as configlib
     from models.training.config import TrainConfig
 
-    uri = _logged_model_uri(run.info.run_id, run.info.experiment_id)
-    tags = _lm_tags(model_dir)
+    uri = _trained_model_uri(run.info.run_id, run.info.experiment_id)
+    tags = _attached_lm_tags(model_dir)
     if not tags:
         return uri
     stamp = json.dumps(tags, sort_keys=True)  # the LM's text, order and settings: the same ARPA
-    mlflow = _mlflow()
+    mlflow = _mlflow_at_store()
     if mlflow.get_logged_model(uri.removeprefix("models:/")).tags.get(LM_TAG) == stamp:
         return uri
     config = configlib.load(TrainConfig, model_dir / "config.yaml")
@@ -298,7 +298,7 @@ def _logged_with_lm(run, model_dir: Path) -> str:
     return f"models:/{info.model_id}"
 
 
-def _champion(name: str, alias: str, metric: str):
+def _current_champion(name: str, alias: str, metric: str):
     """(version, its metric value or None) of the model's current champion, or (None, None)."""
     from mlflow.exceptions import MlflowException
 
@@ -331,55 +331,24 @@ def _training_workdir(spec: str | Path) -> Path:
 def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: str = ALIAS) -> dict:
     """Registers the model trained in `workdir` as a version of `name`; moves `alias` to it only when
     its primary metric (eval.json) beats the current holder's (lower is better). `workdir` may
-    also name its model/ (models/trained_model.py); a registry URI is refused: it is registered already."""
+    also name its model/ (models/trained_model.py); a registry URI is refused: it is registered already.
+    Writes the result to `workdir`/registered.json and, with a parent run, to a child run of it."""
     workdir = _training_workdir(workdir)
     trained = tracking.load_run_file(workdir)
     if trained is None:
         raise FileNotFoundError(f"{workdir / tracking.RUN_FILE} does not exist: train into {workdir} first")
-    evaluation = _need_json(workdir / "eval.json", f"python -m models.evaluate --model {workdir} ...")
-    metric = evaluation.get("primary_metric")
-    if metric not in evaluation:
-        raise ValueError(
-            f"{workdir / 'eval.json'} names primary metric {metric!r} but holds no value for it; "
-            f"evaluate again with python -m models.evaluate --model {workdir}"
-        )
-    value = float(evaluation[metric])
-    lower_is_better(metric)
-    client, mlflow = tracking.client(), _mlflow()
+    metric, value = _primary_metric(workdir)
+    client = tracking.client()
     run = client.get_run(trained["run_id"])
-    logged = _logged_with_lm(run, workdir / "model")
-    existing = [
-        v
-        for v in client.search_model_versions(f"name = '{name}' and run_id = '{run.info.run_id}'")
-        if v.source == logged or getattr(v, "model_id", None) == logged.removeprefix("models:/")
-    ]
-    if existing:
-        version = max(existing, key=lambda v: int(v.version))
-    else:
-        version = mlflow.register_model(logged, name)
+    version = _model_version(name, run, _logged_model_with_lm(run, workdir / "model"))
     tags = {METRIC_TAG: metric, VALUE_TAG: repr(value), "speechflow.workdir": str(workdir.resolve())}
-    tags.update(_lm_tags(workdir / "model"))
+    tags.update(_attached_lm_tags(workdir / "model"))
     if parent_run_id:
         tags["speechflow.parent_run_id"] = parent_run_id
     for key, val in tags.items():
         client.set_model_version_tag(name, version.version, key, val)
-
-    current, current_value = _champion(name, alias, metric)
-    if current is not None and current.version == version.version:
-        promoted, reason = False, f"version {version.version} already holds '{alias}'"
-    elif math.isnan(value):
-        promoted, reason = False, f"{metric} is NaN"
-    elif current is None:
-        promoted, reason = True, f"{name} had no '{alias}'"
-    elif current_value is None or math.isnan(current_value):
-        promoted, reason = False, f"'{alias}' (version {current.version}) has no {metric} to compare with"
-    elif value < current_value:
-        promoted, reason = True, f"{metric} {value:.4g} < {current_value:.4g} of version {current.version}"
-    else:
-        promoted, reason = (
-            False,
-            f"{metric} {value:.4g} does not beat {current_value:.4g} of version {current.version}",
-        )
+    current, current_value = _current_champion(name, alias, metric)
+    promoted, reason = _promotion(name, alias, version.version, metric, value, current, current_value)
     if promoted:
         client.set_registered_model_alias(name, alias, version.version)
     result = {
@@ -398,20 +367,69 @@ def register(workdir: Path, name: str, parent_run_id: str | None = None, alias: 
     }
     atomic_write_json(workdir / REGISTERED_FILE, result)
     if parent_run_id:
-        child, _ = _child_run(parent_run_id, "register", f"register-{name}")
-        if child is not None:
-            with child:
-                tracking.log_params({k: result[k] for k in ("name", "version", "run_id", "metric", "alias")})
-                mlflow.log_metric(metric, value)
-                mlflow.set_tags({"speechflow.promoted": str(promoted), "speechflow.reason": reason})
+        _log_registration(parent_run_id, result)
     return result
 
 
-def finish(parent_run_id: str, status: str, workdirs: dict[str, Path], summary_file: Path | None) -> dict:
+def _primary_metric(workdir: Path) -> tuple[str, float]:
+    """(name, value) of the primary metric the evaluation in `workdir`/eval.json names."""
+    evaluation = _required_json(workdir / "eval.json", f"python -m models.evaluate --model {workdir} ...")
+    metric = evaluation.get("primary_metric")
+    if metric not in evaluation:
+        raise ValueError(
+            f"{workdir / 'eval.json'} names primary metric {metric!r} but holds no value for it; "
+            f"evaluate again with python -m models.evaluate --model {workdir}"
+        )
+    value = float(evaluation[metric])
+    lower_is_better(metric)
+    return metric, value
+
+
+def _model_version(name: str, run, logged: str):
+    """The version of `name` that holds the logged model `logged` of the training `run`: found again
+    (a retry registers nothing twice) or registered now."""
+    existing = [
+        v
+        for v in tracking.client().search_model_versions(f"name = '{name}' and run_id = '{run.info.run_id}'")
+        if v.source == logged or getattr(v, "model_id", None) == logged.removeprefix("models:/")
+    ]
+    if existing:
+        return max(existing, key=lambda v: int(v.version))
+    return _mlflow_at_store().register_model(logged, name)
+
+
+def _promotion(name: str, alias: str, version: str, metric: str, value: float, current, current_value):
+    """(whether `version` takes `alias` from `current`, the holder whose `metric` is `current_value`; why)."""
+    if current is not None and current.version == version:
+        return False, f"version {version} already holds '{alias}'"
+    if math.isnan(value):
+        return False, f"{metric} is NaN"
+    if current is None:
+        return True, f"{name} had no '{alias}'"
+    if current_value is None or math.isnan(current_value):
+        return False, f"'{alias}' (version {current.version}) has no {metric} to compare with"
+    if value < current_value:
+        return True, f"{metric} {value:.4g} < {current_value:.4g} of version {current.version}"
+    return False, f"{metric} {value:.4g} does not beat {current_value:.4g} of version {current.version}"
+
+
+def _log_registration(parent_run_id: str, result: dict) -> None:
+    """The registration `result` as a child run of the DAG run's parent (once: a retry finds it)."""
+    child, _ = _start_child_run(parent_run_id, "register", f"register-{result['name']}")
+    if child is None:
+        return
+    mlflow = _mlflow_at_store()
+    with child:
+        tracking.log_params({k: result[k] for k in ("name", "version", "run_id", "metric", "alias")})
+        mlflow.log_metric(result["metric"], result["value"])
+        mlflow.set_tags({"speechflow.promoted": str(result["promoted"]), "speechflow.reason": result["reason"]})
+
+
+def finish_parent_run(parent_run_id: str, status: str, workdirs: dict[str, Path], summary_file: Path | None) -> dict:
     """Ends the parent run with `status` and writes (and logs) a summary of the models' outcomes."""
     if status not in ("FINISHED", "FAILED", "KILLED"):
         raise ValueError(f"--status must be FINISHED, FAILED or KILLED, got {status!r}")
-    parent = _parent(parent_run_id)
+    parent = _parent_run(parent_run_id)
     models = {}
     for model, workdir in workdirs.items():
         evaluation = read_json(Path(workdir) / "eval.json") or {}
@@ -464,7 +482,7 @@ def parser() -> argparse.ArgumentParser:
         "--record",
         required=True,
         action="append",
-        type=_record_arg,
+        type=_stage_record_arg,
         metavar="JSON",
         help='one stage: {"stage": "features", "path": DIR, "name": "features-train", "params": {"split": "train"}}',
     )
@@ -489,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "start-parent":
-            result = start_parent(args.experiment, args.dag_id, args.dag_run_id)
+            result = start_parent_run(args.experiment, args.dag_id, args.dag_run_id)
         elif args.command == "record-stage":
             result = record_stage(
                 args.parent_run_id, args.stage, args.path, args.name, cli.parse_pairs(args.param, "--param")
@@ -500,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             result = register(args.workdir, args.name, args.parent_run_id, args.alias)
         else:
             workdirs = {k: Path(v) for k, v in cli.parse_pairs(args.workdir, "--workdir").items()}
-            result = finish(args.parent_run_id, args.status, workdirs, args.summary)
+            result = finish_parent_run(args.parent_run_id, args.status, workdirs, args.summary)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -100,7 +100,7 @@ def test_a_graph_attaches_to_a_model_directory_and_is_found_there(graph, outputs
     assert decoder.settings == hlg.HlgDecoding(acoustic_scale=0.7, word_penalty=1.0)
     from models import registry
 
-    tags = registry._lm_tags(model_dir)
+    tags = registry._attached_lm_tags(model_dir)
     assert tags["speechflow.lm.kind"] == "hlg" and tags["speechflow.lm.word_penalty"] == "1.0"
     assert tags["speechflow.lm.graph_sha256"] == decoder.describe()["lm_graph_sha256"]
     assert lm.attached(tmp_path) is None
