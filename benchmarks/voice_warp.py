@@ -47,7 +47,7 @@ def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], wa
     from models import trained_model
     from models.asr import network as asr
     from models.asr.config import AsrEvalConfig
-    from models.asr.evaluation import error_rates
+    from models.asr.scoring import error_rates
     from models.asr.task import AsrTask
     from models.evaluate import check_vocabulary, split_batches
     from pipeline import frontend, text

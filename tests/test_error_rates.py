@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.asr.evaluation import compute_wer_lines, error_rates
+from models.asr.scoring import compute_wer_lines, error_rates
 
 
 def test_counts_each_kind_of_edit_as_kaldi_does():

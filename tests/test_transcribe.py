@@ -64,7 +64,7 @@ def test_transcripts_of_a_data_dir_are_the_evaluations_hypotheses(decoded):
 
 
 def test_the_evaluation_scores_each_speaker_of_the_data_dir_apart(decoded):
-    from models.asr.evaluation import error_rates
+    from models.asr.scoring import error_rates
 
     root, data, _ = decoded
     utt2spk = kaldi.read_table(data / "utt2spk").values

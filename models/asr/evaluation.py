@@ -8,8 +8,11 @@ from pathlib import Path
 from models.asr import lm
 from models.asr import network as asr
 from models.asr.phone_evaluation import evaluate_phones
-from models.asr.scoring import COUNTS, compute_wer_lines, error_rates, oov_figures, rates_of  # noqa: F401 (as before)
+from models.asr.scoring import compute_wer_lines, error_rates, oov_figures
 from models.asr.task import AsrTask
+
+# the counts behind an error rate, as scoring.error_rates gives them
+COUNTED = ("words", "word_sub", "word_del", "word_ins", "chars", "char_sub", "char_del", "char_ins")
 
 
 def evaluate_asr(
@@ -31,6 +34,39 @@ def evaluate_asr(
     `{split}_oov_cer`: scoring.oov_figures). With `lm_decoder` (models/asr/lm.py), the beam search
     with the word LM too (`_lm`), and beside it how well the LM's text knows the split
     (`{split}_lm_oov_rate`, `{split}_lm_3gram_hit`)."""
+    rows, speakers = transcribe_split(model, vocabulary, dataset, beam_width, lm_decoder)
+    (out_dir / f"{split}_speakers.tsv").write_text("\n".join(speaker_rows(rows, speakers)) + "\n", encoding="utf-8")
+    refs = [r[1] for r in rows]
+    greedy_rates = error_rates(refs, [r[2] for r in rows])
+    beam_rates = error_rates(refs, [r[3] for r in rows])
+    header = ["utt_id", "reference", "greedy", "beam"] + (["beam_lm"] if lm_decoder else [])
+    lines = ["\t".join(header)] + ["\t".join(r[: len(header)]) for r in rows]
+    (out_dir / f"{split}_hypotheses.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report = [f"# {split}, greedy"] + compute_wer_lines(greedy_rates)
+    report += [f"# {split}, beam search (width {beam_width})"] + compute_wer_lines(beam_rates)
+    with_lm = {}
+    if lm_decoder:
+        lm_report, with_lm = lm_figures(split, refs, [r[4] for r in rows], lm_decoder)
+        report += lm_report
+    (out_dir / f"{split}_wer.txt").write_text("\n".join(report) + "\n", encoding="utf-8")
+    oov = oov_figures(refs, [r[2] for r in rows], set(known_words))
+    return {
+        **with_lm,
+        **{f"{split}_{key}": value for key, value in oov.items()},
+        f"{split}_cer": greedy_rates["cer"],
+        f"{split}_wer": greedy_rates["wer"],
+        f"{split}_cer_beam": beam_rates["cer"],
+        f"{split}_wer_beam": beam_rates["wer"],
+        f"{split}_utterances": greedy_rates["utterances"],
+        **{f"{split}_{key}": greedy_rates[key] for key in COUNTED},
+        **{f"{split}_{key}_beam": beam_rates[key] for key in COUNTED if key not in ("words", "chars")},
+    }
+
+
+def transcribe_split(model, vocabulary: list[str], dataset, beam_width: int, lm_decoder=None):
+    """(rows, speakers) of every utterance of `dataset`, sorted by utterance id: a row is (utt_id,
+    reference, greedy, beam of `beam_width`, beam with `lm_decoder`'s word LM or None); `speakers`
+    maps utt_id -> speaker."""
     rows, speakers = [], {}
     for batch in dataset:
         feats, lengths = AsrTask.features(batch), batch["feat_lengths"]
@@ -44,42 +80,23 @@ def evaluate_asr(
             rows.append((name, reference, greedy[i], beam[i], with_lm[i]))
             speakers[name] = speaker.decode()
     rows.sort()
-    (out_dir / f"{split}_speakers.tsv").write_text("\n".join(speaker_rows(rows, speakers)) + "\n", encoding="utf-8")
-    refs = [r[1] for r in rows]
-    greedy_rates = error_rates(refs, [r[2] for r in rows])
-    beam_rates = error_rates(refs, [r[3] for r in rows])
-    header = ["utt_id", "reference", "greedy", "beam"] + (["beam_lm"] if lm_decoder else [])
-    lines = ["\t".join(header)] + ["\t".join(r[: len(header)]) for r in rows]
-    (out_dir / f"{split}_hypotheses.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    report = [f"# {split}, greedy"] + compute_wer_lines(greedy_rates)
-    report += [f"# {split}, beam search (width {beam_width})"] + compute_wer_lines(beam_rates)
-    counts = ("words", "word_sub", "word_del", "word_ins", "chars", "char_sub", "char_del", "char_ins")
-    with_lm = {}
-    if lm_decoder:
-        lm_rates = error_rates(refs, [r[4] for r in rows])
-        s = lm_decoder.settings
-        report += [
-            f"# {split}, beam search (width {s.beam_width}) with the word LM (weight {s.weight}, word bonus {s.word_bonus})"
-        ] + compute_wer_lines(lm_rates)
-        with_lm = {
-            f"{split}_cer_lm": lm_rates["cer"],
-            f"{split}_wer_lm": lm_rates["wer"],
-            **{f"{split}_{key}_lm": lm_rates[key] for key in counts if key not in ("words", "chars")},
-            **{f"{split}_{key}": value for key, value in lm_decoder.coverage(refs).items()},
-        }
-    (out_dir / f"{split}_wer.txt").write_text("\n".join(report) + "\n", encoding="utf-8")
-    oov = oov_figures(refs, [r[2] for r in rows], set(known_words))
-    return {
-        **with_lm,
-        **{f"{split}_{key}": value for key, value in oov.items()},
-        f"{split}_cer": greedy_rates["cer"],
-        f"{split}_wer": greedy_rates["wer"],
-        f"{split}_cer_beam": beam_rates["cer"],
-        f"{split}_wer_beam": beam_rates["wer"],
-        f"{split}_utterances": greedy_rates["utterances"],
-        **{f"{split}_{key}": greedy_rates[key] for key in counts},
-        **{f"{split}_{key}_beam": beam_rates[key] for key in counts if key not in ("words", "chars")},
+    return rows, speakers
+
+
+def lm_figures(split: str, refs: list[str], hypotheses: list[str], lm_decoder) -> tuple[list[str], dict]:
+    """The `compute-wer` lines and the `_lm` metrics of the beam search with the word LM, and how well
+    the LM's text knows the split's references (`lm_decoder.coverage`)."""
+    rates = error_rates(refs, hypotheses)
+    s = lm_decoder.settings
+    title = f"# {split}, beam search (width {s.beam_width}) with the word LM"
+    report = [f"{title} (weight {s.weight}, word bonus {s.word_bonus})"] + compute_wer_lines(rates)
+    metrics = {
+        f"{split}_cer_lm": rates["cer"],
+        f"{split}_wer_lm": rates["wer"],
+        **{f"{split}_{key}_lm": rates[key] for key in COUNTED if key not in ("words", "chars")},
+        **{f"{split}_{key}": value for key, value in lm_decoder.coverage(refs).items()},
     }
+    return report, metrics
 
 
 def speaker_rows(rows: list[tuple], speakers: dict[str, str]) -> list[str]:
