@@ -1,5 +1,6 @@
-"""MLflow tracking: the default store, the experiment's kind (models/tracking/runs.py), metrics that survive an
-outage of a real `mlflow server` (models/tracking/spool.py), and per-rank system metrics (models/training/system_metrics.py)."""
+"""MLflow tracking: the default store, the experiment's kind (models/tracking/runs.py), metrics that
+survive an outage of a real `mlflow server` (models/tracking/spool.py), and per-rank system metrics
+(models/training/system_metrics.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The page that tries the champions (`make try`: models/serving/try_launcher.py serves them,
-apps/try_page.py is the page): untrained tiny models registered as champions in a temporary MLflow store, the launcher run
-as `make try` runs it, and headless Chromium uploading a WAV and asking for speech."""
+apps/try_page.py is the page): untrained tiny models registered as champions in a temporary MLflow
+store, the launcher run as `make try` runs it, and headless Chromium uploading a WAV and asking for
+speech."""
 
 from __future__ import annotations
 

@@ -44,7 +44,8 @@ TINY = TtsConfig(
 
 def synthetic_batch(config=TINY, lengths=(6, 8, 10, 12), seed=0):
     """Sentences of random characters whose mel frames are a fixed vector per character, held for
-    4-6 frames depending on the character (speech has 6-8 per character at 10 ms): a text-to-mel map an attention model can learn."""
+    4-6 frames depending on the character (speech has 6-8 per character at 10 ms): a text-to-mel map
+    an attention model can learn."""
     rng = np.random.default_rng(seed)
     table = np.random.default_rng(1234).normal(size=[config.vocab_size, config.n_mels])
     sentences = [rng.integers(1, config.vocab_size, size=n) for n in lengths]

@@ -29,7 +29,8 @@ class TtsServer:
             # fail when the server starts, not at its first request
             raise FileNotFoundError(
                 "this synthesis model reads phonemes, which espeak-ng makes from the typed text, and espeak-ng is "
-                "not on PATH: install it where the model serves (`apt-get install espeak-ng`; the training image has it)"
+                "not on PATH: install it where the model serves (`apt-get install espeak-ng`; the training "
+                "image has it)"
             )
 
     def predict(self, model_input, params: dict, settings) -> dict:
