@@ -9,7 +9,6 @@ import re
 import benchmarks.serving
 import benchmarks.speedup_model
 import benchmarks.straggler
-import benchmarks.throughput
 from benchmarks.report_format import milliseconds, num, pct, table, thousands
 
 # Variants in the order the benchmark runs them.
@@ -51,13 +50,13 @@ def input_pipeline(r: dict) -> list[str]:
     return out
 
 
-def throughput(r: dict) -> list[str]:
-    out = [
-        f"{r['steps']} steps, the first {r['warmup_steps_excluded']} excluded, on synthetic demo-shaped shards. "
-        f"Matmul peak: float32 {num(r['matmul_peak_flops_float32'] / 1e9)} GFLOP/s, "
-        f"bfloat16 {num(r['matmul_peak_flops_bfloat16'] / 1e9)} GFLOP/s.",
-        "",
-    ]
+# benchmarks/throughput.py's columns: its runs, and the synthesis model's batch-size curve
+THROUGHPUT_TABLE = ["run", "frames/s", "steps/s", "input share", "comm share", "GFLOP/s", "of fp32 peak"]
+CURVE_TABLE = ["", "encoder", "decoder", "post-net", "backward + Adam", "frames/s"]
+
+
+def throughput_runs(r: dict) -> list[str]:
+    """A row per training run of benchmarks/throughput.py, then the threads per rank and the speedups."""
     rows = []
     for model in ("asr", "tts"):
         paths = ("", "_fp32_grads", "_keras", "_keras_sparse_ctc")
@@ -76,7 +75,7 @@ def throughput(r: dict) -> list[str]:
                     pct(r.get(f"{key}_fraction_of_fp32_peak"), 0),
                 ]
             )
-    out += table(benchmarks.throughput.TABLE, rows)
+    out = table(THROUGHPUT_TABLE, rows)
     threads = sorted({v for k, v in r.items() if k.endswith("_intra_op_threads_per_rank")})
     if threads:
         out += [f"Threads per rank (TensorFlow's intra-op pool): {', '.join(str(t) for t in threads)}.", ""]
@@ -93,27 +92,67 @@ def throughput(r: dict) -> list[str]:
         ]
     if any(k.endswith(("_speedup_over_keras", "_speedup_over_fp32_grads")) for k in r):
         out += [""]
+    return out
+
+
+def tts_profile(r: dict) -> list[str]:
+    """The synthesis model's per-module forward and backward times in training, per number of ranks."""
     rows = []
     for n in (1, 2):
         for part in ("forward", "backward"):
             keys = [f"tts_np{n}_profile_{m}_{part}_ms" for m in ("encoder", "decoder", "postnet")]
             if all(k in r for k in keys):
                 rows.append([f"np={n}, {part}", *(num(r[k]) for k in keys)])
-        totals = [f"tts_np{n}_profile_{m}_ms" for m in ("encoder", "decoder", "postnet")]
-        if not any(row[0].startswith(f"np={n},") for row in rows) and all(k in r for k in totals):
-            rows.append([f"np={n}, forward + backward", *(num(r[k]) for k in totals)])
-    if rows:
-        out += ["Synthesis per-module time per step in training (ms, the trainer's profile):", ""]
-        out += table(["", "encoder", "decoder", "post-net"], rows)
+    if not rows:
+        return []
+    head = ["Synthesis per-module time per step in training (ms, the trainer's profile):", ""]
+    return head + table(["", "encoder", "decoder", "post-net"], rows)
+
+
+def tts_curve_rows(r: dict, batches: tuple[int, ...]) -> list[list]:
+    """The batch-size curve's rows (CURVE_TABLE's columns): this machine's, then the GPU calibration's."""
+    rows = []
+    for mode in ("graph", "xla"):
+        for b in batches:
+            key = f"tts_curve_{mode}_b{b}"
+            rows.append(
+                [
+                    f"this machine, {mode}, batch {b}",
+                    r[f"{key}_profile_encoder_forward_ms"],
+                    r[f"{key}_profile_decoder_forward_ms"],
+                    r[f"{key}_profile_postnet_forward_ms"],
+                    r[f"{key}_backward_adam_ms"],
+                    r[f"{key}_frames_per_s"],
+                ]
+            )
+    calibration = sorted(r.get("gpu_calibration_tts", {}).items(), key=lambda item: int(item[0]))
+    for b, (enc, dec, post, back, fps) in calibration:  # batch sizes as JSON keys: strings
+        rows.append([f"H100 calibration, PyTorch eager, batch {b}", enc, dec, post, back, fps])
+    return rows
+
+
+def tts_curve(r: dict) -> list[str]:
+    """The synthesis model's training step at each batch size beside the GPU calibration's; [] without one."""
     batches = sorted({int(k.split("_b")[1].split("_")[0]) for k in r if k.startswith("tts_curve_graph_b")})
-    if batches:
-        rows = [
-            [label, *(milliseconds(v) for v in times), thousands(fps)]
-            for label, *times, fps in benchmarks.throughput.tts_curve_rows(r, tuple(batches))
-        ]
-        out += ["Synthesis training step, 60 characters x 600 frames, r=3 (forward per module; ms):", ""]
-        out += table(benchmarks.throughput.CURVE_TABLE, rows)
-    return out
+    if not batches:
+        return []
+    rows = [
+        [label, *(milliseconds(v) for v in times), thousands(fps)]
+        for label, *times, fps in tts_curve_rows(r, tuple(batches))
+    ]
+    head = ["Synthesis training step, 60 characters x 600 frames, r=3 (forward per module; ms):", ""]
+    return head + table(CURVE_TABLE, rows)
+
+
+def throughput(r: dict) -> list[str]:
+    """benchmarks/throughput.py: its runs, the synthesis model's profile and its batch-size curve."""
+    out = [
+        f"{r['steps']} steps, the first {r['warmup_steps_excluded']} excluded, on synthetic demo-shaped shards. "
+        f"Matmul peak: float32 {num(r['matmul_peak_flops_float32'] / 1e9)} GFLOP/s, "
+        f"bfloat16 {num(r['matmul_peak_flops_bfloat16'] / 1e9)} GFLOP/s.",
+        "",
+    ]
+    return out + throughput_runs(r) + tts_profile(r) + tts_curve(r)
 
 
 def speedup_model(r: dict) -> list[str]:

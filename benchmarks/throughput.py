@@ -21,6 +21,7 @@ the step is bound by per-step latency (launches, the recurrence), not by arithme
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -28,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import NO_COPIES, ROOT, SHORT_RUN_SEEDS, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks import report_speed  # noqa: E402
+from benchmarks.harness import NO_COPIES, ROOT, SHORT_RUN_SEEDS, run_training, synthetic_shards, write_json  # noqa: E402
 
 
 def matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
@@ -56,10 +58,6 @@ PATHS = {
     "keras_sparse_ctc": lambda model: [f"{model}.lstm=keras", "asr.ctc_labels=sparse"],
 }
 
-# The tables' columns (benchmarks/report.py prints the same ones from the JSON).
-TABLE = ["run", "frames/s", "steps/s", "input share", "comm share", "GFLOP/s", "of fp32 peak"]
-CURVE_TABLE = ["", "encoder", "decoder", "post-net", "backward + Adam", "frames/s"]
-
 # ../shared/gpu-calibration.md, synthesis model on one H100 (PyTorch eager, fp32): batch ->
 # (encoder, decoder, post-net forward, backward + Adam) in ms, and frames/s.
 GPU_CALIBRATION_TTS = {
@@ -69,63 +67,87 @@ GPU_CALIBRATION_TTS = {
 }
 
 
+TINY_TTS = dict(
+    embedding_dim=16,
+    encoder_conv_filters=16,
+    encoder_lstm_units=8,
+    attention_dim=8,
+    prenet_units=(16,),
+    decoder_lstm_units=16,
+    postnet_filters=16,
+    location_filters=4,
+)
+
+
+def random_tts_batch(batch_size: int, chars: int, frames: int) -> dict:
+    """A synthesis batch of random tokens and mels, seeded by its size."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(batch_size)
+    return {
+        "tokens": tf.constant(rng.integers(1, 40, [batch_size, chars]), tf.int32),  # [batch, chars]
+        "token_lengths": tf.fill([batch_size], chars),
+        "mels": tf.constant(rng.normal(size=[batch_size, frames, 80]), tf.float32),  # [batch, frames, 80]
+        "mel_lengths": tf.fill([batch_size], frames),
+        "stop_targets": tf.one_hot(tf.fill([batch_size], frames - 1), frames),  # [batch, frames]
+    }
+
+
+def time_calls(fn, batch, repeats: int) -> float:
+    """Seconds per call of `fn(batch)`, the mean over `repeats`."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn(batch).numpy()
+    return (time.perf_counter() - start) / repeats
+
+
+def tts_steps(config):
+    """(task, model, the compiled training step, the compiled forward pass) of a synthesis config."""
+    import keras
+    import tensorflow as tf
+
+    from models.tts.task import TtsTask
+
+    task = TtsTask(config)
+    model = task.build()
+    optimizer = keras.optimizers.Adam(1e-4)
+
+    def step(batch):
+        with tf.GradientTape() as tape:
+            loss, _ = task.loss(model, batch, training=True)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    compiled = tf.function(step, reduce_retracing=True)
+    forward = tf.function(lambda b: task.loss(model, b, training=True)[0])
+    return task, model, compiled, forward
+
+
 def tts_curve(batches: tuple[int, ...], tiny: bool, repeats: int) -> dict:
     """Synthesis training-step time and frames/s at each batch size, decoder as a graph and with
     XLA, and the per-module forward/backward times (TtsTask.profile), on random inputs of the GPU
     calibration's shapes. The first steps (tracing, XLA compilation) are not counted."""
     import dataclasses
 
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     from models.tts import model as tts
-    from models.tts.task import TtsTask
 
     chars, frames = (12, 30) if tiny else (60, 600)
     base = tts.TtsConfig(vocab_size=40)
     if tiny:
-        base = dataclasses.replace(
-            base, embedding_dim=16, encoder_conv_filters=16, encoder_lstm_units=8, attention_dim=8,
-            prenet_units=(16,), decoder_lstm_units=16, postnet_filters=16, location_filters=4,
-        )  # fmt: skip
+        base = dataclasses.replace(base, **TINY_TTS)
     results = {}
     for xla in (False, True):
-        config = dataclasses.replace(base, xla=xla)
-        task = TtsTask(config)
-        model = task.build()
-        optimizer = keras.optimizers.Adam(1e-4)
-
-        def step(batch, model=model, optimizer=optimizer, task=task):
-            with tf.GradientTape() as tape:
-                loss, _ = task.loss(model, batch, training=True)
-            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-            return loss
-
-        compiled = tf.function(step, reduce_retracing=True)
-        forward = tf.function(lambda b, model=model, task=task: task.loss(model, b, training=True)[0])
+        task, model, compiled, forward = tts_steps(dataclasses.replace(base, xla=xla))
         mode = "xla" if xla else "graph"
         for batch_size in batches:
-            rng = np.random.default_rng(batch_size)
-            batch = {
-                "tokens": tf.constant(rng.integers(1, 40, [batch_size, chars]), tf.int32),
-                "token_lengths": tf.fill([batch_size], chars),
-                "mels": tf.constant(rng.normal(size=[batch_size, frames, 80]), tf.float32),
-                "mel_lengths": tf.fill([batch_size], frames),
-                "stop_targets": tf.one_hot(tf.fill([batch_size], frames - 1), frames),
-            }
+            batch = random_tts_batch(batch_size, chars, frames)
             for _ in range(2):  # tracing and compilation
                 compiled(batch).numpy()
                 forward(batch).numpy()
             task.profile(model, batch)
-            start = time.perf_counter()
-            for _ in range(repeats):
-                compiled(batch).numpy()
-            step_s = (time.perf_counter() - start) / repeats
-            start = time.perf_counter()
-            for _ in range(repeats):
-                forward(batch).numpy()
-            forward_s = (time.perf_counter() - start) / repeats
+            step_s = time_calls(compiled, batch, repeats)
+            forward_s = time_calls(forward, batch, repeats)
             profile = task.profile(model, batch)
             key = f"tts_curve_{mode}_b{batch_size}"
             results[f"{key}_step_ms"] = 1000 * step_s
@@ -137,39 +159,31 @@ def tts_curve(batches: tuple[int, ...], tiny: bool, repeats: int) -> dict:
     return results
 
 
-def tts_curve_rows(results: dict, batches: tuple[int, ...]) -> list[list]:
-    """The batch-size curve's rows (CURVE_TABLE's columns): this machine's, then the GPU calibration's."""
-    rows = []
-    for mode in ("graph", "xla"):
-        for b in batches:
-            key = f"tts_curve_{mode}_b{b}"
-            rows.append(
-                [
-                    f"this machine, {mode}, batch {b}",
-                    results[f"{key}_profile_encoder_forward_ms"],
-                    results[f"{key}_profile_decoder_forward_ms"],
-                    results[f"{key}_profile_postnet_forward_ms"],
-                    results[f"{key}_backward_adam_ms"],
-                    results[f"{key}_frames_per_s"],
-                ]
-            )
-    calibration = sorted(results.get("gpu_calibration_tts", {}).items(), key=lambda item: int(item[0]))
-    for b, (enc, dec, post, back, fps) in calibration:  # batch sizes as JSON keys: strings
-        rows.append([f"H100 calibration, PyTorch eager, batch {b}", enc, dec, post, back, fps])
-    return rows
+# (model, np, precision, path) of every run: the acoustic model's default path on this machine, and
+# Keras' LSTM loop with the dense-label CTC graph, and Keras' loop with the C++ CTC kernel (which part
+# of the difference is which).
+RUNS = (
+    ("asr", 1, "float32", "default"),
+    ("asr", 2, "float32", "default"),
+    ("asr", 2, "float32", "fp32_grads"),
+    ("asr", 2, "float32", "keras"),
+    ("asr", 2, "float32", "keras_sparse_ctc"),
+    ("asr", 1, "mixed_bfloat16", "default"),
+    ("asr", 2, "mixed_bfloat16", "default"),
+    ("tts", 1, "float32", "default"),
+    ("tts", 2, "float32", "default"),
+    ("tts", 2, "float32", "keras"),
+)
+# The tests need every kind of run once: alone and under horovodrun, bfloat16, both models.
+TINY_RUNS = (
+    ("asr", 1, "mixed_bfloat16", "default"),
+    ("asr", 2, "float32", "default"),
+    ("asr", 1, "float32", "keras"),
+    ("tts", 2, "float32", "default"),
+)
 
 
-def print_tts_curve(results: dict, batches: tuple[int, ...]) -> None:
-    rows = tts_curve_rows(results, batches)
-    print("synthesis training step, 60 characters x 600 frames, r=3 (forward per module; ms):")
-    print_table(CURVE_TABLE, rows)
-    for mode in ("graph", "xla"):
-        k = f"tts_curve_{mode}_b"
-        growth = results[f"{k}{batches[-1]}_frames_per_s"] / results[f"{k}{batches[0]}_frames_per_s"]
-        print(f"{mode}: frames/s at batch {batches[-1]} / batch {batches[0]} = {growth:.2f}")
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true", help="tiny models and data (for tests)")
@@ -178,7 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("asr", "tts"), help="measure one model only")
     parser.add_argument("--np", type=int, choices=(1, 2), help="only the runs with this many workers")
     parser.add_argument("--precision", choices=("float32", "mixed_bfloat16"), help="only the runs in this precision")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every training run shares."""
+
+    work: Path  # the temporary directory the runs write under
+    shards: Path  # the shards every run trains on
+    configs: dict  # model -> its config file
+    steps: int  # training steps per run
+    warmup: int  # the first steps, left out of the throughput
+    common: tuple[str, ...]  # `--set` items of every run
+
+
+def setup(args) -> Setup:
     work = Path(tempfile.mkdtemp(prefix="throughput-"))
     if args.tiny:
         configs = {"asr": ROOT / "tests/configs/tiny_asr.yaml", "tts": ROOT / "tests/configs/tiny_tts.yaml"}
@@ -188,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = {"asr": ROOT / "configs/demo_asr.yaml", "tts": ROOT / "configs/demo_tts.yaml"}
         shards = args.shards or synthetic_shards(work, 1200)
         steps, warmup = args.steps, 5
-    common = [
+    common = (
         NO_COPIES,
         f"max_steps={steps}",
         f"warmup_exclude={warmup}",
@@ -196,110 +225,76 @@ def main(argv: list[str] | None = None) -> int:
         "log_every=100000",
         "log_model=false",
         f"profile_every={max(2, steps // 4)}",  # the synthesis model's per-module timings (outside the throughput)
-    ]
-    results: dict = {"tiny": args.tiny, "steps": steps, "warmup_steps_excluded": warmup}
-    results["matmul_peak_flops_float32"] = matmul_peak("float32", 256 if args.tiny else 2048)
-    results["matmul_peak_flops_bfloat16"] = matmul_peak("bfloat16", 256 if args.tiny else 2048)
-    rows = []
-    # (model, np, precision, path): the acoustic model's default path on this machine, and Keras' LSTM
-    # loop with the dense-label CTC graph (what a CPU ran before models/layers/lstm.py), and Keras' loop with
-    # the C++ CTC kernel (which part of the difference is which).
-    runs = [
-        ("asr", 1, "float32", "default"),
-        ("asr", 2, "float32", "default"),
-        ("asr", 2, "float32", "fp32_grads"),
-        ("asr", 2, "float32", "keras"),
-        ("asr", 2, "float32", "keras_sparse_ctc"),
-        ("asr", 1, "mixed_bfloat16", "default"),
-        ("asr", 2, "mixed_bfloat16", "default"),
-        ("tts", 1, "float32", "default"),
-        ("tts", 2, "float32", "default"),
-        ("tts", 2, "float32", "keras"),
-    ]
-    if args.tiny:  # the test needs every kind of run once: alone and under horovodrun, bfloat16, both models
-        runs = [
-            ("asr", 1, "mixed_bfloat16", "default"),
-            ("asr", 2, "float32", "default"),
-            ("asr", 1, "float32", "keras"),
-            ("tts", 2, "float32", "default"),
-        ]
-    runs = [
+    )
+    return Setup(work, shards, configs, steps, warmup, common)
+
+
+def chosen_runs(args) -> list[tuple]:
+    """The runs `--tiny`, `--only`, `--np` and `--precision` leave."""
+    return [
         run
-        for run in runs
+        for run in (TINY_RUNS if args.tiny else RUNS)
         if (not args.only or run[0] == args.only)
         and (not args.np or run[1] == args.np)
         and (not args.precision or run[2] == args.precision)
     ]
+
+
+def measure(s: Setup, results: dict, model: str, np_: int, precision: str, path: str) -> None:
+    """One training run's frames/s, step shares and (acoustic model) FLOP/s or (synthesis) profile."""
     from common import config as configlib
     from models.asr import network as asr
     from models.asr.task import resolve_asr
+    from models.training.config import TrainConfig
     from pipeline.records import open_shard_set
 
-    for model, np_, precision, path in runs:
-        key = (
-            f"{model}_np{np_}" + ("_bf16" if precision != "float32" else "") + ("" if path == "default" else f"_{path}")
-        )
-        summary = run_training(
-            shards, work / key, np_, configs[model], [*common, f"precision={precision}", *PATHS[path](model)]
-        )
-        results[f"{key}_frames_per_s"] = summary["frames_per_s_total"]
-        results[f"{key}_steps_per_s"] = summary["steps_per_s"]
-        results[f"{key}_intra_op_threads_per_rank"] = summary["threads_per_rank"]["intra_op_threads"]
-        for part in ("input", "compute", "communication"):
-            results[f"{key}_share_{part}"] = summary.get(f"share_{part}", 0.0)
-            results[f"{key}_time_{part}_ms"] = summary.get(f"time_{part}_ms", 0.0)
-        row = [
-            key,
-            summary["frames_per_s_total"],
-            summary["steps_per_s"],
-            summary.get("share_input", 0.0),
-            summary.get("share_communication", 0.0),
-        ]
-        if model == "asr":
-            from models.training.config import TrainConfig
+    key = f"{model}_np{np_}" + ("_bf16" if precision != "float32" else "") + ("" if path == "default" else f"_{path}")
+    sets = [*s.common, f"precision={precision}", *PATHS[path](model)]
+    summary = run_training(s.shards, s.work / key, np_, s.configs[model], sets)
+    results[f"{key}_frames_per_s"] = summary["frames_per_s_total"]
+    results[f"{key}_steps_per_s"] = summary["steps_per_s"]
+    results[f"{key}_intra_op_threads_per_rank"] = summary["threads_per_rank"]["intra_op_threads"]
+    for part in ("input", "compute", "communication"):
+        results[f"{key}_share_{part}"] = summary.get(f"share_{part}", 0.0)
+        results[f"{key}_time_{part}_ms"] = summary.get(f"time_{part}_ms", 0.0)
+    if model == "asr":
+        cfg = resolve_asr(configlib.load(TrainConfig, s.configs[model]).settings, open_shard_set(s.shards))
+        flops = asr.flops_per_frame(cfg) * summary["frames_per_s_total"]
+        results[f"{key}_flops"] = flops
+        results[f"{key}_fraction_of_fp32_peak"] = flops / results["matmul_peak_flops_float32"]
+    else:
+        for module in ("encoder", "decoder", "postnet"):
+            for part in ("", "_forward", "_backward"):
+                name = f"profile_{module}{part}_ms"
+                results[f"{key}_{name}"] = summary.get(name, float("nan"))
 
-            cfg = resolve_asr(configlib.load(TrainConfig, configs[model]).settings, open_shard_set(shards))
-            flops = asr.flops_per_frame(cfg) * summary["frames_per_s_total"]
-            peak = results["matmul_peak_flops_float32"]
-            results[f"{key}_flops"] = flops
-            results[f"{key}_fraction_of_fp32_peak"] = flops / peak
-            row += [flops / 1e9, flops / peak]
-        else:
-            for module in ("encoder", "decoder", "postnet"):
-                for part in ("", "_forward", "_backward"):
-                    name = f"profile_{module}{part}_ms"
-                    results[f"{key}_{name}"] = summary.get(name, float("nan"))
-            row += ["", ""]
-        rows.append(row)
-    print(
-        f"matmul peak: float32 {results['matmul_peak_flops_float32'] / 1e9:.0f} GFLOP/s, "
-        f"bfloat16 {results['matmul_peak_flops_bfloat16'] / 1e9:.0f} GFLOP/s"
-    )
-    print_table(TABLE, rows)
+
+def speedups(results: dict) -> None:
+    """Each default path's steps/s over Keras' LSTM path's and over float32 gradient matmuls', where both ran."""
     for model in ("asr", "tts"):
         if f"{model}_np2_keras_steps_per_s" in results and f"{model}_np2_steps_per_s" in results:
             speedup = results[f"{model}_np2_steps_per_s"] / results[f"{model}_np2_keras_steps_per_s"]
             results[f"{model}_np2_speedup_over_keras"] = speedup
-            print(f"{model}, np=2: a training step {speedup:.2f}x as fast as with Keras' LSTM path")
     if "asr_np2_fp32_grads_steps_per_s" in results and "asr_np2_steps_per_s" in results:
         speedup = results["asr_np2_steps_per_s"] / results["asr_np2_fp32_grads_steps_per_s"]
         results["asr_np2_speedup_over_fp32_grads"] = speedup
-        print(f"asr, np=2: a training step {speedup:.2f}x as fast as with every gradient matmul in float32")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    s = setup(args)
+    results: dict = {"tiny": args.tiny, "steps": s.steps, "warmup_steps_excluded": s.warmup}
+    results["matmul_peak_flops_float32"] = matmul_peak("float32", 256 if args.tiny else 2048)
+    results["matmul_peak_flops_bfloat16"] = matmul_peak("bfloat16", 256 if args.tiny else 2048)
+    for run in chosen_runs(args):
+        measure(s, results, *run)
+    speedups(results)
     if args.only != "asr":
-        profile_rows = [
-            [f"np={n}, {part}"]
-            + [results[f"tts_np{n}_profile_{m}_{part}_ms"] for m in ("encoder", "decoder", "postnet")]
-            for n in (1, 2)
-            if f"tts_np{n}_frames_per_s" in results
-            for part in ("forward", "backward")
-        ]
-        print("synthesis per-module time per step in training (ms, the trainer's profile, warm-up excluded):")
-        print_table(["", "encoder", "decoder", "post-net"], profile_rows)
         batches = (4,) if args.tiny else (16, 32, 64)
         results.update(tts_curve(batches, args.tiny, repeats=1 if args.tiny else 3))
         results["gpu_calibration_tts"] = {str(b): list(row) for b, row in GPU_CALIBRATION_TTS.items()}
-        print_tts_curve(results, batches)
-    write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
+    record = write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
+    print("\n".join(report_speed.throughput(record)))
     return 0
 
 
