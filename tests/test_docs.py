@@ -34,13 +34,29 @@ def test_the_report_refuses_a_results_file_it_has_no_section_for(tmp_path):
         report.render(tmp_path, ROOT / "docs" / "benchmarks.md")
 
 
+def fixed_texts() -> dict[str, str]:
+    """The page's texts that no results file fills: each string of a report.SECTIONS entry, and the prose
+    of the page's templates (benchmarks/*.j2) with their tags, comments and links' targets left out."""
+    texts = {
+        f"SECTIONS[{name!r}]": part
+        for name, section in report.SECTIONS.items()
+        for part in section
+        if isinstance(part, str)
+    }
+    for template in sorted((ROOT / "benchmarks").glob("*.j2")):
+        prose = re.sub(r"\{#.*?#\}|\{%.*?%\}|\{\{.*?\}\}", "", template.read_text(), flags=re.S)
+        texts[template.name] = re.sub(r"\]\([^)]*\)", "]", re.sub(r"```.*?```", "", prose, flags=re.S))
+    return texts
+
+
 def test_the_report_texts_hold_no_figures():
-    """Figures come from the JSON; the fixed texts kept in report.py only say what to read."""
-    for name, section in report.SECTIONS.items():
-        for text in (part for part in section if isinstance(part, str)):
-            # A number standing alone is a figure; one inside a name (float32, bfloat16) is not.
-            figure = re.search(r"(?<![\w.])\d[\d,.]*%?(?!\w)", re.sub(r"`[^`]*`", "", text))
-            assert not figure, f"{name}: a figure ({figure.group()}) in a fixed text: {text}"
+    """Figures come from the JSON; the fixed texts of the page only say what to read."""
+    texts = fixed_texts()
+    assert texts, "no fixed text found: this test checks nothing"
+    for where, text in texts.items():
+        # A number standing alone is a figure; one inside a name (float32, bfloat16) is not.
+        figure = re.search(r"(?<![\w.])\d[\d,.]*%?(?!\w)", re.sub(r"`[^`]*`", "", text))
+        assert not figure, f"{where}: a figure ({figure.group()}) in a fixed text: {text[:300]}"
 
 
 def test_every_results_file_says_where_its_figures_come_from():
