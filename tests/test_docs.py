@@ -38,9 +38,9 @@ def fixed_texts() -> dict[str, str]:
     """The page's texts that no results file fills: each string of a report.SECTIONS entry, and the prose
     of the page's templates (benchmarks/*.j2) with their tags, comments and links' targets left out."""
     texts = {
-        f"SECTIONS[{name!r}]": part
+        f"SECTIONS[{name!r}][{index}]": part
         for name, section in report.SECTIONS.items()
-        for part in section
+        for index, part in enumerate(section)
         if isinstance(part, str)
     }
     for template in sorted((ROOT / "benchmarks").glob("*.j2")):
