@@ -7,11 +7,19 @@ import re
 
 # The benchmarks' own table columns; importing them loads no TensorFlow.
 import benchmarks.serving
-import benchmarks.speedup_model
-import benchmarks.straggler
 from benchmarks.report_format import milliseconds, num, pct, table, thousands
 
-# Variants in the order the benchmark runs them.
+# benchmarks/straggler.py's columns, and its variants in the order it runs them
+STRAGGLER_TABLE = [
+    "strategy",
+    "rank 1 speed",
+    "job s alone",
+    "job s slowed",
+    "batches r0/r1",
+    "job ratio",
+    "ideal",
+    "fast rank",
+]
 STRAGGLER_VARIANTS = ("allreduce", "fixed-ring", "random-ring", "delay-by-one")
 
 
@@ -155,7 +163,34 @@ def throughput(r: dict) -> list[str]:
     return out + throughput_runs(r) + tts_profile(r) + tts_curve(r)
 
 
+# benchmarks/speedup_model.py's columns: the model's predictions beside the measured speedups, then the
+# GPU cluster's predictions beside the research's reported ones
+SPEEDUP_TABLE = [
+    "strategy",
+    "predicted n=1",
+    "predicted n=2",
+    "measured n=2 (training)",
+    "measured n=2 (job)",
+    "predicted n=8",
+    "predicted n=32",
+    "predicted n=128",
+]
+GPU_WORKERS = (8, 32, 128)
+GPU_TABLE = ["strategy", *(f"H100 cluster n={n}" for n in GPU_WORKERS), "reported n=32", "reported n=128"]
+
+
+def gpu_rows(gpu: dict) -> list[list]:
+    """The GPU projection's table rows (GPU_TABLE); the research reported AD-PSGD's only."""
+    rows = []
+    for strategy in ("allreduce", "adpsgd"):
+        reported = [gpu["reported_speedup"][str(n)] if strategy == "adpsgd" else "" for n in (32, 128)]
+        rows.append([strategy, *(gpu[f"{strategy}_predicted_speedup_n{n}"] for n in GPU_WORKERS), *reported])
+    return rows
+
+
 def speedup_model(r: dict) -> list[str]:
+    """benchmarks/speedup_model.py: one step's times, the ring model's speedups beside the measured ones,
+    and the same model for a GPU cluster."""
     out = [
         f"Tcalc {num(r['tcalc_s'] * 1000, 1)} ms, Ttransmit {num(r['ttransmit_s'] * 1000, 2)} ms "
         f"({r['parameters']:,} float32 weights), Tmerge {num(r['tmerge_s'] * 1000, 2)} ms.",
@@ -173,27 +208,23 @@ def speedup_model(r: dict) -> list[str]:
                 *(num(r.get(f"{strategy}_predicted_speedup_n{n}"), 1) or "not recorded" for n in (8, 32, 128)),
             ]
         )
-    out += table(benchmarks.speedup_model.TABLE, rows)
-    gpu = r.get("gpu")
-    if gpu:
-        a, p = gpu["assumptions"], gpu["provenance"]
-        out += [
-            "",
-            f"The same model for a GPU cluster: Tcalc {num(gpu['tcalc_s'] * 1000, 1)} ms (the GPU calibration's "
-            f"smallest step of the demo model, {gpu['step']}; {p['device']}, {p['software']}, measured "
-            f"{p['measured']}), Ttransmit {num(gpu['ttransmit_s'] * 1000, 2)} ms (the float32 weights over a "
-            f"{num(a['link_bytes_per_s'] * 8 / 1e9, 0)} Gb/s link a GPU), Tmerge {num(gpu['tmerge_s'] * 1000, 3)} ms "
-            f"(three passes over them at {num(a['hbm_bytes_per_s'] / 1e12, 2)} TB/s). Reported: the research's "
-            "AD-PSGD on Switchboard-2000, time to accuracy against one GPU.",
-            "",
-        ]
-        out += table(
-            benchmarks.speedup_model.GPU_TABLE,
-            [
-                [s, *(num(v, 1) if isinstance(v, float) else v for v in rest)]
-                for s, *rest in benchmarks.speedup_model.gpu_rows(gpu)
-            ],
-        )
+    out += table(SPEEDUP_TABLE, rows)
+    gpu = r["gpu"]
+    a, p = gpu["assumptions"], gpu["provenance"]
+    out += [
+        "",
+        f"The same model for a GPU cluster: Tcalc {num(gpu['tcalc_s'] * 1000, 1)} ms (the GPU calibration's "
+        f"smallest step of the demo model, {gpu['step']}; {p['device']}, {p['software']}, measured "
+        f"{p['measured']}), Ttransmit {num(gpu['ttransmit_s'] * 1000, 2)} ms (the float32 weights over a "
+        f"{num(a['link_bytes_per_s'] * 8 / 1e9, 0)} Gb/s link a GPU), Tmerge {num(gpu['tmerge_s'] * 1000, 3)} ms "
+        f"(three passes over them at {num(a['hbm_bytes_per_s'] / 1e12, 2)} TB/s). Reported: the research's "
+        "AD-PSGD on Switchboard-2000, time to accuracy against one GPU.",
+        "",
+    ]
+    out += table(
+        GPU_TABLE,
+        [[s, *(num(v, 1) if isinstance(v, float) else v for v in rest)] for s, *rest in gpu_rows(gpu)],
+    )
     return out
 
 
@@ -216,7 +247,7 @@ def straggler(r: dict) -> list[str]:
                 ]
             )
     out = [f"{r['epochs']} epochs for every strategy.", ""]
-    out += table(benchmarks.straggler.TABLE, rows)
+    out += table(STRAGGLER_TABLE, rows)
     return out
 
 

@@ -33,30 +33,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report_speed  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     HOROVODRUN,
     PYTHON,
     ROOT,
     SHORT_RUN_SEEDS,
     asr_setup,
-    print_table,
     run_training,
     write_json,
 )
 
-# The tables' columns (benchmarks/report.py prints the same ones from the JSON).
-TABLE = [
-    "strategy",
-    "predicted n=1",
-    "predicted n=2",
-    "measured n=2 (training)",
-    "measured n=2 (job)",
-    "predicted n=8",
-    "predicted n=32",
-    "predicted n=128",
-]
 WORKERS = (8, 32, 128)  # the cluster sizes predicted
-GPU_TABLE = ["strategy", *(f"H100 cluster n={n}" for n in WORKERS), "reported n=32", "reported n=128"]
 CALIBRATION = Path(__file__).resolve().parent / "data" / "gpu_calibration.json"
 # The research's AD-PSGD on Switchboard-2000, time to accuracy: a week (168 h) on one GPU, 11.5 h on 32
 # GPUs, under 2 h on 128 (so at least 84x).
@@ -134,14 +122,14 @@ def gpu_projection(parameters: int) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--shards", type=Path)
-    parser.add_argument("--steps", type=int, default=40)
-    args = parser.parse_args(argv)
-    from benchmarks import speedup_theory as speedup_model
+def job_rate(summary: dict) -> float:
+    """Frames trained by all ranks over the job's wall-clock from launch to exit."""
+    return sum(r["frames"] for r in summary["per_rank_trained"]) / summary["job_wall_s"]
+
+
+def measure(args) -> tuple[dict, dict, dict, Path]:
+    """The model's size and one step's Tcalc, Ttransmit and Tmerge (results), the single-process run's
+    summary, the two-rank runs' summaries by strategy, and the directory they ran in."""
     from common import config as configlib
     from models.asr import network as asr
     from models.asr.task import resolve_asr
@@ -159,65 +147,49 @@ def main(argv: list[str] | None = None) -> int:
         s: run_training(shards, work / f"np2-{s}", 2, config, common, extra_args=["--strategy", s])
         for s in measured_strategies
     }
-    tcalc = one["time_compute_ms"] / 1000
-    ttransmit = measure_transmit(parameters, 5 if args.tiny else 20)
-    tmerge = measure_merge(parameters, 20)
     results = {
         "tiny": args.tiny,
         "parameters": parameters,
-        "tcalc_s": tcalc,
-        "ttransmit_s": ttransmit,
-        "tmerge_s": tmerge,
+        "tcalc_s": one["time_compute_ms"] / 1000,
+        "ttransmit_s": measure_transmit(parameters, 5 if args.tiny else 20),
+        "tmerge_s": measure_merge(parameters, 20),
     }
-    rows = []
+    return results, one, two, work
 
-    def job_rate(summary: dict) -> float:
-        """Frames trained by all ranks over the job's wall-clock from launch to exit."""
-        return sum(r["frames"] for r in summary["per_rank_trained"]) / summary["job_wall_s"]
 
-    for strategy, predict in (("allreduce", speedup_model.speedup_allreduce), ("adpsgd", speedup_model.speedup_gossip)):
+def predict(results: dict, one: dict, two: dict) -> None:
+    """Each strategy's predicted speedups, and the measured ones where it ran on two ranks."""
+    from benchmarks import speedup_theory as speedup_model
+
+    times = (results["tcalc_s"], results["ttransmit_s"], results["tmerge_s"])
+    for strategy, model in (("allreduce", speedup_model.speedup_allreduce), ("adpsgd", speedup_model.speedup_gossip)):
         for n in (1, 2, *WORKERS):
-            results[f"{strategy}_predicted_speedup_n{n}"] = predict(n, tcalc, ttransmit, tmerge)
+            results[f"{strategy}_predicted_speedup_n{n}"] = model(n, *times)
         if strategy in two:
             results[f"{strategy}_measured_speedup_n2"] = two[strategy]["frames_per_s_total"] / one["frames_per_s_total"]
             # What a user waits for: the whole job, start-up of the processes included.
             results[f"{strategy}_job_speedup_n2"] = job_rate(two[strategy]) / job_rate(one)
-        rows.append(
-            [
-                strategy,
-                results[f"{strategy}_predicted_speedup_n1"],
-                results[f"{strategy}_predicted_speedup_n2"],
-                results.get(f"{strategy}_measured_speedup_n2", "not run"),
-                results.get(f"{strategy}_job_speedup_n2", "not run"),
-                *(results[f"{strategy}_predicted_speedup_n{n}"] for n in WORKERS),
-            ]
-        )
-    gpu = results["gpu"] = gpu_projection(parameters)
-    plot = speedup_model.plot_speedup(tcalc, ttransmit, tmerge, work / "speedup_model.png")
-    print(
-        f"Tcalc {tcalc * 1000:.1f} ms, Ttransmit {ttransmit * 1000:.2f} ms ({parameters:,} float32 weights), "
-        f"Tmerge {tmerge * 1000:.2f} ms"
-    )
-    print_table(TABLE, rows)
-    print(
-        f"A GPU cluster: Tcalc {gpu['tcalc_s'] * 1000:.1f} ms (H100, {gpu['step']}), Ttransmit "
-        f"{gpu['ttransmit_s'] * 1000:.2f} ms (a {GPU_ASSUMPTIONS['link_bytes_per_s'] * 8 / 1e9:g} Gb/s link), "
-        f"Tmerge {gpu['tmerge_s'] * 1000:.3f} ms"
-    )
-    print_table(GPU_TABLE, gpu_rows(gpu))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--shards", type=Path)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    from benchmarks import speedup_theory as speedup_model
+
+    results, one, two, work = measure(args)
+    predict(results, one, two)
+    results["gpu"] = gpu_projection(results["parameters"])
+    times = (results["tcalc_s"], results["ttransmit_s"], results["tmerge_s"])
+    plot = speedup_model.plot_speedup(*times, work / "speedup_model.png")
     results["plot"] = plot.name  # logged to MLflow with the numbers
     results["mlflow_run_id"] = log_to_mlflow(results, plot)
-    write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
+    record = write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
+    print("\n".join(report_speed.speedup_model(record)))
     return 0
-
-
-def gpu_rows(gpu: dict) -> list[list]:
-    """The GPU projection's table rows (GPU_TABLE); the research reported AD-PSGD's only."""
-    rows = []
-    for strategy in ("allreduce", "adpsgd"):
-        reported = [gpu["reported_speedup"][str(n)] if strategy == "adpsgd" else "" for n in REPORTED]
-        rows.append([strategy, *(gpu[f"{strategy}_predicted_speedup_n{n}"] for n in WORKERS), *reported])
-    return rows
 
 
 def log_to_mlflow(results: dict, plot: Path) -> str:

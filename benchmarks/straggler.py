@@ -31,18 +31,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report_speed  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     SHORT_RUN_SEEDS,
     asr_setup,
     delay_rounds,
     pick_variants,
-    print_table,
     run_training,
     write_json,
 )
-
-# The table's columns (benchmarks/report.py prints the same ones from the JSON).
-TABLE = ["strategy", "rank 1 speed", "job s alone", "job s slowed", "batches r0/r1", "job ratio", "ideal", "fast rank"]
 
 VARIANTS = {
     "allreduce": ["--strategy", "allreduce"],
@@ -59,7 +56,7 @@ def job_throughput(summary: dict) -> float:
     return frames / summary["job_wall_s"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true")
@@ -69,7 +66,50 @@ def main(argv: list[str] | None = None) -> int:
     # At two ranks the fixed and the random ring are one schedule: one of them runs unless asked.
     default = ",".join(v for v in VARIANTS if v != "fixed-ring")
     parser.add_argument("--variants", default=default, help=f"comma-separated, of {','.join(VARIANTS)}")
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
+
+
+def measure(name: str, flags: list[str], factors: tuple[int, ...], tiny: bool, setup: tuple) -> dict:
+    """Variant `name` undisturbed, then with rank 1 slowed by each factor: its jobs' figures."""
+    work, config, shards, common = setup
+    # The undisturbed job twice, the faster kept: a job slowed by the machine's own noise would
+    # make the straggler look cheaper than it is.
+    runs = [
+        run_training(shards, work / f"{name}-alone{i}", 2, config, common, extra_args=flags)
+        for i in range(1 if tiny else 2)
+    ]
+    alone = max(runs, key=job_throughput)
+    base = job_throughput(alone)
+    results = {f"{name}_job_wall_s_runs": [r["job_wall_s"] for r in runs]}
+    results.update({f"{name}_job_wall_s": alone["job_wall_s"], f"{name}_job_frames_per_s": base})
+    results[f"{name}_per_rank_frames_per_s"] = alone["per_rank_frames_per_s"]
+    results.update({f"{name}_{k}": v for k, v in delay_rounds(alone).items()})
+    for factor in factors:
+        slowed = run_training(
+            shards,
+            work / f"{name}-f{factor}",
+            2,
+            config,
+            common,
+            extra_args=[*flags, "--straggler-rank", "1", "--straggler-factor", str(factor)],
+        )
+        results.update(
+            {
+                f"{name}_job_throughput_ratio_f{factor}": job_throughput(slowed) / base,
+                f"{name}_fast_rank_ratio_f{factor}": slowed["per_rank_frames_per_s"][0]
+                / alone["per_rank_frames_per_s"][0],
+                f"{name}_job_wall_s_f{factor}": slowed["job_wall_s"],
+                f"{name}_per_rank_batches_f{factor}": [r["batches"] for r in slowed["per_rank_trained"]],
+                f"{name}_share_communication_f{factor}": slowed.get("share_communication"),
+                f"{name}_ranks_agree_f{factor}": slowed["ranks_agree"],
+                **{f"{name}_{k}_f{factor}": v for k, v in delay_rounds(slowed).items()},
+            }
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse(argv)
     chosen = pick_variants(parser, args.variants, VARIANTS)
     work, config, shards, common = asr_setup(args, "straggler-", tiny_steps=10)
     epochs = 2 if args.tiny else args.epochs
@@ -84,47 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"fixed-ring": VARIANTS["fixed-ring"]} if args.tiny else chosen
     factors = FACTORS[:1] if args.tiny else FACTORS
     results: dict = {"tiny": args.tiny, "epochs": epochs, "factors": list(factors)}
-    rows = []
     for name, flags in variants.items():
-        # The undisturbed job twice, the faster kept: a job slowed by the machine's own noise would
-        # make the straggler look cheaper than it is.
-        runs = [
-            run_training(shards, work / f"{name}-alone{i}", 2, config, common, extra_args=flags)
-            for i in range(1 if args.tiny else 2)
-        ]
-        alone = max(runs, key=job_throughput)
-        base = job_throughput(alone)
-        results[f"{name}_job_wall_s_runs"] = [r["job_wall_s"] for r in runs]
-        results.update({f"{name}_job_wall_s": alone["job_wall_s"], f"{name}_job_frames_per_s": base})
-        results[f"{name}_per_rank_frames_per_s"] = alone["per_rank_frames_per_s"]
-        results.update({f"{name}_{k}": v for k, v in delay_rounds(alone).items()})
-        for factor in factors:
-            slowed = run_training(
-                shards,
-                work / f"{name}-f{factor}",
-                2,
-                config,
-                common,
-                extra_args=[*flags, "--straggler-rank", "1", "--straggler-factor", str(factor)],
-            )
-            ratio = job_throughput(slowed) / base
-            fast = slowed["per_rank_frames_per_s"][0] / alone["per_rank_frames_per_s"][0]
-            ideal = (1 + 1 / factor) / 2
-            results.update(
-                {
-                    f"{name}_job_throughput_ratio_f{factor}": ratio,
-                    f"{name}_fast_rank_ratio_f{factor}": fast,
-                    f"{name}_job_wall_s_f{factor}": slowed["job_wall_s"],
-                    f"{name}_per_rank_batches_f{factor}": [r["batches"] for r in slowed["per_rank_trained"]],
-                    f"{name}_share_communication_f{factor}": slowed.get("share_communication"),
-                    f"{name}_ranks_agree_f{factor}": slowed["ranks_agree"],
-                    **{f"{name}_{k}_f{factor}": v for k, v in delay_rounds(slowed).items()},
-                }
-            )
-            batches = "/".join(str(r["batches"]) for r in slowed["per_rank_trained"])
-            rows.append([name, f"1/{factor}", alone["job_wall_s"], slowed["job_wall_s"], batches, ratio, ideal, fast])
-    print_table(TABLE, rows)
-    write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
+        results.update(measure(name, flags, factors, args.tiny, (work, config, shards, common)))
+    record = write_json(args.json, results, seeds=SHORT_RUN_SEEDS)
+    print("\n".join(report_speed.straggler(record)))
     return 0
 
 
