@@ -1,10 +1,10 @@
 """The sections of docs/benchmarks.md (benchmarks/report.py) on what runs reached: the demo, the
 strategies' convergence, the injected faults and the time to accuracy, each from its JSON (the
-synthesis model's: benchmarks/report_tts.py)."""
+synthesis model's: benchmarks/report_tts.py). Each benchmark prints its own section's tables with
+these functions."""
 
 from __future__ import annotations
 
-# The benchmarks' own table columns; importing them loads no TensorFlow.
 from benchmarks.report_format import num, pct, table, thousands
 
 # The DAG's tasks in the order they run (the JSON's keys are sorted), by task id prefix.

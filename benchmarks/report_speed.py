@@ -1,12 +1,11 @@
 """The speed benchmarks' sections of docs/benchmarks.md (benchmarks/report.py): input pipeline,
-training throughput, the speedup model, stragglers and serving under load, each a table from its JSON."""
+training throughput, the speedup model, stragglers and serving under load, each a table from its JSON.
+Each benchmark prints its own section's tables with these functions."""
 
 from __future__ import annotations
 
 import re
 
-# The benchmarks' own table columns; importing them loads no TensorFlow.
-import benchmarks.serving
 from benchmarks.report_format import milliseconds, num, pct, table, thousands
 
 # benchmarks/straggler.py's columns, and its variants in the order it runs them
@@ -251,9 +250,14 @@ def straggler(r: dict) -> list[str]:
     return out
 
 
+# benchmarks/serving.py's columns
+SERVING_TABLE = ["setting", "requests", "req/s", "p50 s", "p99 s", "RTF p50", "RTF p99", "failed"]
+
+
 def serving(r: dict) -> list[str]:
+    """benchmarks/serving.py: per server and arm, each load level and the one batch request, then the goals."""
     rows = []
-    arms = {"": "as served"} if not r.get("with_lm") else {"": "beam search + LM", "_greedy": "greedy"}
+    arms = {"": "as served"} if not r["with_lm"] else {"": "beam search + LM", "_greedy": "greedy"}
     for workers in sorted({int(m[1]) for k in r if (m := re.match(r"w(\d+)_", k))}):
         for arm, name in arms.items():
             levels = [v for k, v in r.items() if k.startswith(f"w{workers}_c") and k.endswith(f"_c{v['clients']}{arm}")]
@@ -276,11 +280,10 @@ def serving(r: dict) -> list[str]:
             label = f"{workers} worker(s), 1 request of {b['rows']} rows" + (f", {name}" if len(arms) > 1 else "")
             rows.append([label, 1, "", latency, latency, rtf, rtf, int(not b["ok"])])
     goals = r["goals"]
-    posted = r.get("posted", "base64 WAVs of 3 to 6 s")
-    out = [f"Model: {r['model']}. Clients post {posted} on the server's own machine.", ""]
-    out += table(benchmarks.serving.TABLE, rows)
+    out = [f"Model: {r['model']}. Clients post {r['posted']} on the server's own machine.", ""]
+    out += table(SERVING_TABLE, rows)
     out += [
-        ("As served (with its word LM). " if r.get("with_lm") else "")
+        ("As served (with its word LM). " if r["with_lm"] else "")
         + f"Goals at one worker: real-time factor at one client {num(r['rtf_1_client'], 3)} (goal <= "
         f"{goals['rtf_1_client']}); p99 latency at 4 clients {num(r['p99_s_4_clients'], 2)} s (goal <= "
         f"{goals['p99_s_4_clients']} s); failed requests at 16 clients {r['failed_16_clients']} (goal "

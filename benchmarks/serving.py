@@ -36,8 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import ROOT, machine, print_table, write_json  # noqa: E402
-from common.ports import reserve_port
+from benchmarks import report_speed  # noqa: E402
+from benchmarks.harness import ROOT, write_json  # noqa: E402
+from common.ports import reserve_port  # noqa: E402
 
 GOALS = {"rtf_1_client": 0.05, "p99_s_4_clients": 2.0, "failed_16_clients": 0}
 GOALS_WITH_LM = {**GOALS, "p99_s_4_clients": 1.0}  # a trained model served with its word LM
@@ -76,9 +77,6 @@ def model_dir(path: Path, config_file: Path) -> Path:
     }
     (path / "data.json").write_text(json.dumps(data))
     return path
-
-
-TABLE = ["setting", "requests", "req/s", "p50 s", "p99 s", "RTF p50", "RTF p99", "failed"]
 
 
 def utterances(count: int, low: float, high: float, seed: int = 0) -> list[tuple[float, str]]:
@@ -163,7 +161,7 @@ def load_level(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true", help="a one-layer model, few requests (the test's run)")
@@ -179,28 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         args.model = args.demo_run / "asr" / "model"
         corpus = args.demo_run / "corpus"
         args.audio = corpus / "test_engine" if (corpus / "test_engine" / "wav.scp").is_file() else corpus / "test"
+    return args
 
-    from models.asr import lm
-    from models.serving import mlflow_serve as serve
 
-    work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
-    config_file = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
-    source = args.model or model_dir(work / "model", config_file)
-    with_lm = args.model is not None and lm.attached(args.model) is not None
-    uri, store = serve.log_to_new_store(source, work)
-    levels = (1, 2) if args.tiny else (1, 4, 16)
-    total = 4 if args.tiny else args.requests
+def posted_audio(args) -> tuple[list, list]:
+    """(the utterances the clients post one a request, the rows of the one batch request)."""
     if args.audio:
-        utts = recorded(args.audio, args.max_utterances)
-        batch = recorded(args.audio, min(args.max_utterances, 16), seed=1)
-    else:
-        utts = utterances(4 if args.tiny else 24, 3.0, 6.0)
-        batch = utterances(4 if args.tiny else 16, 3.0, 6.0, seed=1)
-    env = serve.serve_env(dict(os.environ, MLFLOW_TRACKING_URI=store, TF_CPP_MIN_LOG_LEVEL="2"))
-    # A model with its LM: as served (beam search with the LM), then greedy (the request param lm: false).
-    arms = {"": None, "_greedy": {"lm": False}} if with_lm else {"": None}
+        return recorded(args.audio, args.max_utterances), recorded(args.audio, min(args.max_utterances, 16), seed=1)
+    return utterances(4 if args.tiny else 24, 3.0, 6.0), utterances(4 if args.tiny else 16, 3.0, 6.0, seed=1)
 
-    goals = GOALS_WITH_LM if with_lm else GOALS
+
+def described(args, config_file: Path, with_lm: bool, utts: list, arms: dict) -> dict:
+    """What the results file says of the model, the audio posted, the goals and the arms."""
     what = (
         f"the demo run's acoustic model (asr/model, trained{', with its word LM' if with_lm else ''})"
         if args.model
@@ -212,52 +200,66 @@ def main(argv: list[str] | None = None) -> int:
         if args.audio
         else "base64 WAVs of 3 to 6 s"
     )
-    results = {
+    return {
         "model": what,
         "posted": posted,
-        "goals": goals,
+        "goals": GOALS_WITH_LM if with_lm else GOALS,
         "with_lm": with_lm,
         "arms": {k or "served": v for k, v in arms.items()},
     }
-    rows = []
+
+
+def measure_server(url: str, workers: int, loads: tuple, utts: list, batch: list, arms: dict) -> dict:
+    """Every arm of one server at each load level (`loads`: the levels' clients, the requests in all),
+    then one request of the batch's rows."""
+    levels, total = loads
+    for _, audio in utts[: 2 * workers]:  # every worker's first request
+        post(url, [{"audio": audio}])
+    results = {}
+    for arm, params in arms.items():
+        for clients in levels:
+            results[f"w{workers}_c{clients}{arm}"] = load_level(url, clients, max(1, total // clients), utts, params)
+        latency, ok, error = post(url, [{"audio": audio} for _, audio in batch], params=params)
+        seconds = sum(s for s, _ in batch)
+        results[f"w{workers}_batch{arm}"] = {
+            "rows": len(batch),
+            "audio_s": seconds,
+            "latency_s": latency,
+            "ok": ok,
+            "error": error,
+        }
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from models.asr import lm
+    from models.serving import mlflow_serve as serve
+
+    work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    config_file = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
+    source = args.model or model_dir(work / "model", config_file)
+    with_lm = args.model is not None and lm.attached(args.model) is not None
+    uri, store = serve.log_to_new_store(source, work)
+    levels = (1, 2) if args.tiny else (1, 4, 16)
+    total = 4 if args.tiny else args.requests
+    utts, batch = posted_audio(args)
+    env = serve.serve_env(dict(os.environ, MLFLOW_TRACKING_URI=store, TF_CPP_MIN_LOG_LEVEL="2"))
+    # A model with its LM: as served (beam search with the LM), then greedy (the request param lm: false).
+    arms = {"": None, "_greedy": {"lm": False}} if with_lm else {"": None}
+    results = described(args, config_file, with_lm, utts, arms)
     for workers in [int(w) for w in args.workers.split(",")]:
         command = serve.serve_command(uri, reserve_port(), workers=workers)
         with serve.ModelServer(command, env, work, work / f"serve-w{workers}.log") as server:
             url = f"{server.url}/invocations"
-            for _, audio in utts[: 2 * workers]:  # every worker's first request
-                post(url, [{"audio": audio}])
-            for arm, params in arms.items():
-                name = "beam search + LM" if with_lm and not arm else "greedy" if arm else "as served"
-                for clients in levels:
-                    level = load_level(url, clients, max(1, total // clients), utts, params)
-                    results[f"w{workers}_c{clients}{arm}"] = level
-                    rows.append([f"{workers} worker(s), {clients} client(s), {name}", level["requests"], level["requests_per_s"],
-                                 level["p50_s"], level["p99_s"], level["rtf_p50"], level["rtf_p99"], level["failed"]])  # fmt: skip
-                latency, ok, error = post(url, [{"audio": audio} for _, audio in batch], params=params)
-                seconds = sum(s for s, _ in batch)
-                results[f"w{workers}_batch{arm}"] = {
-                    "rows": len(batch),
-                    "audio_s": seconds,
-                    "latency_s": latency,
-                    "ok": ok,
-                    "error": error,
-                }
-                rows.append([f"{workers} worker(s), 1 request of {len(batch)} rows, {name}", 1, 1 / latency, latency, latency,
-                             latency / seconds, latency / seconds, int(not ok)])  # fmt: skip
+            results.update(measure_server(url, workers, (levels, total), utts, batch, arms))
     first = args.workers.split(",")[0]
     results["rtf_1_client"] = results[f"w{first}_c1"]["rtf_p50"]
     results["p99_s_4_clients"] = results.get(f"w{first}_c4", results[f"w{first}_c{levels[-1]}"])["p99_s"]
     results["failed_16_clients"] = results[f"w{first}_c{levels[-1]}"]["failed"]
-    cpu = machine()
-    print(f"{results['model']}; {cpu['cpu_model']}, {cpu['cores']} cores, AVX-512 {cpu['avx512']}")
-    print_table(TABLE, rows)
-    print(
-        f"goals{' (as served, with the LM)' if with_lm else ''}: RTF at 1 client {results['rtf_1_client']:.3f} "
-        f"(<= {goals['rtf_1_client']}), p99 at 4 clients {results['p99_s_4_clients']:.2f} s "
-        f"(<= {goals['p99_s_4_clients']}), failed at 16 clients {results['failed_16_clients']} (== 0)"
-    )
     # the model's initial weights (keras seed 0), the utterances posted (0) and the batch request's (1)
-    write_json(args.json, results, seeds={"model": 0, "utterances": 0, "batch": 1})
+    record = write_json(args.json, results, seeds={"model": 0, "utterances": 0, "batch": 1})
+    print("\n".join(report_speed.serving(record)))
     return 0
 
 
