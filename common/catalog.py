@@ -49,7 +49,7 @@ class ModelEntry:
     # "module:attribute" of its evaluation options' frozen dataclass (TF-free too): models.evaluate's
     # EvalConfig.options, given beside `splits`
     eval_settings: str = ""
-    # the model whose trained copy listens to what this one makes in its evaluation (`--asr-model-dir`;
+    # the model whose trained copy listens to what this one makes in its evaluation (`--asr-model`;
     # the synthesis model's: "asr"); empty: none
     listener: str = ""
     # a rank's own batches may come from the tf.data service (pipeline/data_service.py makes them)
