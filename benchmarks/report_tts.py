@@ -18,46 +18,43 @@ DURATION_ARMS = {
 }
 
 
-def tts_levers(r: dict) -> list[str]:
-    out = [
-        f"Corpus: {r['corpus']}. Listener: {r['judge']}.",
-        "",
-        f"Training: `{r['train_command']}`; evaluation: `{r['eval_command']}`. {r['config_note']}.",
-        "",
-    ]
+# tts_levers.json's columns: one row per run
+LEVER_RUNS_TABLE = [
+    "run",
+    "flags",
+    "steps",
+    "training minutes",
+    "dev CER free-running",
+    "dev CER teacher-forced",
+    "dev CER of the recordings",
+    "mel L1",
+    "fbank cepstral distance (dB)",
+]
 
-    def rows_of(runs: dict) -> list[list]:
-        rows = []
-        for name, run in runs.items():
-            seconds = run.get("training_seconds")
-            rows.append(
-                [
-                    f"`{name}`: {run['what']}" + (f" ({run['note']})" if run.get("note") else ""),
-                    f"`{run['flags']}`" if run["flags"] else "",
-                    run["steps"],
-                    "" if seconds is None else num(seconds / 60, 1),
-                    pct(run["dev_intelligibility_cer"]),
-                    pct(run["dev_intelligibility_cer_teacher_forced"]),
-                    pct(run["dev_intelligibility_cer_recordings"]),
-                    num(run["dev_mel_l1"], 3),
-                    num(run["dev_fbank_cepstral_distance_db"], 2),
-                ]
-            )
-        return rows
 
-    headers = [
-        "run",
-        "flags",
-        "steps",
-        "training minutes",
-        "dev CER free-running",
-        "dev CER teacher-forced",
-        "dev CER of the recordings",
-        "mel L1",
-        "fbank cepstral distance (dB)",
-    ]
-    out += table(headers, rows_of(r["runs"]))
-    a = r["analysis"]
+def lever_runs(runs: dict) -> list[str]:
+    """A table of tts_levers.json's runs: each one's flags, steps, minutes and dev figures."""
+    rows = []
+    for name, run in runs.items():
+        seconds = run.get("training_seconds")
+        rows.append(
+            [
+                f"`{name}`: {run['what']}" + (f" ({run['note']})" if run.get("note") else ""),
+                f"`{run['flags']}`" if run["flags"] else "",
+                run["steps"],
+                "" if seconds is None else num(seconds / 60, 1),
+                pct(run["dev_intelligibility_cer"]),
+                pct(run["dev_intelligibility_cer_teacher_forced"]),
+                pct(run["dev_intelligibility_cer_recordings"]),
+                num(run["dev_mel_l1"], 3),
+                num(run["dev_fbank_cepstral_distance_db"], 2),
+            ]
+        )
+    return table(LEVER_RUNS_TABLE, rows)
+
+
+def reference_points(a: dict) -> list[str]:
+    """tts_levers.json's analysis: the mel L1 of trivial predictions, the attention's drift, the lengths."""
     peak = a["attention_peak_distance_from_straight_line_chars"]
     lengths = a["synthesized_over_recorded_length"]
     rows = [
@@ -79,12 +76,21 @@ def tts_levers(r: dict) -> list[str]:
             " / ".join(str(v) for k, v in lengths.items() if k != "what"),
         ],
     ]
-    out += ["Reference points (dev split):", ""]
-    out += table(["what", "value"], rows)
+    return ["Reference points (dev split):", "", *table(["what", "value"], rows)]
+
+
+def tts_levers(r: dict) -> list[str]:
+    """tts_levers.json: the first synthesis model's levers, the reference points, and the runs on the demo corpus."""
+    out = [
+        f"Corpus: {r['corpus']}. Listener: {r['judge']}.",
+        "",
+        f"Training: `{r['train_command']}`; evaluation: `{r['eval_command']}`. {r['config_note']}.",
+        "",
+    ]
+    out += lever_runs(r["runs"]) + reference_points(r["analysis"])
     demo_runs = r["demo_corpus_runs"]
     out += [f"On the demo's corpus and listener: {demo_runs['what']}.", ""]
-    out += table(headers, rows_of(demo_runs["runs"]))
-    return out
+    return out + lever_runs(demo_runs["runs"])
 
 
 def tts_seeds(r: dict) -> list[str]:
@@ -117,12 +123,8 @@ def tts_seeds(r: dict) -> list[str]:
     out = [
         f"`{r['config']}`{' with ' + ', '.join(r['overrides']) if r['overrides'] else ''}; {r['max_utterances']} "
         f"sentences per split; the listener's own test CER: {pct(r['listener_test_cer']) or 'not measured'}"
-        + (
-            f"; the listener, pinned: {r['listener']['model']} ({r['listener']['weights']}, sha256 "
-            f"{r['listener']['sha256'][:12]})."
-            if r.get("listener")
-            else "."
-        ),
+        f"; the listener, pinned: {r['listener']['model']} ({r['listener']['weights']}, sha256 "
+        f"{r['listener']['sha256'][:12]}).",
         "",
     ]
     return out + table(
@@ -197,7 +199,9 @@ def tts_durations(r: dict) -> list[str]:
     ]
     seeds = ", ".join(str(s) for s in r["training_seeds"])
     mean = ["their mean, each seed's in brackets"] if len(runs) > 1 else []
-    mean += [f"seed {run['training_seed']} is the demo run's own model" for run in runs if run["source"] == "the demo run"]
+    mean += [
+        f"seed {run['training_seed']} is the demo run's own model" for run in runs if run["source"] == "the demo run"
+    ]
     out = [
         f"The demo's synthesis config, training seed{'s' if len(runs) > 1 else ''} {seeds}"
         + (f" ({'; '.join(mean)})" if mean else "")

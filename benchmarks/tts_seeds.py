@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import ROOT, evaluate_model, print_table, run_training, write_json  # noqa: E402
+from benchmarks import report_tts  # noqa: E402
+from benchmarks.harness import ROOT, evaluate_model, run_training, write_json  # noqa: E402
 
 DEMO_TTS = ROOT / "configs/demo_tts.yaml"
 FIGURES = (
@@ -87,7 +88,7 @@ def seed_of_run(run_dir: Path, config: Path, run_config: Path, sets: list[str]) 
     return saved.seed
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo-run", type=Path, required=True, help="a finished demo run's directory")
     parser.add_argument("--json", type=Path)
@@ -106,48 +107,42 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lever", help="a name for this run among the levers (with --levers-json)")
     parser.add_argument("--levers-json", type=Path, help="the file that keeps every lever's run")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def seed_figures(args, seed: int, run_seed: int | None, work: Path, listener: Path, summary: dict) -> dict:
+    """One seed's figures: read from the demo run's `summary` when it is the run's own model, else trained
+    and heard here."""
     run_dir = args.demo_run.resolve()
     shards = run_dir / "shards"
-    listener = (args.listener or run_dir / "asr").resolve()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    seeds = [int(s) for s in args.seeds.split(",")]
-    # Another listener has not heard the run's own model: every seed is trained and heard here.
-    run_seed = seed_of_run(run_dir, args.config, args.run_config, args.set) if args.listener is None else None
-    work = args.work.resolve() if args.work else Path(tempfile.mkdtemp(prefix="tts-seeds-"))
-    work.mkdir(parents=True, exist_ok=True)
-    per_seed: dict[str, dict] = {}
-    for seed in seeds:
-        if seed == run_seed:
-            metrics = summary["models"]["tts"]["metrics"]
-            trained = json.loads((run_dir / "tts" / "train_summary.json").read_text())
-            source = "the demo run"
-        else:
-            workdir = work / f"seed{seed}"
-            trained = run_training(
-                shards,
-                workdir,
-                2,
-                args.config.resolve(),
-                [*args.set, f"seed={seed}"],
-                env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"},
-                timeout=RUN_TIMEOUT_S,
-            )
-            metrics = evaluate(workdir, shards, listener, args.max_utterances)
-            source = "trained here"
-        per_seed[str(seed)] = {
-            **{k: metrics.get(k) for k in FIGURES},
-            "steps": trained["steps"],
-            "source": source,
-        }
-    # A figure the evaluation of a seed lacks (a demo run evaluated before it was measured) is left out.
+    if seed == run_seed:
+        metrics = summary["models"]["tts"]["metrics"]
+        trained = json.loads((run_dir / "tts" / "train_summary.json").read_text())
+        source = "the demo run"
+    else:
+        workdir = work / f"seed{seed}"
+        trained = run_training(
+            shards,
+            workdir,
+            2,
+            args.config.resolve(),
+            [*args.set, f"seed={seed}"],
+            env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"},
+            timeout=RUN_TIMEOUT_S,
+        )
+        metrics = evaluate(workdir, shards, listener, args.max_utterances)
+        source = "trained here"
+    return {**{k: metrics.get(k) for k in FIGURES}, "steps": trained["steps"], "source": source}
+
+
+def seeds_results(args, per_seed: dict, seeds: list[int], listener: Path, summary: dict) -> dict:
+    """The results file: the config, its listener, each seed's figures and their mean and spread."""
+    run_dir = args.demo_run.resolve()
+    # A figure the evaluation of a seed lacks (a demo run's evaluation without it) is left out.
     measured = {k: [s[k] for s in per_seed.values() if s[k] is not None] for k in FIGURES}
-    means = {k: float(np.mean(v)) if len(v) == len(seeds) else None for k, v in measured.items()}
-    spreads = {k: float(np.ptp(v)) if len(v) == len(seeds) else None for k, v in measured.items()}
-    results = {
-        "config": str(args.config.resolve().relative_to(ROOT))
-        if args.config.resolve().is_relative_to(ROOT)
-        else str(args.config),
+    config = args.config.resolve()
+    return {
+        "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(args.config),
         "overrides": args.set,
         "listener_test_cer": summary["models"].get("asr", {}).get("metrics", {}).get("test_cer")
         if args.listener is None
@@ -155,32 +150,25 @@ def main(argv: list[str] | None = None) -> int:
         "listener": pinned(listener, run_dir),
         "max_utterances": args.max_utterances,
         "seeds": per_seed,
-        "mean": means,
-        "spread": spreads,
+        "mean": {k: float(np.mean(v)) if len(v) == len(seeds) else None for k, v in measured.items()},
+        "spread": {k: float(np.ptp(v)) if len(v) == len(seeds) else None for k, v in measured.items()},
     }
-    rows = [
-        [
-            seed,
-            s["dev_intelligibility_cer"],
-            s["test_intelligibility_cer"],
-            s["dev_intelligibility_cer_teacher_forced"],
-            s["steps"],
-            s["source"],
-        ]
-        for seed, s in per_seed.items()
-    ]
-    rows.append(
-        [
-            "mean",
-            means["dev_intelligibility_cer"],
-            means["test_intelligibility_cer"],
-            means["dev_intelligibility_cer_teacher_forced"],
-            "",
-            "",
-        ]
-    )
-    print_table(["seed", "dev CER", "test CER", "dev CER teacher-forced", "steps", "from"], rows)
-    write_json(args.json, results, {"training": seeds, "demo_corpus": 0})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    run_dir = args.demo_run.resolve()
+    listener = (args.listener or run_dir / "asr").resolve()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    seeds = [int(s) for s in args.seeds.split(",")]
+    # Another listener has not heard the run's own model: every seed is trained and heard here.
+    run_seed = seed_of_run(run_dir, args.config, args.run_config, args.set) if args.listener is None else None
+    work = args.work.resolve() if args.work else Path(tempfile.mkdtemp(prefix="tts-seeds-"))
+    work.mkdir(parents=True, exist_ok=True)
+    per_seed = {str(seed): seed_figures(args, seed, run_seed, work, listener, summary) for seed in seeds}
+    results = seeds_results(args, per_seed, seeds, listener, summary)
+    record = write_json(args.json, results, {"training": seeds, "demo_corpus": 0})
+    print("\n".join(report_tts.tts_seeds(record)))
     if args.levers_json:
         keep_lever(args.levers_json, args.lever or "+".join(args.set) or "demo config", results, seeds)
     return 0
