@@ -1,18 +1,19 @@
-"""The two registries: which models the trainer can train and which strategies combine its workers.
+"""The plugin catalog: which models the trainer can train and which strategies combine its workers.
 
 An entry names the module that holds the code ("module:attribute", imported only when a model is
 built or a strategy started) and declares what the layers above need to know without importing
 it: the DAG form's label, the default config, whether the model's evaluation listens to its output
 with an acoustic model, whether its input can come from the tf.data service, whether a strategy
 counts its budget in data or survives lost workers. Nothing here imports TensorFlow, so the DAG
-parser, the plan and the command lines read the same registry as the trainer.
+parser, the plan and the command lines read the same catalog as the trainer. (models/registry.py is
+another thing: the MLflow model registry.)
 
 The code behind an entry implements models/interfaces.py `Task`, `Evaluation`, `Server`, `Strategy`;
 an entry also names the frozen dataclasses of its settings (a model's section of the training
 config and its evaluation options, a strategy's options), in modules without TensorFlow, so a
 run's settings are checked against them before any work starts (workflow/plan.py).
 
-Extensions: every process that reads the registry (training ranks, `models.evaluate`, the pyfunc
+Extensions: every process that reads the catalog (training ranks, `models.evaluate`, the pyfunc
 server, the DAG parser) first imports the modules named in the environment variable
 SPEECHFLOW_EXTENSIONS (comma-separated), which call `register_model` / `register_strategy`. Such a
 module keeps TensorFlow out of its top level (the DAG parser imports it too).
@@ -80,28 +81,24 @@ class StrategyEntry:
 
 _MODELS: dict[str, ModelEntry] = {}
 _STRATEGIES: dict[str, StrategyEntry] = {}
-_LOADED: set[str] = set()
+_IMPORTED_EXTENSIONS: set[str] = set()
 
 
 def register_model(entry: ModelEntry) -> ModelEntry:
+    """Adds a model to the catalog (an extension module calls it at import); ValueError when the entry
+    names no settings or evaluation options dataclass."""
     if not entry.settings or not entry.eval_settings:
         raise ValueError(
             f"model {entry.name!r} ({entry.task}): its ModelEntry names no settings dataclass; a model declares "
-            f"its own: settings='module:Class' (its section of a training config, which replaces the "
-            f"`extension` mapping of the earlier release) and eval_settings='module:Class' (its evaluation "
-            f"options), frozen dataclasses in a module without TensorFlow, as models/asr/config.py"
+            f"its own: settings='module:Class' (its section of a training config) and eval_settings='module:Class' "
+            f"(its evaluation options), frozen dataclasses in a module without TensorFlow, as models/asr/config.py"
         )
     _MODELS[entry.name] = entry
     return entry
 
 
 def register_strategy(entry: StrategyEntry) -> StrategyEntry:
-    if not isinstance(entry.options, str):
-        raise ValueError(
-            f"strategy {entry.name!r}: StrategyEntry.options names its options' frozen dataclass as "
-            f"'module:Class' (given beside strategy.name), not a tuple of StrategyConfig fields as in the "
-            f"earlier release; got {entry.options!r}"
-        )
+    """Adds a strategy to the catalog (an extension module calls it at import)."""
     _STRATEGIES[entry.name] = entry
     return entry
 
@@ -159,8 +156,8 @@ register_strategy(
 def load_extensions() -> None:
     """Imports the modules named in SPEECHFLOW_EXTENSIONS (once each); they register themselves."""
     for name in (n.strip() for n in os.environ.get(EXTENSIONS_ENV, "").split(",")):
-        if name and name not in _LOADED:
-            _LOADED.add(name)
+        if name and name not in _IMPORTED_EXTENSIONS:
+            _IMPORTED_EXTENSIONS.add(name)
             importlib.import_module(name)
 
 

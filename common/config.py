@@ -9,8 +9,6 @@ A registered section (`registered_field`) is a field whose dataclass the config'
 choose: the training config's model section is the chosen model's own settings class, a
 strategy's options the chosen strategy's (common/catalog.py names them). Its keys sit under a key
 of their own (the model's name) or, with no key of their own, beside the config's (`strategy.gossip`).
-A class may rename its keys of an earlier release with a classmethod
-`renamed_keys(values, config) -> values`, which warns.
 
 Nothing here imports TensorFlow or numpy: the DAG's plan checks a run's settings with it.
 """
@@ -24,7 +22,6 @@ import functools
 import json
 import types
 import typing
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,11 +59,6 @@ def fill_registered(config: Any) -> None:
                     f"{type(config).__name__}.{field.name} is a {type(value).__name__}, but the config's "
                     f"other values choose {wanted}"
                 )
-
-
-def moved(old: str, new: str) -> None:
-    """Warns that config key `old` is spelled `new` now (accepted for one release)."""
-    warnings.warn(f"config key {old!r} is now {new!r}; the old name goes in the next release", FutureWarning, 3)
 
 
 def _unknown(key: str, valid: Sequence[str]) -> ValueError:
@@ -144,8 +136,8 @@ def from_dict(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
 
 def _choices(config: T, values: Mapping[str, Any], prefix: str = "") -> T:
     """`config` with the plain values of `values` (not the dataclass sections) applied: the choices,
-    such as `model` or `strategy.name`, that say which class a registered section is and how a key of
-    an earlier release is spelled now. A registered section whose class they change starts anew."""
+    such as `model` or `strategy.name`, that say which class a registered section is. A registered
+    section whose class they change starts anew."""
     hints = _field_types(type(config))
     changes = {}
     for field in dataclasses.fields(config):
@@ -170,41 +162,11 @@ def _choices(config: T, values: Mapping[str, Any], prefix: str = "") -> T:
     return dataclasses.replace(config, **changes)
 
 
-def _probe(config: T, values: Mapping[str, Any]) -> T:
-    """`_choices` of `values` at every depth of plain dataclass sections (`strategy.name` too)."""
-    config = _choices(config, values)
-    changes = {}
-    for field in dataclasses.fields(config):
-        current, given = getattr(config, field.name), values.get(field.name)
-        if RESOLVE not in field.metadata and dataclasses.is_dataclass(current) and isinstance(given, Mapping):
-            changes[field.name] = _probe(current, given)
-    return dataclasses.replace(config, **changes) if changes else config
-
-
-def _renamed(config: Any, values: Mapping[str, Any]) -> dict[str, Any]:
-    """`values` with the keys of an earlier release spelled as now (each class' `renamed_keys`, with
-    its warning), at every depth of plain dataclass sections; `config` holds the final choices."""
-    if hasattr(type(config), "renamed_keys"):
-        values = type(config).renamed_keys(dict(values), config)
-    out = dict(values)
-    for field in dataclasses.fields(config):
-        current = getattr(config, field.name)
-        if (
-            RESOLVE not in field.metadata
-            and dataclasses.is_dataclass(current)
-            and isinstance(out.get(field.name), Mapping)
-        ):
-            out[field.name] = _renamed(current, out[field.name])
-    return out
-
-
 def apply_overrides(config: T, values: Mapping[str, Any], prefix: str = "") -> T:
     """Returns a copy of `config` with `values` (nested mapping) applied; unknown keys raise,
     naming the nearest valid key."""
     config = _choices(config, values, prefix)
     cls = type(config)
-    if hasattr(cls, "renamed_keys"):
-        values = cls.renamed_keys(dict(values), config)
     pending = dict(values)
     hints = _field_types(cls)
     fields = dataclasses.fields(config)
@@ -311,11 +273,8 @@ def load(
     if flags:
         layers.append(_given(flags))
     # One pass over the layers merged: a section's keys are read once the model (or strategy) that
-    # owns them is known, wherever in the layers it was chosen. Each layer's keys of an earlier
-    # release are renamed first, under those final choices, so that a later layer wins whichever
-    # spelling each uses.
-    probe = _probe(config, functools.reduce(_merged, layers, {}))
-    return apply_overrides(config, functools.reduce(_merged, [_renamed(probe, layer) for layer in layers], {}))
+    # owns them is known, wherever in the layers it was chosen.
+    return apply_overrides(config, functools.reduce(_merged, layers, {}))
 
 
 def to_dict(config: Any) -> dict[str, Any]:
