@@ -31,12 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report_recognition  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     NO_COPIES,
     PYTHON,
     ROOT,
     evaluate_model,
-    print_table,
     run_metadata,
     run_training,
     write_json,
@@ -129,6 +129,46 @@ def per_voice(workdir: Path, split: str) -> dict[str, float]:
     return {row[0]: float(row[3]) for row in rows}
 
 
+def arm_settings(arm: str, base_steps: int | None) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The arm's (corpus --set items, copies items, training --set items), its base steps filled in."""
+    corpus_sets, copies, train_sets = ARMS[arm]
+    if "max_steps=BASE" in train_sets:
+        if base_steps is None:
+            raise ValueError(f"arm {arm} trains the base arm's steps: run the base arm first (--arms base,{arm})")
+        # (without a base arm in the JSON: the config's max_steps, which the base arm trains)
+        train_sets = tuple(f"max_steps={base_steps}" if s == "max_steps=BASE" else s for s in train_sets)
+        train_sets = ("epochs=1000", *train_sets)
+    # Every arm's copies are its own: none but those it names, whatever the demo config holds.
+    train_sets = (NO_COPIES, *(f"asr.augment.copies.{item}" for item in copies), *train_sets)
+    return corpus_sets, copies, train_sets
+
+
+def seed_run(arm: str, seed: int, work: Path, shards: Path, train_sets: tuple[str, ...], tiny: bool) -> dict:
+    """One seed of the arm trained (or its finished run read back) and scored on every split, per voice."""
+    config = ROOT / ("tests/configs/tiny_asr.yaml" if tiny else "configs/demo_asr.yaml")
+    workdir = work / f"{arm}-seed{seed}"
+    items = [f"seed={seed}", "log_model=false", *train_sets, *(["max_steps=4"] if tiny else [])]
+    done = finished(workdir, items)
+    if done:  # an interrupted run of the benchmark: this seed's run ended, read it back
+        summary, metrics = done
+        print(f"  {arm} seed {seed}: reusing the finished run in {workdir}")
+    else:
+        summary = run_training(shards, workdir, 2, config, items, timeout=3600)
+        split_args = [a for s in SPLITS for a in ("--split", s)]
+        metrics = evaluate_model(workdir, shards, *split_args)  # eval.json: {split}_cer, {split}_wer, ...
+        (workdir / "run.json").write_text(json.dumps({"items": items, "job_wall_s": summary["job_wall_s"]}) + "\n")
+    return {
+        "seed": seed,
+        "job_minutes": summary["job_wall_s"] / 60 if "job_wall_s" in summary else None,
+        "steps": summary["steps"],
+        **{f"{s}_cer": metrics[f"{s}_cer"] for s in SPLITS},
+        **{f"{s}_wer": metrics[f"{s}_wer"] for s in SPLITS},
+        # the words no training sentence has: their share and CER (open text; none in the grammar's test)
+        **{f"{s}_{k}": metrics[f"{s}_{k}"] for s in SPLITS for k in ("oov_rate", "oov_cer") if f"{s}_{k}" in metrics},
+        "test_engine_voices": per_voice(workdir, "test_engine"),
+    }
+
+
 def measure(
     arm: str,
     work: Path,
@@ -141,52 +181,14 @@ def measure(
 ) -> dict:
     """The arm trained and scored once per seed of `seeds`; with `earlier` (this arm's record of an
     earlier run with the same settings) its other seeds' runs are kept beside them."""
-    corpus_sets, copies, train_sets = ARMS[arm]
-    if "max_steps=BASE" in train_sets:
-        if base_steps is None:
-            raise ValueError(f"arm {arm} trains the base arm's steps: run the base arm first (--arms base,{arm})")
-        # (without a base arm in the JSON: the config's max_steps, which the base arm trains)
-        train_sets = tuple(f"max_steps={base_steps}" if s == "max_steps=BASE" else s for s in train_sets)
-        train_sets = ("epochs=1000", *train_sets)
-    # Every arm's copies are its own: none but those it names, whatever the demo config holds.
-    train_sets = (NO_COPIES, *(f"asr.augment.copies.{item}" for item in copies), *train_sets)
+    corpus_sets, copies, train_sets = arm_settings(arm, base_steps)
     shards, corpus = shards_for(work, corpus_sets, copies, utterances, text)
-    config = ROOT / ("tests/configs/tiny_asr.yaml" if tiny else "configs/demo_asr.yaml")
     runs = []
     for seed in seeds:
-        workdir = work / f"{arm}-seed{seed}"
-        items = [f"seed={seed}", "log_model=false", *train_sets, *(["max_steps=4"] if tiny else [])]
-        done = finished(workdir, items)
-        if done:  # an interrupted run of the benchmark: this seed's run ended, read it back
-            summary, metrics = done
-            print(f"  {arm} seed {seed}: reusing the finished run in {workdir}")
-        else:
-            summary = run_training(shards, workdir, 2, config, items, timeout=3600)
-            split_args = [a for s in SPLITS for a in ("--split", s)]
-            metrics = evaluate_model(workdir, shards, *split_args)  # eval.json: {split}_cer, {split}_wer, ...
-            (workdir / "run.json").write_text(json.dumps({"items": items, "job_wall_s": summary["job_wall_s"]}) + "\n")
-        runs.append(
-            {
-                "seed": seed,
-                "job_minutes": summary["job_wall_s"] / 60 if "job_wall_s" in summary else None,
-                "steps": summary["steps"],
-                **{f"{s}_cer": metrics[f"{s}_cer"] for s in SPLITS},
-                **{f"{s}_wer": metrics[f"{s}_wer"] for s in SPLITS},
-                # the words no training sentence has: their share and CER (open text; none in the grammar's test)
-                **{
-                    f"{s}_{k}": metrics[f"{s}_{k}"]
-                    for s in SPLITS
-                    for k in ("oov_rate", "oov_cer")
-                    if f"{s}_{k}" in metrics
-                },
-                "test_engine_voices": per_voice(workdir, "test_engine"),
-            }
-        )
+        runs.append(seed_run(arm, seed, work, shards, train_sets, tiny))
         print(f"  {arm} seed {seed}: " + ", ".join(f"{s} CER {100 * runs[-1][f'{s}_cer']:.2f}%" for s in SPLITS))
     if earlier and earlier["train_sets"] == list(train_sets) and earlier["corpus_sets"] == list(corpus_sets):
         runs = sorted([r for r in earlier["runs"] if r["seed"] not in seeds] + runs, key=lambda r: r["seed"])
-    mean = {f"{s}_cer": statistics.fmean(r[f"{s}_cer"] for r in runs) for s in SPLITS}
-    spread = {f"{s}_cer": max(r[f"{s}_cer"] for r in runs) - min(r[f"{s}_cer"] for r in runs) for s in SPLITS}
     voices = sorted(runs[0]["test_engine_voices"])
     return {
         # arms of one JSON may come from runs on other days and machines: each records its own
@@ -197,15 +199,15 @@ def measure(
         "natural_share_seconds": corpus.get("natural_share_seconds"),
         "corpus_voices": corpus["voices"],
         "runs": runs,
-        "mean": mean,
-        "spread": spread,
+        "mean": {f"{s}_cer": statistics.fmean(r[f"{s}_cer"] for r in runs) for s in SPLITS},
+        "spread": {f"{s}_cer": max(r[f"{s}_cer"] for r in runs) - min(r[f"{s}_cer"] for r in runs) for s in SPLITS},
         "test_engine_voices_mean": {
             v: statistics.fmean(r["test_engine_voices"].get(v, float("nan")) for r in runs) for v in voices
         },
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", default="base", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--seeds", help="comma-separated training seeds (default 0,1; --tiny: 0)")
@@ -216,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true")
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if unknown := [a for a in arms if a not in ARMS]:
         parser.error(f"unknown arms {unknown}; the arms are {list(ARMS)}")
@@ -229,21 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     if args.json and args.json.exists():  # arms measured earlier stay; an arm run again is replaced
         earlier = json.loads(args.json.read_text())
-        if earlier.get("text", "grammar") != args.text:
-            parser.error(f"{args.json} holds arms on --text {earlier.get('text', 'grammar')}; name another --json")
-        results = earlier.get("arms", {})
+        if earlier["text"] != args.text:
+            parser.error(f"{args.json} holds arms on --text {earlier['text']}; name another --json")
+        results = earlier["arms"]
     for arm in arms:  # the JSON is written as each arm ends
         base_steps = results["base"]["runs"][0]["steps"] if "base" in results else config_steps(args.tiny)
         results[arm] = measure(arm, work, seeds, utterances, args.tiny, base_steps, results.get(arm), args.text)
-        record = {"arms": results, "splits": list(SPLITS), "text": args.text}
-        write_json(args.json, record, {"training": seeds, "corpus": 0})
-    rows = []
-    for arm, r in results.items():
-        rows.append(
-            [arm, r["natural_share_seconds"] or 0.0]
-            + [f"{100 * r['mean'][f'{s}_cer']:.2f}% (±{100 * r['spread'][f'{s}_cer'] / 2:.2f})" for s in SPLITS]
+        record = write_json(
+            args.json, {"arms": results, "splits": list(SPLITS), "text": args.text}, {"training": seeds, "corpus": 0}
         )
-    print_table(["arm", "natural share of seconds", "test CER", "test_engine CER"], rows)
+    render = report_recognition.text_levers if args.text == "open" else report_recognition.voice_levers
+    print("\n".join(render(record)))
     return 0
 
 

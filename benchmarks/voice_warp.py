@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import print_table, write_json  # noqa: E402
+from benchmarks import report_recognition  # noqa: E402
+from benchmarks.harness import write_json  # noqa: E402
 
 WARPS = (0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2)
 
@@ -38,19 +39,13 @@ def voices_of(corpus: Path, split: str) -> dict[str, str]:
     return dict(table.values) if table else {}
 
 
-def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], warps: list[float], limit: int) -> dict:
-    """Per split: each voice's utterances and its greedy CER at each of `warps` (and the split's)."""
-    import tensorflow as tf
-
+def open_listener(model_spec: str, shards_dir: Path):
+    """(model, its config, its data.json, the shards, the evaluation task and config) of an acoustic model."""
     from common import catalog
     from common.runtime import configure_tensorflow
     from models import trained_model
-    from models.asr import network as asr
     from models.asr.config import AsrEvalConfig
-    from models.asr.scoring import error_rates
-    from models.asr.task import AsrTask
-    from models.evaluate import check_vocabulary, split_batches
-    from pipeline import frontend, text
+    from models.evaluate import check_vocabulary
     from pipeline.records import open_shard_set
 
     configure_tensorflow()
@@ -61,48 +56,66 @@ def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], wa
     check_vocabulary(data, shards, model_spec)
     cfg = AsrEvalConfig()
     task = catalog.task_class("asr").create(config, shards, cfg)
+    return model, config, data, shards, task, cfg
+
+
+def heard_at(forward, batches: list, warp: float, voices: dict, vocabulary: list, limit: int) -> dict:
+    """voice -> (references, greedy hypotheses) of the batches' utterances, their mel axis warped by `warp`."""
+    import tensorflow as tf
+
+    from models.asr import network as asr
+    from models.asr.task import AsrTask
+    from pipeline import frontend, text
+
+    pairs = defaultdict(lambda: ([], []))  # voice -> (references, hypotheses)
+    heard = 0
+    for batch in batches:
+        feats = AsrTask.features(batch)  # [B, T, D] normalized as the evaluation reads them
+        if warp != 1.0:
+            feats = frontend.vtlp(feats, (warp, warp), tf.zeros([2], tf.int64))
+        logits, lengths = forward(feats, batch["feat_lengths"])
+        hypotheses = asr.greedy_decode(logits.numpy(), lengths.numpy())
+        tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
+        for i, utt in enumerate(batch["utt_id"].numpy()):
+            if limit and heard >= limit:
+                break
+            utt, heard = utt.decode(), heard + 1
+            # a corpus without utt2voice: the speaker is the id without its number
+            references, hyps = pairs[voices.get(utt, utt.rsplit("-", 1)[0])]
+            references.append("".join(vocabulary[t] for t in tokens[i, : token_lengths[i]]))
+            hyps.append(text.decode(hypotheses[i], vocabulary))
+    return pairs
+
+
+def split_rates(per_warp: list[dict]) -> dict:
+    """A split's voices (their utterances and CER at each warp) and the whole split's CER at each warp."""
+    from models.asr.scoring import error_rates
+
+    names = sorted(per_warp[0])
+    voices = {
+        name: {"utterances": len(per_warp[0][name][0]), "cer": [error_rates(*pairs[name])["cer"] for pairs in per_warp]}
+        for name in names
+    }
+    every = [
+        error_rates([r for name in names for r in pairs[name][0]], [h for name in names for h in pairs[name][1]])["cer"]
+        for pairs in per_warp
+    ]
+    return {"voices": voices, "all": every}
+
+
+def sweep(model_spec: str, shards_dir: Path, corpus: Path, splits: list[str], warps: list[float], limit: int) -> dict:
+    """Per split: each voice's utterances and its greedy CER at each of `warps` (and the split's)."""
+    from models.asr import network as asr
+    from models.evaluate import split_batches
+
+    model, config, data, shards, task, cfg = open_listener(model_spec, shards_dir)
     forward = asr.compiled(model)
-    vocabulary = data["vocabulary"]
     results = {}
     for split in splits:
         voices = voices_of(corpus, split)
         batches = list(split_batches(task, config, shards, split, cfg.frames_per_batch))
-        per_warp = []
-        for warp in warps:
-            pairs = defaultdict(lambda: ([], []))  # voice -> (references, hypotheses)
-            heard = 0
-            for batch in batches:
-                feats = AsrTask.features(batch)  # [B, T, D] normalized as the evaluation reads them
-                if warp != 1.0:
-                    feats = frontend.vtlp(feats, (warp, warp), tf.zeros([2], tf.int64))
-                logits, lengths = forward(feats, batch["feat_lengths"])
-                hypotheses = asr.greedy_decode(logits.numpy(), lengths.numpy())
-                tokens, token_lengths = batch["tokens"].numpy(), batch["token_lengths"].numpy()
-                for i, utt in enumerate(batch["utt_id"].numpy()):
-                    if limit and heard >= limit:
-                        break
-                    utt, heard = utt.decode(), heard + 1
-                    # a corpus without utt2voice: the speaker is the id without its number
-                    references, hyps = pairs[voices.get(utt, utt.rsplit("-", 1)[0])]
-                    references.append("".join(vocabulary[t] for t in tokens[i, : token_lengths[i]]))
-                    hyps.append(text.decode(hypotheses[i], vocabulary))
-            per_warp.append(pairs)
-        names = sorted(per_warp[0])
-        results[split] = {
-            "voices": {
-                name: {
-                    "utterances": len(per_warp[0][name][0]),
-                    "cer": [error_rates(*pairs[name])["cer"] for pairs in per_warp],
-                }
-                for name in names
-            },
-            "all": [
-                error_rates(
-                    [r for name in names for r in pairs[name][0]], [h for name in names for h in pairs[name][1]]
-                )["cer"]
-                for pairs in per_warp
-            ],
-        }
+        per_warp = [heard_at(forward, batches, warp, voices, data["vocabulary"], limit) for warp in warps]
+        results[split] = split_rates(per_warp)
     return {"warps": list(warps), "splits": results, "training_seed": config.seed}
 
 
@@ -127,12 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     results["evaluation_cer"] = {
         split: summary["models"].get("asr", {}).get("metrics", {}).get(f"{split}_cer") for split in splits
     }
-    for split, r in results["splits"].items():
-        rows = [[name, v["utterances"], *v["cer"]] for name, v in r["voices"].items()]
-        rows.append(["all", sum(v["utterances"] for v in r["voices"].values()), *r["all"]])
-        print(f"{split}: greedy CER at each warp")
-        print_table(["voice", "utterances", *map(str, results["warps"])], rows)
-    write_json(args.json, results, {"demo_corpus": 0, "training": results["training_seed"]})
+    record = write_json(args.json, results, {"demo_corpus": 0, "training": results["training_seed"]})
+    print("\n".join(report_recognition.voice_warp(record)))
     return 0
 
 
