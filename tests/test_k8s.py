@@ -1,4 +1,5 @@
-"""Cluster mode without a cluster: what workflow/training_job.py and workflow/pods.py render, the kustomize tree, and the validators.
+"""Cluster mode without a cluster: what workflow/training_job.py and workflow/pods.py render, the kustomize tree,
+and the validators.
 
 The MPIJob checks use the MPI Operator's CRD shipped in k8s/schemas/. The end-to-end run of
 scripts/validate_k8s.sh needs .venv-k8s.
@@ -20,8 +21,9 @@ import pytest
 import yaml
 
 from common import catalog
+from models.serving import mlflow_serve
 from tests.conftest import AIRFLOW_BIN, ROOT
-from workflow import cluster, manifests, mpijob, pods, serve, training_job
+from workflow import cluster, manifests, mpijob, pods, training_job
 
 CRD = ROOT / "k8s" / "schemas" / "mpijobs.kubeflow.org-v0.8.2.yaml"
 VENV_K8S = ROOT / ".venv-k8s"
@@ -598,10 +600,10 @@ def test_model_server_runs_mlflow_serve_outside_the_pipeline_pods():
     pod = deployment["spec"]["template"]
     (c,) = pod["spec"]["containers"]
     port = cluster.SERVING_PORT
-    assert c["command"] == serve.serve_command("models:/speechflow-asr@champion", port, 1, "0.0.0.0", "mlflow")
+    assert c["command"] == mlflow_serve.serve_command("models:/speechflow-asr@champion", port, 1, "0.0.0.0", "mlflow")
     env = env_of(c)
     assert env["SPEECHFLOW_SERVE_MAX_ROWS"] == "8" and env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-    assert env.items() >= serve.SERVER_ENV.items()
+    assert env.items() >= mlflow_serve.SERVER_ENV.items()
     assert (
         c["readinessProbe"]["httpGet"] == {"path": "/ping", "port": "http"} and c["ports"][0]["containerPort"] == port
     )

@@ -39,6 +39,37 @@ def to_yaml_documents(manifests: Sequence[Mapping[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    settings = cluster.load_settings(args.settings, args.set)
+    sys.stdout.write(_render(args, settings, parser))
+    return 0
+
+
+def _render(args: argparse.Namespace, settings: cluster.ClusterSettings, parser: argparse.ArgumentParser) -> str:
+    """The YAML of what `args` ask for (a heading comment before several objects)."""
+    if args.what == "mpijob":
+        rest = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+        return to_yaml(
+            render_mpijob(
+                args.name, rest, args.num_workers, args.gpus_per_worker, settings, min_workers=args.min_workers
+            )
+        )
+    if args.what == "serving":
+        pairs = [item.partition("=") for item in args.serve_setting]
+        if any(not sep for _, sep, _ in pairs):
+            parser.error(f"--serve-setting takes NAME=VALUE, got {args.serve_setting}")
+        objects = render_serving(args.name, args.model_uri, settings, args.replicas, {k: v for k, _, v in pairs})
+        return f"# ask it at http://{args.name}:{cluster.SERVING_PORT}/invocations\n" + to_yaml_documents(objects)
+    if args.what == "data-service":
+        objects = render_data_service(args.name, args.num_workers, settings, args.work_dir)
+        heading = f"# the ranks read from it: models.train ... --data-service {data_service_address(args.name)}\n"
+        return heading + to_yaml_documents(objects)
+    rest = args.stage_args[1:] if args.stage_args[:1] == ["--"] else args.stage_args
+    return to_yaml(render_stage_pod(args.name, args.module, rest, settings, gpus=args.gpus))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m workflow.manifests",
         description="Print the Kubernetes manifests of a training job, a tf.data service or a stage pod "
@@ -53,6 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a ClusterSettings field (repeatable)"
     )
     sub = parser.add_subparsers(dest="what", required=True)
+    _add_mpijob(sub)
+    _add_data_service(sub)
+    _add_stage_pod(sub)
+    _add_serving(sub)
+    return parser
+
+
+def _add_mpijob(sub) -> None:
     job = sub.add_parser("mpijob", help="an MPIJob running `horovodrun ... python -m models.train ARGS`")
     job.add_argument(
         "--name", required=True, help=f"MPIJob name (a DNS label, at most {cluster.MAX_JOB_NAME} characters)"
@@ -66,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(needs k8s/elastic/; adds --elastic to the training arguments)",
     )
     job.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of models.train")
+
+
+def _add_data_service(sub) -> None:
     service = sub.add_parser(
         "data-service", help="a tf.data service (dispatcher Service and Deployment, worker Deployment)"
     )
@@ -78,11 +120,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     service.add_argument(
         "--work-dir", help="dispatcher journal on the data claim, e.g. /data/runs/r1/data-service (fault tolerance)"
     )
+
+
+def _add_stage_pod(sub) -> None:
     pod = sub.add_parser("stage-pod", help="a Pod running `python -m MODULE ARGS`")
     pod.add_argument("--name", required=True, help="Pod name (a DNS label)")
     pod.add_argument("--module", required=True, help="stage module, e.g. pipeline.features or models.evaluate")
     pod.add_argument("--gpus", type=int, default=0, help="GPUs for the pod (default 0)")
     pod.add_argument("stage_args", nargs=argparse.REMAINDER, help="-- then the stage's arguments")
+
+
+def _add_serving(sub) -> None:
     server = sub.add_parser("serving", help="a model server (Service and Deployment running `mlflow models serve`)")
     server.add_argument("--name", required=True, help="name of its Service and Deployment (a DNS label)")
     server.add_argument("--model-uri", required=True, help="the model, e.g. models:/speechflow-asr@champion")
@@ -94,34 +142,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SPEECHFLOW_SERVE_X=VALUE",
         help="a serving limit of docs/serving.md, e.g. SPEECHFLOW_SERVE_MAX_ROWS=16 (repeatable)",
     )
-    args = parser.parse_args(argv)
-
-    settings = cluster.load_settings(args.settings, args.set)
-    if args.what == "mpijob":
-        rest = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-        manifest = render_mpijob(
-            args.name, rest, args.num_workers, args.gpus_per_worker, settings, min_workers=args.min_workers
-        )
-    elif args.what == "serving":
-        pairs = [item.partition("=") for item in args.serve_setting]
-        if any(not sep for _, sep, _ in pairs):
-            parser.error(f"--serve-setting takes NAME=VALUE, got {args.serve_setting}")
-        objects = render_serving(args.name, args.model_uri, settings, args.replicas, {k: v for k, _, v in pairs})
-        sys.stdout.write(f"# ask it at http://{args.name}:{cluster.SERVING_PORT}/invocations\n")
-        sys.stdout.write(to_yaml_documents(objects))
-        return 0
-    elif args.what == "data-service":
-        objects = render_data_service(args.name, args.num_workers, settings, args.work_dir)
-        sys.stdout.write(
-            f"# the ranks read from it: models.train ... --data-service {data_service_address(args.name)}\n"
-        )
-        sys.stdout.write(to_yaml_documents(objects))
-        return 0
-    else:
-        rest = args.stage_args[1:] if args.stage_args[:1] == ["--"] else args.stage_args
-        manifest = render_stage_pod(args.name, args.module, rest, settings, gpus=args.gpus)
-    sys.stdout.write(to_yaml(manifest))
-    return 0
 
 
 if __name__ == "__main__":

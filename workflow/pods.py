@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workflow import cluster, commands, serve
+from workflow import cluster, commands
 from workflow.cluster import ClusterSettings
 
 
@@ -145,6 +145,50 @@ def render_data_service(
     carries the pipeline label, so the NetworkPolicies let the ranks and the service reach each other.
     """
     settings = settings or ClusterSettings()
+    _check_data_service(name, num_workers, work_dir, settings)
+    dispatcher, worker = f"{name}-dispatcher", f"{name}-worker"
+    port, worker_port = cluster.DATA_SERVICE_DISPATCHER_PORT, cluster.DATA_SERVICE_WORKER_PORT
+    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
+    data_volume, data_mount = cluster.data_volume(settings)
+    # The journal is the dispatcher's only write to the claim; the workers only read shards.
+    dispatcher_data = dict(data_mount) if work_dir else {**data_mount, "readOnly": True}
+    extension_mounts = cluster.extension_mounts(settings)
+    dispatcher_container = _data_service_container(
+        "dispatcher",
+        port,
+        commands.dispatcher_args(port, work_dir),
+        cluster.pod_env(settings),
+        (settings.data_service_dispatcher_cpu, settings.data_service_dispatcher_memory),
+        [*scratch_mounts, dispatcher_data, *extension_mounts],
+        settings,
+    )
+    # Kubernetes expands $(POD_IP) in args from the container's env: each worker advertises its own
+    # address without a shell.
+    worker_env = [
+        *cluster.pod_env(settings),
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    worker_container = _data_service_container(
+        "worker",
+        worker_port,
+        commands.worker_args(f"{dispatcher}:{port}", worker_port, f"$(POD_IP):{worker_port}"),
+        worker_env,
+        (settings.data_service_worker_cpu, settings.data_service_worker_memory),
+        [*scratch_mounts, {**data_mount, "readOnly": True}, *extension_mounts],
+        settings,
+    )
+    volumes = [*scratch_volumes, data_volume]
+    return [
+        _dispatcher_service(name, settings),
+        _data_service_deployment(
+            dispatcher, name, "data-service-dispatcher", 1, dispatcher_container, volumes, settings
+        ),
+        _data_service_deployment(worker, name, "data-service-worker", num_workers, worker_container, volumes, settings),
+    ]
+
+
+def _check_data_service(name: str, num_workers: int, work_dir: str | None, settings: ClusterSettings) -> None:
+    """ValueError naming the data service and the argument that does not fit."""
     cluster.check_name(name, cluster.MAX_JOB_NAME)
     if num_workers < 1:
         raise ValueError(f"data service {name}: num_workers must be at least 1, got {num_workers}")
@@ -154,73 +198,51 @@ def render_data_service(
             f"data service {name}: the dispatcher's work_dir {work_dir} must be on the data claim (under {root}) "
             f"to outlive its pod"
         )
-    dispatcher, worker = f"{name}-dispatcher", f"{name}-worker"
-    port, worker_port = cluster.DATA_SERVICE_DISPATCHER_PORT, cluster.DATA_SERVICE_WORKER_PORT
-    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
-    data_volume, data_mount = cluster.data_volume(settings)
-    # The journal is the dispatcher's only write to the claim; the workers only read shards.
-    dispatcher_data = dict(data_mount) if work_dir else {**data_mount, "readOnly": True}
-    extension_mounts = cluster.extension_mounts(settings)
-    command = ["python", "-m", commands.DATA_SERVICE]
 
-    def container(role: str, args: list[str], env: list[dict], cpu: str, memory: str, mounts: list) -> dict:
-        return {
-            "name": role,
-            "image": settings.image,
-            "imagePullPolicy": settings.image_pull_policy,
-            "command": command,
-            "args": args,
-            "env": env,
-            "ports": [{"name": "grpc", "containerPort": port if role == "dispatcher" else worker_port}],
-            **_server_probes(port if role == "dispatcher" else worker_port),
-            "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}},
-            "securityContext": cluster.container_security(),
-            "volumeMounts": mounts,
-        }
 
-    service = {
+def _data_service_container(
+    role: str,
+    port: int,
+    args: list[str],
+    env: list[dict],
+    cpu_memory: tuple[str, str],
+    mounts: list,
+    settings: ClusterSettings,
+) -> dict[str, Any]:
+    """A server of the tf.data service (`role`: dispatcher or worker) answering gRPC on `port`."""
+    cpu, memory = cpu_memory
+    return {
+        "name": role,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python", "-m", commands.DATA_SERVICE],
+        "args": args,
+        "env": env,
+        "ports": [{"name": "grpc", "containerPort": port}],
+        **_server_probes(port),
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}},
+        "securityContext": cluster.container_security(),
+        "volumeMounts": mounts,
+    }
+
+
+def _dispatcher_service(name: str, settings: ClusterSettings) -> dict[str, Any]:
+    """The Service the training ranks and the workers reach the dispatcher of data service `name` by."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": dispatcher,
+            "name": f"{name}-dispatcher",
             "namespace": settings.namespace,
             "labels": cluster.labels("data-service-dispatcher", name),
         },
         "spec": {
             "selector": {cluster.COMPONENT_LABEL: "data-service-dispatcher", cluster.INSTANCE_LABEL: name},
-            "ports": [{"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"}],
+            "ports": [
+                {"name": "grpc", "port": cluster.DATA_SERVICE_DISPATCHER_PORT, "targetPort": "grpc", "protocol": "TCP"}
+            ],
         },
     }
-    dispatcher_container = container(
-        "dispatcher",
-        commands.dispatcher_args(port, work_dir),
-        cluster.pod_env(settings),
-        settings.data_service_dispatcher_cpu,
-        settings.data_service_dispatcher_memory,
-        [*scratch_mounts, dispatcher_data, *extension_mounts],
-    )
-    # Kubernetes expands $(POD_IP) in args from the container's env: each worker advertises its own
-    # address without a shell.
-    worker_env = [
-        *cluster.pod_env(settings),
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-    ]
-    worker_container = container(
-        "worker",
-        commands.worker_args(f"{dispatcher}:{port}", worker_port, f"$(POD_IP):{worker_port}"),
-        worker_env,
-        settings.data_service_worker_cpu,
-        settings.data_service_worker_memory,
-        [*scratch_mounts, {**data_mount, "readOnly": True}, *extension_mounts],
-    )
-    volumes = [*scratch_volumes, data_volume]
-    return [
-        service,
-        _data_service_deployment(
-            dispatcher, name, "data-service-dispatcher", 1, dispatcher_container, volumes, settings
-        ),
-        _data_service_deployment(worker, name, "data-service-worker", num_workers, worker_container, volumes, settings),
-    ]
 
 
 def render_serving(
@@ -232,12 +254,12 @@ def render_serving(
 ) -> list[dict[str, Any]]:
     """A server of a registered model: [Service, Deployment] answering on port SERVING_PORT of `name`.
 
-    Each of `replicas` pods runs `mlflow models serve -m MODEL_URI` (models/serving/mlflow_serve.py's command, one
-    worker) in the training image, which fetches the model from the MLflow server of the settings, e.g.
-    `models:/speechflow-asr@champion`. `serve_settings` are the model's SPEECHFLOW_SERVE_* variables
-    (models/serving/request_policy.py, docs/serving.md). The pods carry no pipeline label, so the training
-    pods do not accept them; the NetworkPolicy `serving` (k8s/base) lets anyone ask them on their port
-    and them reach only MLflow.
+    Each of `replicas` pods runs `mlflow models serve -m MODEL_URI` (models/serving/mlflow_serve.py's
+    command, one worker) in the training image, which fetches the model from the MLflow server of the
+    settings, e.g. `models:/speechflow-asr@champion`. `serve_settings` are the model's SPEECHFLOW_SERVE_*
+    variables (models/serving/request_policy.py, docs/serving.md). The pods carry no pipeline label, so
+    the training pods do not accept them; the NetworkPolicy `serving` (k8s/base) lets anyone ask them on
+    their port and them reach only MLflow.
     """
     settings = settings or ClusterSettings()
     cluster.check_name(name, 63)
@@ -249,7 +271,6 @@ def render_serving(
             raise ValueError(
                 f"model server {name}: {key} is not a serving setting; those are SPEECHFLOW_SERVE_* (docs/serving.md)"
             )
-    port = cluster.SERVING_PORT
     pod_labels = {
         cluster.SERVING_POD_LABEL[0]: cluster.SERVING_POD_LABEL[1],
         cluster.PART_OF_LABEL[0]: cluster.PART_OF_LABEL[1],
@@ -257,31 +278,12 @@ def render_serving(
         cluster.INSTANCE_LABEL: name,
     }
     selector = {cluster.COMPONENT_LABEL: "serving", cluster.INSTANCE_LABEL: name}
-    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
-    extension_mounts = cluster.extension_mounts(settings)
-    env = [
-        *cluster.pod_env(settings),
-        *({"name": k, "value": v} for k, v in {**serve.SERVER_ENV, **serve_settings}.items()),
-    ]
-    ping = {"httpGet": {"path": "/ping", "port": "http"}}
-    resources = {"cpu": settings.serving_cpu, "memory": settings.serving_memory}
-    container = {
-        "name": "server",
-        "image": settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": serve.serve_command(model_uri, port, workers=1, host="0.0.0.0", mlflow="mlflow"),
-        "env": env,
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        # Loading fetches the model and traces its graph: up to 10 minutes before the first /ping.
-        "startupProbe": {**ping, "periodSeconds": 10, "failureThreshold": 60},
-        "readinessProbe": {**ping, "periodSeconds": 10},
-        "livenessProbe": {**ping, "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 4},
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "securityContext": cluster.container_security(),
-        "volumeMounts": [*scratch_mounts, *extension_mounts],
-    }
+    scratch_volumes, _ = cluster.scratch_volumes(settings)
     spec = cluster.common_pod_spec(settings)
-    spec.update(containers=[container], volumes=[*scratch_volumes, *cluster.extension_volumes(settings)])
+    spec.update(
+        containers=[_serving_container(model_uri, serve_settings, settings)],
+        volumes=[*scratch_volumes, *cluster.extension_volumes(settings)],
+    )
     metadata = {"name": name, "namespace": settings.namespace, "labels": pod_labels}
     service = {
         "apiVersion": "v1",
@@ -289,7 +291,7 @@ def render_serving(
         "metadata": dict(metadata),
         "spec": {
             "selector": selector,
-            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": cluster.SERVING_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
     deployment = {
@@ -303,6 +305,37 @@ def render_serving(
         },
     }
     return [service, deployment]
+
+
+def _serving_container(model_uri: str, serve_settings: Mapping[str, str], settings: ClusterSettings) -> dict:
+    """The model server's container: `mlflow models serve` of `model_uri` on SERVING_PORT, probed on /ping."""
+    # Rendered from the repository (`python -m workflow.manifests serving`), never in the Airflow image,
+    # which holds no models/.
+    from models.serving import mlflow_serve
+
+    port = cluster.SERVING_PORT
+    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
+    env = [
+        *cluster.pod_env(settings),
+        *({"name": k, "value": v} for k, v in {**mlflow_serve.SERVER_ENV, **serve_settings}.items()),
+    ]
+    ping = {"httpGet": {"path": "/ping", "port": "http"}}
+    resources = {"cpu": settings.serving_cpu, "memory": settings.serving_memory}
+    return {
+        "name": "server",
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": mlflow_serve.serve_command(model_uri, port, workers=1, host="0.0.0.0", mlflow="mlflow"),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        # Loading fetches the model and traces its graph: up to 10 minutes before the first /ping.
+        "startupProbe": {**ping, "periodSeconds": 10, "failureThreshold": 60},
+        "readinessProbe": {**ping, "periodSeconds": 10},
+        "livenessProbe": {**ping, "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 4},
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": cluster.container_security(),
+        "volumeMounts": [*scratch_mounts, *cluster.extension_mounts(settings)],
+    }
 
 
 def stage_pod_operator_kwargs(pod: Mapping[str, Any]) -> dict[str, Any]:

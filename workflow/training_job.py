@@ -124,39 +124,109 @@ def render_mpijob(
     """
     settings = settings or ClusterSettings()
     gpus = settings.gpus_per_worker if gpus_per_worker is None else gpus_per_worker
+    _check_job(name, num_workers, gpus, min_workers)
+    train_args = _elastic_train_args(name, train_args) if min_workers is not None else list(train_args)
+    return {
+        "apiVersion": cluster.MPIJOB_API_VERSION,
+        "kind": cluster.MPIJOB_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": {cluster.PART_OF_LABEL[0]: cluster.PART_OF_LABEL[1]},
+        },
+        "spec": {
+            "slotsPerWorker": max(gpus, 1),
+            "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "sshAuthMountPath": f"{settings.home}/.ssh",
+            "runPolicy": _run_policy(settings),
+            "mpiReplicaSpecs": _replica_specs(name, train_args, num_workers, gpus, settings, min_workers),
+        },
+    }
+
+
+def _replica_specs(
+    name: str,
+    train_args: list[str],
+    num_workers: int,
+    gpus: int,
+    settings: ClusterSettings,
+    min_workers: int | None,
+) -> dict[str, Any]:
+    """The MPIJob's launcher (one) and its `num_workers` workers."""
+    slots = max(gpus, 1)
+    launcher_spec, launcher_skips = _launcher_spec(name, train_args, num_workers, slots, settings, min_workers)
+    return {
+        "Launcher": {
+            "replicas": 1,
+            "restartPolicy": "Never",
+            "template": {
+                "metadata": {
+                    "labels": cluster.labels("train-launcher"),
+                    "annotations": cluster.skip_annotations(settings, *launcher_skips),
+                },
+                "spec": launcher_spec,
+            },
+        },
+        "Worker": {
+            "replicas": num_workers,
+            # Elastic: a worker whose container died (sshd and the ranks it started, e.g.
+            # killed for memory) comes back in the same pod, and discovery lists it again.
+            "restartPolicy": "OnFailure" if min_workers is not None else "Never",
+            "template": {
+                "metadata": {
+                    "labels": cluster.labels("train-worker"),
+                    "annotations": cluster.skip_annotations(settings),
+                },
+                "spec": _worker_spec(slots, gpus, settings),
+            },
+        },
+    }
+
+
+def _check_job(name: str, num_workers: int, gpus: int, min_workers: int | None) -> None:
+    """ValueError naming the MPIJob and the argument that does not fit."""
     cluster.check_name(name, cluster.MAX_JOB_NAME)
     if num_workers < 1:
         raise ValueError(f"MPIJob {name}: num_workers must be at least 1, got {num_workers}")
     if gpus < 0:
         raise ValueError(f"MPIJob {name}: gpus_per_worker must be 0 (CPU) or more, got {gpus}")
-    elastic = min_workers is not None
-    if elastic and not 1 <= min_workers <= num_workers:
+    if min_workers is not None and not 1 <= min_workers <= num_workers:
         raise ValueError(
             f"MPIJob {name}: min_workers must be between 1 and num_workers ({num_workers}), got {min_workers}"
         )
-    train_args = list(train_args)
-    if elastic:
-        strategy = train_args[train_args.index("--strategy") + 1] if "--strategy" in train_args[:-1] else None
-        if strategy is not None and not catalog.strategy(strategy).supports_elastic:
-            elastic_ones = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
-            raise ValueError(
-                f"MPIJob {name}: Horovod elastic trains with --strategy {elastic_ones} only, got --strategy {strategy}"
-            )
-        if "--elastic" not in train_args:
-            train_args.append("--elastic")
-    slots = max(gpus, 1)
-    num_proc = num_workers * slots
-    ssh_dir = f"{settings.home}/.ssh"
-    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
-    data_volume, data_mount = cluster.data_volume(settings)
-    # The extensions' code, where the ranks import it (their environment is the launcher's, below). The
-    # launcher mounts it too: its PYTHONPATH names the path, and a `python` there finds what the ranks do.
-    extension_mounts = cluster.extension_mounts(settings)
 
+
+def _elastic_train_args(name: str, train_args: Sequence[str]) -> list[str]:
+    """`train_args` with `--elastic`; ValueError when their `--strategy` does not survive lost workers."""
+    train_args = list(train_args)
+    strategy = train_args[train_args.index("--strategy") + 1] if "--strategy" in train_args[:-1] else None
+    if strategy is not None and not catalog.strategy(strategy).supports_elastic:
+        elastic_ones = " or ".join(n for n, e in catalog.strategies().items() if e.supports_elastic)
+        raise ValueError(
+            f"MPIJob {name}: Horovod elastic trains with --strategy {elastic_ones} only, got --strategy {strategy}"
+        )
+    if "--elastic" not in train_args:
+        train_args.append("--elastic")
+    return train_args
+
+
+def _launcher_spec(
+    name: str,
+    train_args: list[str],
+    num_workers: int,
+    slots: int,
+    settings: ClusterSettings,
+    min_workers: int | None,
+) -> tuple[dict[str, Any], list[str]]:
+    """(the launcher's pod spec, the checks its pod skips): horovodrun over the workers' slots, elastic
+    with `min_workers`."""
+    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
     launcher_spec = cluster.common_pod_spec(settings)
     launcher_env = cluster.train_env(settings)
     launcher_skips = [cluster.SKIP_LIVENESS, cluster.SKIP_READINESS]
-    if elastic:
+    num_proc = num_workers * slots
+    if min_workers is not None:
         command = elastic_horovodrun_command(min_workers * slots, num_proc, train_args, settings)
         # What scripts/discover_hosts.sh lists: this job's ready worker pods, each with its slots.
         launcher_env += [
@@ -185,28 +255,38 @@ def render_mpijob(
                     "limits": {"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
                 },
                 "securityContext": cluster.container_security(),
-                "volumeMounts": [*scratch_mounts, *extension_mounts],
+                # The extensions' code, where the ranks import it (their environment is the launcher's). The
+                # launcher mounts it too: its PYTHONPATH names the path, and a `python` there finds what the ranks do.
+                "volumeMounts": [*scratch_mounts, *cluster.extension_mounts(settings)],
             }
         ],
         volumes=[*scratch_volumes, *cluster.extension_volumes(settings)],
     )
+    return launcher_spec, launcher_skips
 
-    worker_resources: dict[str, dict[str, Any]] = {
-        "requests": {
-            "cpu": str(settings.worker_cpu_per_gpu * slots),
-            "memory": f"{settings.worker_memory_gib_per_gpu * slots}Gi",
-        },
-        "limits": {
-            "cpu": str(settings.worker_cpu_per_gpu * slots),
-            "memory": f"{settings.worker_memory_gib_per_gpu * slots}Gi",
-        },
+
+def _worker_resources(slots: int, gpus: int, settings: ClusterSettings) -> dict[str, dict[str, Any]]:
+    """A worker pod's requests and limits: CPU and memory per slot, and its GPUs."""
+    cpu, memory = str(settings.worker_cpu_per_gpu * slots), f"{settings.worker_memory_gib_per_gpu * slots}Gi"
+    resources: dict[str, dict[str, Any]] = {
+        "requests": {"cpu": cpu, "memory": memory},
+        "limits": {"cpu": cpu, "memory": memory},
     }
     if gpus:
-        worker_resources["limits"]["nvidia.com/gpu"] = gpus
+        resources["limits"]["nvidia.com/gpu"] = gpus
+    return resources
+
+
+def _worker_spec(slots: int, gpus: int, settings: ClusterSettings) -> dict[str, Any]:
+    """A worker's pod spec: an unprivileged sshd the launcher starts the ranks through, on a GPU node when
+    it has GPUs, with the data claim and a shared-memory /dev/shm."""
+    scratch_volumes, scratch_mounts = cluster.scratch_volumes(settings)
+    data_volume, data_mount = cluster.data_volume(settings)
     worker_spec = cluster.common_pod_spec(settings)
     if gpus:
         worker_spec["nodeSelector"] = dict(settings.gpu_node_selector)
         worker_spec["tolerations"] = cluster.tolerations(settings)
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{settings.shm_gib_per_gpu * slots}Gi"}}
     worker_spec.update(
         containers=[
             {
@@ -226,26 +306,22 @@ def render_mpijob(
                     "periodSeconds": 30,
                     "failureThreshold": 4,
                 },
-                "resources": worker_resources,
+                "resources": _worker_resources(slots, gpus, settings),
                 "securityContext": cluster.container_security(),
                 "volumeMounts": [
                     *scratch_mounts,
                     data_mount,
                     {"name": "dshm", "mountPath": "/dev/shm"},
-                    *extension_mounts,
+                    *cluster.extension_mounts(settings),
                 ],
             }
         ],
-        volumes=[
-            *scratch_volumes,
-            data_volume,
-            {
-                "name": "dshm",
-                "emptyDir": {"medium": "Memory", "sizeLimit": f"{settings.shm_gib_per_gpu * slots}Gi"},
-            },
-        ],
+        volumes=[*scratch_volumes, data_volume, shm],
     )
+    return worker_spec
 
+
+def _run_policy(settings: ClusterSettings) -> dict[str, Any]:
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "Running",  # idle workers (and their GPUs) go as soon as the launcher ends
         "backoffLimit": settings.backoff_limit,
@@ -253,45 +329,4 @@ def render_mpijob(
     }
     if settings.active_deadline_s:
         run_policy["activeDeadlineSeconds"] = settings.active_deadline_s
-    return {
-        "apiVersion": cluster.MPIJOB_API_VERSION,
-        "kind": cluster.MPIJOB_KIND,
-        "metadata": {
-            "name": name,
-            "namespace": settings.namespace,
-            "labels": {cluster.PART_OF_LABEL[0]: cluster.PART_OF_LABEL[1]},
-        },
-        "spec": {
-            "slotsPerWorker": slots,
-            "mpiImplementation": "OpenMPI",
-            "launcherCreationPolicy": "WaitForWorkersReady",
-            "sshAuthMountPath": ssh_dir,
-            "runPolicy": run_policy,
-            "mpiReplicaSpecs": {
-                "Launcher": {
-                    "replicas": 1,
-                    "restartPolicy": "Never",
-                    "template": {
-                        "metadata": {
-                            "labels": cluster.labels("train-launcher"),
-                            "annotations": cluster.skip_annotations(settings, *launcher_skips),
-                        },
-                        "spec": launcher_spec,
-                    },
-                },
-                "Worker": {
-                    "replicas": num_workers,
-                    # Elastic: a worker whose container died (sshd and the ranks it started, e.g.
-                    # killed for memory) comes back in the same pod, and discovery lists it again.
-                    "restartPolicy": "OnFailure" if elastic else "Never",
-                    "template": {
-                        "metadata": {
-                            "labels": cluster.labels("train-worker"),
-                            "annotations": cluster.skip_annotations(settings),
-                        },
-                        "spec": worker_spec,
-                    },
-                },
-            },
-        },
-    }
+    return run_policy
