@@ -39,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import machine, print_table, shown_path, write_json  # noqa: E402
-from benchmarks.report_format import pct  # noqa: E402
+from benchmarks import report_recognition  # noqa: E402
+from benchmarks.harness import shown_path, write_json  # noqa: E402
 from common import fsutil  # noqa: E402
 from common.parallel import worker_pool  # noqa: E402
 from common.progress import progress  # noqa: E402
@@ -316,40 +316,55 @@ def guard(name: str, result: dict) -> dict | None:
     return {**GUARD, "cer": cer, "within": abs(cer - GUARD["target"]) <= GUARD["tolerance"]}
 
 
-def tables(results: dict) -> None:
-    """Prints the splits' table and, where splits have voices, the voices' table."""
-    headers = ["split", "utterances", "CER pocketsphinx", "WER pocketsphinx", "CER ours", "WER ours", "ours from"]
-    rows, voice_rows = [], []
-    for name, r in results["splits"].items():
-        ours = r.get("ours") or {}
-        mine = ours.get("all", {})
-        ours_from = {"hypotheses": "same utterances", "metrics": "whole split"}.get(ours.get("from"), "")
-        rows.append([name, r["utterances"], pct(r[RECOGNIZER]["all"]["cer"]), pct(r[RECOGNIZER]["all"]["wer"]),
-                     pct(mine.get("cer")), pct(mine.get("wer")), ours_from])  # fmt: skip
-        for voice, rates in r[RECOGNIZER]["voices"].items():
-            theirs = ours.get("voices", {}).get(voice, {})
-            voice_rows.append([name, voice, rates["utterances"], pct(rates["cer"]), pct(rates["wer"]),
-                               pct(theirs.get("cer")), pct(theirs.get("wer"))])  # fmt: skip
-    print_table(headers, rows)
-    if voice_rows:
-        print()
-        # ours per voice only from an evaluation's hypotheses
-        keep = len(headers) - 1 if any(row[-1] for row in voice_rows) else len(headers) - 3
-        print_table(["split", "voice", *headers[1:keep]], [row[: keep + 1] for row in voice_rows])
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, action="append", required=True, metavar="DIR",
-                        help="a Kaldi data split (wav.scp, text, utt2spk; utt2voice: per voice too); repeat for more")  # fmt: skip
-    parser.add_argument("--ours", type=Path, metavar="RUN_OR_EVAL_FILE",
-                        help="our model's evaluation: a training workdir, a pipeline run directory, or their JSON")  # fmt: skip
+    parser.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="a Kaldi data split (wav.scp, text, utt2spk; utt2voice: per voice too); repeat for more",
+    )
+    parser.add_argument(
+        "--ours",
+        type=Path,
+        metavar="RUN_OR_EVAL_FILE",
+        help="our model's evaluation: a training workdir, a pipeline run directory, or their JSON",
+    )
     parser.add_argument("--limit", type=int, help="decode this many utterances of each split, spread over it")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="decoding processes (default: the CPUs)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         parser.error("--limit: at least 1")
+    return parser, args
+
+
+def split_result(split, jobs: int, ours: dict | None) -> dict:
+    """One split decoded by pocketsphinx and scored, beside ours, and its guard."""
+    started = time.perf_counter()
+    decoded = decode_split(split, jobs)
+    wall = time.perf_counter() - started
+    audio_s, cpu_s = sum(d[1] for d in decoded.values()), sum(d[2] for d in decoded.values())
+    result = {
+        "utterances": len(decoded),
+        "limited": len(decoded) < split.total,
+        "corpus": corpus_record(split.data_dir),
+        "audio_s": audio_s,
+        "decode_cpu_s": cpu_s,
+        "real_time_factor": cpu_s / max(audio_s, 1e-9),  # CPU seconds per second of audio, one process
+        "wall_s": wall,
+        "jobs": jobs,
+        RECOGNIZER: score(split.references, {u: d[0] for u, d in decoded.items()}, split.voices),
+        "ours": ours_on(split, ours, sorted(decoded)) if ours else None,
+    }
+    result["guard"] = guard(split.name, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse(argv)
     try:
         import pocketsphinx  # noqa: F401
     except ModuleNotFoundError:
@@ -362,43 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--data: two splits of one name ({', '.join(names)}); the tables and --ours key them by name")
     ours = read_ours(args.ours, names) if args.ours else None
     results: dict = {"recognizer": recognizer_record(), "ours": shown_path(str(args.ours)) if ours else None}
-    results["splits"] = {}
-    for split in splits:
-        started = time.perf_counter()
-        decoded = decode_split(split, args.jobs)
-        wall = time.perf_counter() - started
-        audio_s, cpu_s = sum(d[1] for d in decoded.values()), sum(d[2] for d in decoded.values())
-        result = {
-            "utterances": len(decoded),
-            "limited": len(decoded) < split.total,
-            "corpus": corpus_record(split.data_dir),
-            "audio_s": audio_s,
-            "decode_cpu_s": cpu_s,
-            "real_time_factor": cpu_s / max(audio_s, 1e-9),  # CPU seconds per second of audio, one process
-            "wall_s": wall,
-            "jobs": args.jobs,
-            RECOGNIZER: score(split.references, {u: d[0] for u, d in decoded.items()}, split.voices),
-            "ours": ours_on(split, ours, sorted(decoded)) if ours else None,
-        }
-        result["guard"] = guard(split.name, result)
-        results["splits"][split.name] = result
-
-    rec = results["recognizer"]
-    cpu = machine()
-    print(f"{RECOGNIZER} {rec['version']} ({rec['acoustic_model']}, {rec['language_model']}, {rec['dictionary']}: "
-          f"as it ships); {cpu['cpu_model']}, {cpu['cores']} cores")  # fmt: skip
-    tables(results)
-    for name, r in results["splits"].items():
-        print(
-            f"{name}: {r['audio_s']:.0f} s of audio, real-time factor {r['real_time_factor']:.2f} (CPU time of one process)"
-        )
-        if r["guard"]:
-            g = r["guard"]
-            verdict = "within" if g["within"] else "OUTSIDE"
-            print(f"guard: {name} CER {pct(g['cer'])}, {verdict} {pct(g['target'])} +- {pct(g['tolerance'])}")
+    results["splits"] = {split.name: split_result(split, args.jobs, ours) for split in splits}
     # Decoding draws nothing at random; the demo corpus' seed made what it heard.
     seeds = {r["corpus"]["seed"] for r in results["splits"].values() if r["corpus"]}
-    write_json(args.json, results, seeds={"demo_corpus": seeds.pop()} if len(seeds) == 1 else {})
+    record = write_json(args.json, results, seeds={"demo_corpus": seeds.pop()} if len(seeds) == 1 else {})
+    print("\n".join(report_recognition.reference_asr(record)))
     return 0
 
 
