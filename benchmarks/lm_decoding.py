@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import NO_COPIES, PYTHON, ROOT, print_table, run_training, synthetic_shards, write_json  # noqa: E402
+from benchmarks import report_recognition  # noqa: E402
+from benchmarks.harness import NO_COPIES, PYTHON, ROOT, run_training, synthetic_shards, write_json  # noqa: E402
 
 SPLITS = ("dev", "test", "test_noisy", "test_engine")
 FIGURES = ("cer", "wer", "cer_beam", "wer_beam", "cer_lm", "wer_lm", "oov_rate", "lm_oov_rate", "lm_3gram_hit")
@@ -143,21 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.texts.split(","):
         for order in (int(o) for o in args.orders.split(",")):
             conditions[f"{name}_o{order}"] = condition(name, sources[name], order, asr, shards, work, splits, grid)
-    rows = []
-    for key, c in conditions.items():
-        for split, f in c["splits"].items():
-            rows.append([
-                key, split, f["cer"], f["cer_beam"], f["cer_lm"], f["wer"], f["wer_beam"], f["wer_lm"],
-                f["wer_lm_over_beam"], f["lm_oov_rate"], f["lm_3gram_hit"],
-            ])  # fmt: skip
-    print_table(
-        ["LM", "split", "CER greedy", "CER beam", "CER beam+LM", "WER greedy", "WER beam", "WER beam+LM",
-         "WER LM/beam", "LM OOV", "3-gram hit"],
-        rows,
-    )  # fmt: skip
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     results = {"demo_run": summary.get("dag_run_id"), "splits": splits, "conditions": conditions}
-    write_json(args.json, results, {"demo_corpus": 0, "training": [0]})
+    record = write_json(args.json, results, {"demo_corpus": 0, "training": [0]})
+    print("\n".join(report_recognition.lm_decoding(record)))
     return 0
 
 

@@ -38,11 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report_recognition  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     NO_COPIES,
     PYTHON,
     ROOT,
-    print_table,
     run_training,
     synthetic_shards,
     write_json,
@@ -236,18 +236,6 @@ def decoders(run_dir: Path) -> dict:
     }
 
 
-def table_rows(arms: dict, splits: list[str]) -> list[list]:
-    """The printed table: per arm and split, the seeds' means ("" where an arm has no such figure)."""
-    rows = []
-    for arm, record in arms.items():
-        greedy = "cer" if arm == "chars" else "per"
-        for split in splits:
-            f = record["mean"][split]
-            cells = [f[greedy], f.get("wer"), f["wer_lm"], f["cer_lm"], f["lm_oov_rate"]]
-            rows.append([arm, split, *("" if c is None else c for c in cells)])
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo-run", type=Path, help="a finished demo run's directory")
@@ -272,8 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     recipe = recipe_of(args.tiny, run_dir)
     splits = [s for s in SPLITS if s in open_shard_set(run_dir / "shards").splits]
     arms = {arm: arm_runs(arm, seeds, recipe, run_dir, work, splits) for arm in ARMS}
-    headers = ["arm", "split", "greedy CER / PER", "greedy WER", "WER through LM", "CER through LM", "LM OOV"]
-    print_table(headers, table_rows(arms, splits))
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     results = {
         "demo_run": summary.get("dag_run_id"),
@@ -286,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         "arms": arms,
         **decoders(run_dir),
     }
-    write_json(args.json, results, {"training": seeds, "synthetic_shards" if args.tiny else "demo_corpus": 0})
+    record = write_json(args.json, results, {"training": seeds, "synthetic_shards" if args.tiny else "demo_corpus": 0})
+    print("\n".join(report_recognition.targets(record)))
     return 0
 
 

@@ -32,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report_runs  # noqa: E402
 from benchmarks.convergence import demo_shards, first_below  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     ROOT,
     dev_curve_from_launch,
     evaluate_model,
-    print_table,
     run_training,
     synthetic_shards,
     write_json,
@@ -45,7 +45,6 @@ from benchmarks.harness import (  # noqa: E402
 
 BEFORE = ROOT / "benchmarks/configs/demo_asr_keras_path.yaml"
 AFTER = ROOT / "configs/demo_asr.yaml"
-TABLE = ["arm", "seed", "config", "steps", "job minutes", "final dev CER", "test CER", "test_engine CER"]
 RUN_TIMEOUT_S = 2 * 3600  # an arm of the demo's config takes about 20 minutes on a 2-core CPU
 
 
@@ -209,17 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     arms = {name: ran[name] for name in plan if name in ran}
     results: dict = {"tiny": args.tiny, "workers": 2, "targets": targets, "arms": arms}
-    rows = []
-    for name, arm in arms.items():
-        for run in [*arm["runs"], {**arm, "seed": "mean"}] if len(arm["runs"]) > 1 else arm["runs"]:
-            rows.append(
-                [name, run["seed"], arm["config"], run["steps"], run["job_minutes"], run["final_dev_cer"]]
-                + [run["test_cer"], run["test_engine_cer"] if run["test_engine_cer"] is not None else "-"]
-                + [run[f"minutes_to_{t:g}"] or "never" for t in targets]
-            )
-    print_table([*TABLE, *(f"minutes to dev CER {t:.1%}" for t in targets)], rows)
     seeds = {"training": args.seeds, "demo_corpus" if not args.tiny else "synthetic_shards": 0}
-    write_json(args.json, results, seeds)
+    record = write_json(args.json, results, seeds)
+    print("\n".join(report_runs.time_to_accuracy(record)))
     if args.json:
         print("plot:", plot(arms, targets, args.json.with_suffix(".png")))
     return 0

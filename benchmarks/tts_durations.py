@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import print_table, write_json  # noqa: E402
-from benchmarks.report_tts import DURATION_ARMS  # noqa: E402
+from benchmarks import report_tts  # noqa: E402
+from benchmarks.harness import write_json  # noqa: E402
 
 
 def diagnose(model_spec: str, shards_dir: Path, listener, split: str, max_utterances: int) -> dict:
@@ -113,19 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run)
     results = combine(runs)
     results["listener_test_cer"] = summary["models"].get("asr", {}).get("metrics", {}).get("test_cer")
-    each = [f"seed {s}" for s in results["training_seeds"]]
-    print_table(
-        ["arm", f"{args.split} CER, mean", *each, f"{args.split} WER, mean", "what"],
-        [
-            [name, r["cer"], *[run["arms"][name]["cer"] for run in runs], r["wer"], DURATION_ARMS.get(name, "")]
-            for name, r in results["arms"].items()
-        ],
-    )
-    print_table(
-        ["predicted against searched durations", "mean", *each],
-        [[k, v, *[run["durations"][k] for run in runs]] for k, v in results["durations"].items()],
-    )
-    write_json(args.json, results, {"demo_corpus": 0, "training": results["training_seeds"]})
+    record = write_json(args.json, results, {"demo_corpus": 0, "training": results["training_seeds"]})
+    print("\n".join(report_tts.tts_durations(record)))
     return 0
 
 
