@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import NO_COPIES, PYTHON, ROOT, machine, print_table, synthetic_shards, write_json  # noqa: E402
+from benchmarks import report_runs  # noqa: E402
+from benchmarks.harness import NO_COPIES, PYTHON, ROOT, machine, synthetic_shards, write_json  # noqa: E402
 
 CONFIGS = {"asr": ROOT / "configs/demo_asr.yaml", "tts": ROOT / "configs/demo_tts.yaml"}
 TINY_CONFIGS = {"asr": ROOT / "tests/configs/tiny_asr.yaml", "tts": ROOT / "tests/configs/tiny_tts.yaml"}
@@ -192,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", type=Path, help="a calibration of this machine to use instead of measuring")
     args = parser.parse_args(argv)
     here = json.loads(args.calibration.read_text()) if args.calibration else calibrate(args.tiny)
-    rows = [[key.removesuffix("_s").replace("_", " "), here[key]] for key in here if key.endswith("_s")]
-    print_table(["measure", "seconds"], [*rows, ["calibration, in all", here["seconds"]]])
+    print("\n".join(report_runs.calibration(here)))
     write_json(args.json, here, {"synthetic_shards": 0, "training": 0})
     if args.estimate:
         record = json.loads(args.estimate.read_text())

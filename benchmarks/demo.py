@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import calibrate  # noqa: E402
-from benchmarks.harness import ROOT, print_table, write_json  # noqa: E402
+from benchmarks import calibrate, report_runs  # noqa: E402
+from benchmarks.harness import ROOT, write_json  # noqa: E402
 
 AIRFLOW = ROOT / ".venv-airflow" / "bin" / "airflow"
 DAG_ID = "speech_pipeline"
@@ -134,9 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         results["estimated_minutes"] = estimated
     results.update(collect(run_dir))
     print(proc.stdout[proc.stdout.rfind("speech_pipeline succeeded") :])
-    rows = [[task, minutes] for task, minutes in results["task_minutes"].items()]
-    print_table(["task", "minutes"], [*rows, ["scripts/demo.sh, launch to exit", wall / 60]])
-    write_json(args.json, results, {"demo_corpus": 0, "training": training_seed(results["params"])})
+    record = write_json(args.json, results, {"demo_corpus": 0, "training": training_seed(results["params"])})
+    print("\n".join(report_runs.demo(record)))
     print(f"run directory: {run_dir}")
     return 0
 

@@ -41,27 +41,34 @@ HALF_SPEED_TABLE = [
 CONVERGENCE_VARIANTS = ("allreduce", "delay-by-one", "fixed-ring", "random-ring", "hierarchical")
 
 
-def demo_calibration(r: dict) -> list[str]:
-    """The calibration taken before the run (benchmarks/calibrate.py), and what the run before it predicted."""
-    c = r.get("calibration")
-    if not c:
-        return []
+def calibration(c: dict, extra: list[list[str]] | None = None) -> list[str]:
+    """benchmarks/calibrate.py's record: each model's seconds a step, the probe's, the whole calibration's;
+    then the rows `extra`."""
     rows = [
         ["acoustic model, seconds per step", num(c["asr_step_s"], 3)],
         ["synthesis model, seconds per step", num(c["tts_step_s"], 3)],
         ["one core's probe, seconds", num(c["probe_s"], 3)],
         ["the calibration, launch to end, seconds", num(c["seconds"], 1)],
     ]
+    return table(["calibration", "value"], rows + (extra or []))
+
+
+def demo_calibration(r: dict) -> list[str]:
+    """The calibration taken before the run (benchmarks/calibrate.py), and what the run before it predicted."""
+    c = r.get("calibration")
+    if not c:
+        return []
+    extra = []
     if r.get("estimated_minutes"):
         e = r["estimated_minutes"]
         there = e["from"]["machine"] or {}
-        rows.append(
+        extra.append(
             [f"the estimate from the run before (a {there.get('cpu_model', 'CPU')}), minutes", num(e["minutes"], 1)]
         )
     return [
         "The calibration before the run (what the demo scales a measured run's minutes by):",
         "",
-        *table(["calibration", "value"], rows),
+        *calibration(c, extra),
     ]
 
 
