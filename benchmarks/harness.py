@@ -138,17 +138,6 @@ def evaluate_model(workdir: Path, shards: Path, *args: str) -> dict:
     return json.loads((workdir / "eval.json").read_text())
 
 
-def print_table(headers: list[str], rows: list[list]) -> None:
-    cells = [[str(h) for h in headers]] + [
-        [c if isinstance(c, str) else f"{c:,.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows
-    ]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for i, row in enumerate(cells):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def pick_variants(parser, value: str, known: dict, first: str | None = None) -> dict:
     """The `--variants` a,b,c of `known` (name -> flags), in that order; a clear error otherwise."""
     names = value.split(",")

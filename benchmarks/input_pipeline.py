@@ -34,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import report_speed  # noqa: E402
 from benchmarks.harness import write_json  # noqa: E402
 from pipeline import dataset, records, shards  # noqa: E402
 
@@ -236,38 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     results["frames_per_s_per_core"] = results["tfdata_frames_per_s"] / max(1, results["cores"])
     results["gpu_b1024_cores_needed"] = GPU_B1024_FRAMES_PER_S / results["frames_per_s_per_core"]
-    print_table(results)
-    write_json(args.json, results, seeds={"corpora": 0})
+    record = write_json(args.json, results, seeds={"corpora": 0})
+    print("\n".join(report_speed.input_pipeline(record)))
     return 0
-
-
-def print_table(r: dict) -> None:
-    rows = [
-        ("steady-state throughput, one GPU's batches (frames/s)", r["baseline_frames_per_s"], r["tfdata_frames_per_s"]),
-        (
-            f"first batch, {r['demo_frames']:,} frames (s)",
-            r["demo_baseline_first_batch_s"],
-            r["demo_tfdata_first_batch_s"],
-        ),
-        (f"first batch, {r['large_frames']:,} frames (s)", r["baseline_first_batch_s"], r["tfdata_first_batch_s"]),
-    ]
-    for name, (budget, _, step) in r["consumers"].items():
-        rows.append(
-            (
-                f"utilization: {name} ({budget:,} frames / {step * 1000:g} ms)",
-                r[f"baseline_{name}_utilization"],
-                r[f"tfdata_{name}_utilization"],
-            )
-        )
-    width = max(len(row[0]) for row in rows)
-    print(f"{'':{width}}  {'seed-style':>12}  {'tf.data':>12}")
-    for label, base, ours in rows:
-        fmt = (lambda v: f"{v:,.0f}") if "frames/s" in label else (lambda v: f"{v:.3f}")
-        print(f"{label:{width}}  {fmt(base):>12}  {fmt(ours):>12}")
-    print(
-        f"tf.data per core: {r['frames_per_s_per_core']:,.0f} frames/s; one GPU at batch 1024 (bf16) eats "
-        f"{GPU_B1024_FRAMES_PER_S:,.0f}: about {r['gpu_b1024_cores_needed']:.1f} such cores (or data-service workers)"
-    )
 
 
 if __name__ == "__main__":
