@@ -206,7 +206,8 @@ def dag_info(tmp_path_factory):
             "dag_ids": sorted(bag.dag_ids),
             "heavy_imports": sorted(m for m in ("tensorflow", "mlflow", "horovod", "keras") if m in sys.modules),
             "schedule": type(dag.timetable).__name__, "doc": bool(dag.doc_md),
-            "tasks": {{t.task_id: {{"upstream": sorted(t.upstream_task_ids), "trigger_rule": getattr(t.trigger_rule, "value", t.trigger_rule),
+            "tasks": {{t.task_id: {{"upstream": sorted(t.upstream_task_ids),
+                                   "trigger_rule": getattr(t.trigger_rule, "value", t.trigger_rule),
                                    "setup": t.is_setup, "teardown": t.is_teardown, "retries": t.retries,
                                    "outlets": [o.name for o in t.outlets]}} for t in dag.tasks}},
             "params": {{k: {{"value": p.value, "description": p.description, "schema": p.schema}}
@@ -344,7 +345,14 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         ({"train_overrides": ["strategy.gosip=random-ring"]}, "unknown config key 'strategy.gosip'"),
         ({"strategy": "adpsgd", "train_overrides": ["strategy.gossip=ring"]}, "fixed-ring, random-ring"),
         ({"strategy": "adpsgd", "train_overrides": ["strategy.gosip=random-ring"]}, "did you mean 'strategy.gossip'"),
-        ({"strategy": "sgd"}, "strategy"),
+        ({"strategy": "sgd"}, "strategy: 'sgd' is neither 'allreduce' nor 'adpsgd'"),
+        # The form's rules (workflow/form.py), which the trigger form checks too.
+        ({"num_workers": 0}, "num_workers must be at least 1, got 0"),
+        ({"demo_utterances": 5}, "demo_utterances must be at least 20"),
+        ({"epochs": 0}, "epochs must be at least 1"),
+        ({"max_steps": "ten"}, "max_steps: expected an integer, got 'ten'"),
+        ({"experiment": ""}, "experiment must have at least 1 character"),
+        ({"models": ["asr", "asr"]}, "models: each item at most once"),
         (
             {"word_lm": False, "train_overrides": ["asr.targets=phones"]},
             "word_lm is off, but asr.targets: phones: a phone model spells words only through its decoding graph",
@@ -383,10 +391,11 @@ def test_command_lines_of_the_stages(tmp_path):
     assert cmd[6:9] == [plan.python, "-m", "models.train"]
     allreduce = make_plan({**DEFAULTS, **TINY}, "speech_pipeline", "r")
     assert "--epochs" not in commands.plan_train_args(allreduce, "tts", "p")
-    # The param of an earlier release becomes the override, with a warning.
-    with pytest.warns(FutureWarning, match="strategy.gossip=delay-by-one"):
-        former = make_plan({**DEFAULTS, **TINY, "strategy": "adpsgd", "gossip": "delay-by-one"}, "speech_pipeline", "r")
-    assert former.train_overrides == ("strategy.gossip=delay-by-one",)
+    # A strategy's option is a training override, passed on as it is written in the form.
+    delayed = make_plan(
+        {**DEFAULTS, **TINY, "strategy": "adpsgd", "train_overrides": ["strategy.gossip=delay-by-one"]}, "d", "r"
+    )
+    assert delayed.train_overrides == ("strategy.gossip=delay-by-one",)
     shards = commands.shards_args(allreduce)
     assert shards.count("--split") == 6 and f"test_noisy={allreduce.data_root}/test_noisy" in shards
     assert (
@@ -396,11 +405,13 @@ def test_command_lines_of_the_stages(tmp_path):
     # The word LM: of the training transcripts (or the form's text), in the shards' alphabet; chosen and
     # attached for the trained acoustic model; none when the form turns it off or no model decodes with one.
     assert commands.lm_args(allreduce) == [
-        "--data", f"{allreduce.data_root}/train", "--vocabulary-from", allreduce.shards_dir, "--out", f"{allreduce.run_dir}/lm",
-    ]  # fmt: skip
+        *("--data", f"{allreduce.data_root}/train", "--vocabulary-from", allreduce.shards_dir),
+        *("--out", f"{allreduce.run_dir}/lm"),
+    ]
     assert commands.tune_lm_args(allreduce, "asr") == [
-        "--model", allreduce.workdirs["asr"], "--shards", allreduce.shards_dir, "--lm", allreduce.lm_dir, "--attach", "--no-progress",
-    ]  # fmt: skip
+        *("--model", allreduce.workdirs["asr"], "--shards", allreduce.shards_dir, "--lm", allreduce.lm_dir),
+        *("--attach", "--no-progress"),
+    ]
     text = tmp_path / "domain.txt"
     text.write_text("turn the lights on\n")
     domain = make_plan({**DEFAULTS, **TINY, "lm_text": str(text)}, "speech_pipeline", "r")
@@ -414,9 +425,9 @@ def test_command_lines_of_the_stages(tmp_path):
     assert tts_eval[tts_eval.index("--asr-model") + 1] == allreduce.workdirs["asr"]
     assert "--asr-model" not in commands.evaluate_args(allreduce, "tts", "p", with_asr=False)
     assert commands.corpus_args(allreduce) == [
-        "--out", allreduce.data_root, "--num-utterances", "40", "--text", "open",
-        "--engines", "espeak-ng", "flite", "festival",
-    ]  # fmt: skip
+        *("--out", allreduce.data_root, "--num-utterances", "40", "--text", "open"),
+        *("--engines", "espeak-ng", "flite", "festival"),
+    ]
     # A training setting from the trigger form reaches every model's trainer as it is written there.
     tuned = make_plan({**DEFAULTS, **TINY, "train_overrides": ["optim.learning_rate=0.002"]}, "speech_pipeline", "r")
     tuned = Plan.from_xcom(json.loads(json.dumps(tuned.to_xcom())))  # as the tasks receive it
@@ -596,8 +607,8 @@ def test_the_forms_engines_and_voices_reach_the_corpus_stage():
     assert plan.splits == ("train", "dev", "test", "test_noisy")  # no flite: the corpus makes no test_engine
     args = commands.corpus_args(plan)
     assert args[args.index("--engines") :] == [
-        "--engines", "espeak-ng", "--train-voices", "espeak-ng:en+m1", "espeak-ng:en-us+f2",
-    ]  # fmt: skip
+        *("--engines", "espeak-ng", "--train-voices", "espeak-ng:en+m1", "espeak-ng:en-us+f2"),
+    ]
     kal = make_plan({**DEFAULTS, "demo_test_engine_voices": ["flite:kal"]}, "speech_pipeline", "r")
     assert "test_engine" in kal.splits and commands.corpus_args(kal)[-2:] == ["--test-engine-voices", "flite:kal"]
     assert commands.corpus_args(plan)[4:6] == ["--text", "open"]
@@ -605,8 +616,13 @@ def test_the_forms_engines_and_voices_reach_the_corpus_stage():
     assert commands.corpus_args(grammar)[4:6] == ["--text", "grammar"]
     for change, message in (
         ({"demo_text": "poetry"}, "demo_text: 'poetry' is neither"),
-        ({"demo_engines": ["mbrola"]}, "demo_engines: engines must be"),
-        ({"demo_test_voices": ["en+m3"]}, r"demo_test_voices: voice 'en\+m3' does not name its engine"),
+        ({"demo_engines": ["mbrola"]}, "demo_engines: 'mbrola' is none of 'espeak-ng', 'flite', 'festival'"),
+        ({"demo_engines": []}, "demo_engines: choose at least 1"),
+        ({"demo_test_voices": ["en+m3"]}, r"demo_test_voices: 'en\+m3' does not match \^\(espeak-ng\|"),
+        (
+            {"demo_test_voices": ["flite:en+m3"]},
+            r"demo_test_voices: voice 'flite:en\+m3': 'en\+m3' is not a flite voice",
+        ),
     ):
         with pytest.raises(ValueError, match=message):
             make_plan({**DEFAULTS, **change}, "speech_pipeline", "r")
@@ -945,7 +961,8 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
             sub = next(a for a in c["args"] if a in ("start-parent", "record-stages", "register", "finish"))
             records = [json.loads(v) for k, v in zip(c["args"], c["args"][1:]) if k == "--record"]
             return {{"start-parent": {{"parent_run_id": "p" * 32}},
-                    "record-stages": {{"records": [{{"name": r["name"], "run_id": "c", "metrics": {{}}}} for r in records]}},
+                    "record-stages": {{"records": [{{"name": r["name"], "run_id": "c", "metrics": {{}}}}
+                                                    for r in records]}},
                     "register": {{"name": "n", "version": 1, "promoted": True, "champion_version": 1,
                                   "metric": "test_cer", "value": 0.1}},
                     "finish": {{"models": {{}}}}}}[sub]
@@ -1211,11 +1228,16 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     # The summary gives the LM stage's seconds and its record's figures; the graph's stages did not run.
     assert list(summary["stages"]) == ["lm"] and summary["stages"]["lm"]["figures"]["sentences"] == 32
     # A retried tune_lm_asr finds its choice made for the same weights, LM and grid: it only attaches again.
+    run_dir = dag_run.run_dir
+    tune = ["--model", str(run_dir / "asr"), "--shards", str(run_dir / "shards"), "--lm", str(run_dir / "lm")]
     retried = subprocess.run(
-        [PYTHON, "-m", "models.tune_lm", "--model", str(dag_run.run_dir / "asr"), "--shards",
-         str(dag_run.run_dir / "shards"), "--lm", str(dag_run.run_dir / "lm"), "--attach", "--no-progress"],
-        cwd=ROOT, env=quiet_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [PYTHON, "-m", "models.tune_lm", *tune, "--attach", "--no-progress"],
+        cwd=ROOT,
+        env=quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert retried.returncode == 0 and retried.stdout.startswith("up to date"), (
         retried.stdout[-2000:] + retried.stderr[-3000:]
     )

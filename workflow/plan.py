@@ -1,6 +1,7 @@
 """A DAG run's plan: every path and choice of the run, resolved once from the DAG's params.
 
-`make_plan` checks the params (naming the one that does not fit) and each model's training config
+`make_plan` checks the params against the form's rules (workflow/form.py) and how they fit together
+(naming the param that does not), and each model's training config
 with the form's overrides (an unknown key fails the run here, before any work starts), and fixes
 the run directory, the splits, the shards, each model's workdir and config, and for a model of phone
 targets the directories of its LM text, lexicon and decoding graph; the tasks pass the plan along as XCom and
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from common import catalog, voices
 from common.fsutil import slug
 from common.splits import AUGMENTED_SPLIT
+from workflow import form
 from workflow.local import REPO, training_python
 
 # Of the demo corpus (test_engine and dev_engine only when an engine in use has voices for them); train and
@@ -104,7 +105,6 @@ class Plan:
         value = dict(value)
         value["splits"], value["models"] = tuple(value["splits"]), tuple(value["models"])
         value["train_overrides"] = tuple(value.get("train_overrides", ()))
-        value.pop("gossip", None)  # a plan of an earlier release: its gossip is in train_overrides now
         value["demo_engines"] = tuple(value.get("demo_engines", voices.ENGINES))
         value["demo_voices"] = {group: tuple(specs) for group, specs in value.get("demo_voices", {}).items()}
         return cls(**value)
@@ -151,64 +151,63 @@ def _has_data(split_dir: Path) -> bool:
 
 
 def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
-    """The run's Plan from the DAG params; ValueError naming the param when they do not fit together."""
+    """The run's Plan from the DAG params; ValueError naming the param when one breaks its rule of the form
+    (workflow/form.py) or they do not fit together."""
+    form.check(params)
     mode = params["execution_mode"]
-    if mode not in ("local", "kubernetes"):
-        raise ValueError(f"execution_mode must be 'local' or 'kubernetes', got {mode!r}")
     models = tuple(m for m in MODELS if m in params["models"])
-    unknown = sorted(set(params["models"]) - set(MODELS))
-    if unknown or not models:
-        raise ValueError(f"models must be a non-empty selection of {list(MODELS)}, got {params['models']!r}")
-    catalog.strategy(params["strategy"])  # ValueError naming the registered strategies
     overrides = _train_overrides(params)
-    num_workers, num_shards, data_service_workers = _worker_counts(params)
     run_dir = _run_dir(params, mode, dag_run_id)
-    data_dir = (params.get("data_dir") or "").strip()
-    data_root, splits = _data_root(data_dir, mode, run_dir)
-    demo_engines, demo_voices = _demo_voices(params)
-    if not data_dir and not voices.of_engines(demo_voices.get("test_engine", voices.TEST_ENGINE_VOICES), demo_engines):
-        splits = tuple(s for s in splits if s not in ENGINE_SPLITS)  # the corpus makes neither
-    features_root = _features_root(params, mode, data_root)
     configs = {m: _resolve(params.get(f"{m}_config") or catalog.model(m).config_file, mode) for m in MODELS}
     loaded = _load_configs(params, models, configs, overrides, mode)
     augment = _augment(loaded)
     lm_dir, lm_text = _word_lm(params, models, run_dir, mode)
-    graph = _decoding_graph(params, _phone_models(loaded), run_dir)
     return Plan(
         dag_id=dag_id,
         dag_run_id=dag_run_id,
         mode=mode,
         run_dir=run_dir,
-        make_corpus=not data_dir,
-        data_root=data_root,
-        demo_utterances=int(params["demo_utterances"]),
-        splits=(*splits, AUGMENTED_SPLIT) if augment else splits,
+        **_data(params, mode, run_dir, augmented=bool(augment)),
         shards_dir=f"{run_dir}/shards",
-        num_shards=num_shards,
+        **_worker_counts(params),
         models=models,
         workdirs={m: f"{run_dir}/{m}" for m in MODELS},
         configs=configs,
         strategy=params["strategy"],
-        num_workers=num_workers,
         gpus_per_worker=params.get("gpus_per_worker"),
         epochs=params.get("epochs"),
         max_steps=params.get("max_steps"),
         eval_utterances=int(params["eval_utterances"]),
         experiment=params["experiment"],
         python=training_python(),
-        features_root=features_root,
-        allow_pipes=bool(params.get("allow_pipes", False)),
-        phonemes=str(params.get("phonemes") or "").strip(),
-        data_service_workers=data_service_workers,
         train_overrides=overrides,
-        demo_text=_demo_text(params),
-        demo_engines=demo_engines,
-        demo_voices=demo_voices,
         augment=augment,
         lm_dir=lm_dir,
         lm_text=lm_text,
-        **graph,
+        **_decoding_graph(params, _phone_models(loaded), run_dir),
     )
+
+
+def _data(params: Mapping[str, Any], mode: str, run_dir: str, augmented: bool) -> dict[str, Any]:
+    """The plan's fields of the corpus, the demo corpus and the features: make_corpus, data_root, splits (with
+    AUGMENTED_SPLIT last when `augmented`), features_root, allow_pipes, phonemes and the demo_* settings."""
+    data_dir = (params.get("data_dir") or "").strip()
+    data_root, splits = _data_root(data_dir, mode, run_dir)
+    demo_engines, demo_voices = _demo_voices(params)
+    if not data_dir and not voices.of_engines(demo_voices.get("test_engine", voices.TEST_ENGINE_VOICES), demo_engines):
+        splits = tuple(s for s in splits if s not in ENGINE_SPLITS)  # the corpus makes neither
+    return {
+        "make_corpus": not data_dir,
+        "data_root": data_root,
+        "splits": (*splits, AUGMENTED_SPLIT) if augmented else splits,
+        "features_root": _features_root(params, mode, data_root),
+        "allow_pipes": bool(params.get("allow_pipes", False)),
+        "phonemes": str(params.get("phonemes") or "").strip(),
+        "demo_utterances": int(params["demo_utterances"]),
+        "demo_text": str(params.get("demo_text") or "open"),
+        "demo_engines": demo_engines,
+        "demo_voices": demo_voices,
+    }
 
 
 def _run_dir(params: Mapping[str, Any], mode: str, dag_run_id: str) -> str:
@@ -234,20 +233,17 @@ def _load_configs(
     return {m: check_training_config(m, params["strategy"], configs[m], overrides) for m in models}
 
 
-def _worker_counts(params: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(num_workers, num_shards, data_service_workers) of the form; ValueError naming the param that does not fit."""
+def _worker_counts(params: Mapping[str, Any]) -> dict[str, int]:
+    """The plan's num_workers, num_shards and data_service_workers; ValueError naming num_shards when
+    there are fewer shards than workers."""
     num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
-    data_service_workers = int(params.get("data_service_workers") or 0)
-    if data_service_workers < 0:
-        raise ValueError(f"data_service_workers must be 0 (off) or more, got {data_service_workers}")
     if num_shards < num_workers:
         raise ValueError(
             f"num_shards ({num_shards}) must be at least num_workers ({num_workers}): "
             f"every training worker reads its own shards"
         )
-    return num_workers, num_shards, data_service_workers
+    data_service_workers = int(params.get("data_service_workers") or 0)
+    return {"num_workers": num_workers, "num_shards": num_shards, "data_service_workers": data_service_workers}
 
 
 def _data_root(data_dir: str, mode: str, run_dir: str) -> tuple[str, tuple[str, ...]]:
@@ -318,14 +314,6 @@ def _decoding_graph(params: Mapping[str, Any], phones: tuple[str, ...], run_dir:
     return {"lm_text_dir": f"{run_dir}/lm_text", "lexicon_dir": f"{run_dir}/dict", "lang_dir": f"{run_dir}/lang"}
 
 
-def _demo_text(params: Mapping[str, Any]) -> str:
-    """The demo corpus' text (pipeline/corpus.py TEXTS); ValueError naming the param."""
-    text = str(params.get("demo_text") or "open")
-    if text not in ("open", "grammar"):
-        raise ValueError(f"demo_text: {text!r} is neither 'open' (English text) nor 'grammar'")
-    return text
-
-
 def _augment(loaded: Mapping[str, Any]) -> dict[str, Any]:
     """The copies of the training audio the models' configs (TrainConfig each) ask for, as a dict;
     {} for none. Every model that asks must ask for the same: they share the one augmented split."""
@@ -341,19 +329,8 @@ def _augment(loaded: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _train_overrides(params: Mapping[str, Any]) -> tuple[str, ...]:
-    """The form's `train_overrides` (KEY=VALUE items), and the `gossip` param of an earlier release as
-    `strategy.gossip=VARIANT` (with a warning); ValueError naming a malformed item."""
-    overrides = tuple(str(item).strip() for item in params.get("train_overrides") or ())
-    malformed = [item for item in overrides if "=" not in item or not item.split("=", 1)[0].strip()]
-    if malformed:
-        raise ValueError(f"train_overrides: each item is KEY=VALUE of the training config, got {malformed}")
-    if params.get("gossip") and params["strategy"] == "adpsgd":
-        item = f"strategy.gossip={params['gossip']}"
-        warnings.warn(
-            f"the param gossip is now the training override {item}; it goes in the next release", FutureWarning, 2
-        )
-        overrides = (item, *overrides)
-    return overrides
+    """The form's `train_overrides` (KEY=VALUE items, form.OVERRIDE_PATTERN), each stripped."""
+    return tuple(str(item).strip() for item in params.get("train_overrides") or ())
 
 
 def check_training_config(model: str, strategy: str, config_file: str, overrides: tuple[str, ...]):
@@ -379,11 +356,9 @@ def check_training_config(model: str, strategy: str, config_file: str, overrides
 
 
 def _demo_voices(params: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
-    """(engines, {group: voices named by the form}) of the demo corpus; ValueError naming the param."""
-    try:
-        engines = voices.check_engines(params.get("demo_engines") or voices.ENGINES)
-    except ValueError as err:
-        raise ValueError(f"demo_engines: {err}") from err
+    """(engines, {group: voices named by the form}) of the demo corpus; ValueError naming the param of a
+    voice that is not its engine's (the form's pattern checks only the engine's name)."""
+    engines = tuple(params.get("demo_engines") or voices.ENGINES)
     chosen = {}
     for group in VOICE_GROUPS:
         specs = tuple(str(s).strip() for s in params.get(f"demo_{group}_voices") or ())

@@ -1,12 +1,13 @@
-"""What the DAG's tasks call: run a stage, run the registry, train, read results.
+"""What the DAG's tasks call: run a stage, run an MLflow step, train, read results.
 
 Each runs a command line from workflow/commands.py either as a child process of the training
 environment (local mode, workflow/local.py) or as a pod of the training image (cluster mode; training
 as an MPIJob, workflow/mpijob.py). With `data_service_workers`, training reads its batches from a
 tf.data service that lives as long as the training: child processes on 127.0.0.1 (local), or a
-dispatcher and worker Deployments beside the MPIJob (cluster). Nothing here imports TensorFlow or MLflow: MLflow work goes
-through `python -m models.registry` in the training environment, and Airflow and Kubernetes are
-imported inside the functions that need them, so the tests load this module from either environment.
+dispatcher and worker Deployments beside the MPIJob (cluster). Nothing here imports TensorFlow or
+MLflow: MLflow work goes through `python -m models.registry` in the training environment, and Airflow
+and Kubernetes are imported inside the functions that need them, so the tests load this module from
+either environment.
 """
 
 from __future__ import annotations
@@ -295,8 +296,9 @@ def add_stages_to_summary(plan: Plan, done: Sequence[Mapping[str, Any] | None]) 
     return stages
 
 
-def registry(plan: Plan, context: Mapping[str, Any], stage: str, args: Sequence[str]) -> dict:
-    """Runs `python -m models.registry ARGS` and returns the JSON it prints."""
+def run_mlflow_step(plan: Plan, context: Mapping[str, Any], stage: str, args: Sequence[str]) -> dict:
+    """Runs an MLflow step of the run, `python -m models.registry ARGS` (start or finish the parent run,
+    record the data stages, register a model), and returns the JSON it prints."""
     if plan.mode != "local":
         op = stage_operator(
             plan, stage, commands.REGISTRY, commands.with_json_file(args), f"{context['ti'].task_id}-pod", xcom=True
