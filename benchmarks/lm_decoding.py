@@ -65,24 +65,26 @@ def condition(name: str, source: list[str], order: int, asr: Path, shards: Path,
     """Builds the LM of `source` (pipeline.lm's text flags), tunes it on models.tune_lm's dev split over
     `grid` (its flags), evaluates every split."""
     lm_dir = work / f"lm-{name}-o{order}"
+    lm_flags = [*source, "--vocabulary-from", str(asr), "--out", str(lm_dir), "--set", f"order={order}"]
+    run([PYTHON, "-m", "pipeline.lm", *lm_flags])
+    model = ["--model", str(asr), "--shards", str(shards)]
+    run([PYTHON, "-m", "models.tune_lm", *model, "--lm", str(lm_dir), *grid, "--no-progress"])
+    out = work / f"eval-{name}-o{order}"
+    split_args = [a for s in splits for a in ("--split", s)]
     run(
         [
             PYTHON,
             "-m",
-            "pipeline.lm",
-            *source,
-            "--vocabulary-from",
-            str(asr),
-            "--out",
+            "models.evaluate",
+            *model,
+            *split_args,
+            "--lm",
             str(lm_dir),
-            "--set",
-            f"order={order}",
+            "--out-dir",
+            str(out),
+            "--no-mlflow",
         ]
     )
-    run([PYTHON, "-m", "models.tune_lm", "--model", str(asr), "--shards", str(shards), "--lm", str(lm_dir), *grid, "--no-progress"])  # fmt: skip
-    out = work / f"eval-{name}-o{order}"
-    split_args = [a for s in splits for a in ("--split", s)]
-    run([PYTHON, "-m", "models.evaluate", "--model", str(asr), "--shards", str(shards), *split_args, "--lm", str(lm_dir), "--out-dir", str(out), "--no-mlflow"])  # fmt: skip
     metrics = json.loads((out / "eval.json").read_text())
     record = json.loads((lm_dir / "lm.json").read_text())
     decoding = json.loads((lm_dir / "decoding.json").read_text())

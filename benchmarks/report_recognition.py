@@ -45,13 +45,31 @@ def reference_asr(r: dict) -> list[str]:
     rows, voice_rows, guards = [], [], []
     for split, s in r["splits"].items():
         theirs, mine = s["pocketsphinx"], s.get("ours") or {}
-        rows.append([f"`{split}`", str(s["utterances"]), pct(theirs["all"]["cer"]), pct(theirs["all"]["wer"]),
-                     pct(mine.get("all", {}).get("cer")), pct(mine.get("all", {}).get("wer")),
-                     measured.get(mine.get("from"), ""), num(s["real_time_factor"], 2)])  # fmt: skip
+        rows.append(
+            [
+                f"`{split}`",
+                str(s["utterances"]),
+                pct(theirs["all"]["cer"]),
+                pct(theirs["all"]["wer"]),
+                pct(mine.get("all", {}).get("cer")),
+                pct(mine.get("all", {}).get("wer")),
+                measured.get(mine.get("from"), ""),
+                num(s["real_time_factor"], 2),
+            ]
+        )
         for voice, rates in theirs["voices"].items():
             own = mine.get("voices", {}).get(voice, {})
-            voice_rows.append([f"`{split}`", f"`{voice}`", str(rates["utterances"]), pct(rates["cer"]),
-                               pct(rates["wer"]), pct(own.get("cer")), pct(own.get("wer"))])  # fmt: skip
+            voice_rows.append(
+                [
+                    f"`{split}`",
+                    f"`{voice}`",
+                    str(rates["utterances"]),
+                    pct(rates["cer"]),
+                    pct(rates["wer"]),
+                    pct(own.get("cer")),
+                    pct(own.get("wer")),
+                ]
+            )
         if s.get("guard"):
             g = s["guard"]
             verdict = "within" if g["within"] else "outside"
@@ -99,8 +117,17 @@ def voice_levers(r: dict) -> list[str]:
     rows = []
     for name, arm in arms.items():
         settings = [*arm["corpus_sets"], *(f"copies.{c}" for c in arm.get("copies", []))]
-        rows.append([f"`{name}`", "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults", pct(arm["natural_share_seconds"]),
-                     seeds(arm, "test_cer"), seeds(arm, "test_engine_cer"), verdict(name, arm), measured_on(arm)])  # fmt: skip
+        rows.append(
+            [
+                f"`{name}`",
+                "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults",
+                pct(arm["natural_share_seconds"]),
+                seeds(arm, "test_cer"),
+                seeds(arm, "test_engine_cer"),
+                verdict(name, arm),
+                measured_on(arm),
+            ]
+        )
     out = table(
         ["arm", "settings", "natural share of train seconds", "test CER", "held-out speakers CER", "verdict", "run"],
         rows,
@@ -129,14 +156,33 @@ def text_levers(r: dict) -> list[str]:
         settings = [*arm["corpus_sets"], *(f"copies.{c}" for c in arm.get("copies", []))]
         mean_test = statistics.fmean(run["test_cer"] for run in arm["runs"])
         verdict = "one seed" if len(arm["runs"]) < 2 else "within 5.0%" if mean_test <= 0.05 else "above 5.0%"
-        rows.append([f"`{name}`", "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults",
-                     seeds(arm, "test_cer"), pct(arm["runs"][0].get("test_oov_rate")), seeds(arm, "test_oov_cer"),
-                     seeds(arm, "test_engine_cer"), seeds(arm, "test_engine_oov_cer"), verdict, measured_on(arm)])  # fmt: skip
+        rows.append(
+            [
+                f"`{name}`",
+                "; ".join(f"`{s}`" for s in settings) or "the corpus' defaults",
+                seeds(arm, "test_cer"),
+                pct(arm["runs"][0].get("test_oov_rate")),
+                seeds(arm, "test_oov_cer"),
+                seeds(arm, "test_engine_cer"),
+                seeds(arm, "test_engine_oov_cer"),
+                verdict,
+                measured_on(arm),
+            ]
+        )
     return table(
-        ["arm", "settings", "test CER", "test words unheard", "their CER", "held-out speakers CER", "their unheard words' CER",
-         "test against 5.0%", "run"],
+        [
+            "arm",
+            "settings",
+            "test CER",
+            "test words unheard",
+            "their CER",
+            "held-out speakers CER",
+            "their unheard words' CER",
+            "test against 5.0%",
+            "run",
+        ],
         rows,
-    )  # fmt: skip
+    )
 
 
 def lm_decoding(r: dict) -> list[str]:
@@ -147,14 +193,41 @@ def lm_decoding(r: dict) -> list[str]:
         chosen = f"{c['chosen']['weight']:g} / {c['chosen']['word_bonus']:g} (on `{c['chosen']['on']}`)"
         for split, f in c["splits"].items():
             ratio = f"{f['wer_lm_over_beam']:.2f}x" if f.get("wer_lm_over_beam") is not None else ""
-            rows.append([f"`{name}`", f"{num(c['sentences'])} sentences, {num(c['vocabulary_size'])} words",
-                         chosen, f"`{split}`", pct(f["cer"]), pct(f["cer_beam"]), pct(f["cer_lm"]), pct(f["wer"]),
-                         pct(f["wer_beam"]), pct(f["wer_lm"]), ratio, pct(f["lm_oov_rate"]), pct(f["lm_3gram_hit"])])  # fmt: skip
+            rows.append(
+                [
+                    f"`{name}`",
+                    f"{num(c['sentences'])} sentences, {num(c['vocabulary_size'])} words",
+                    chosen,
+                    f"`{split}`",
+                    pct(f["cer"]),
+                    pct(f["cer_beam"]),
+                    pct(f["cer_lm"]),
+                    pct(f["wer"]),
+                    pct(f["wer_beam"]),
+                    pct(f["wer_lm"]),
+                    ratio,
+                    pct(f["lm_oov_rate"]),
+                    pct(f["lm_3gram_hit"]),
+                ]
+            )
     return table(
-        ["LM", "its text", "weight / word bonus", "split", "CER greedy", "CER beam", "CER beam+LM", "WER greedy",
-         "WER beam", "WER beam+LM", "WER: LM / beam", "words the LM lacks", "3-grams its text had"],
+        [
+            "LM",
+            "its text",
+            "weight / word bonus",
+            "split",
+            "CER greedy",
+            "CER beam",
+            "CER beam+LM",
+            "WER greedy",
+            "WER beam",
+            "WER beam+LM",
+            "WER: LM / beam",
+            "words the LM lacks",
+            "3-grams its text had",
+        ],
         rows,
-    )  # fmt: skip
+    )
 
 
 # benchmarks/targets.py's columns: per split, each arm's figures (the arm, its key in the JSON)

@@ -62,7 +62,9 @@ x = tf.constant(np.random.default_rng(hvd.rank()).normal(size=int(sys.argv[1])).
 for _ in range(3): hvd.allreduce(x, op=hvd.Average, name="warm").numpy()
 times = []
 for i in range(int(sys.argv[2])):
-    start = time.perf_counter(); hvd.allreduce(x, op=hvd.Average, name="probe").numpy(); times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    hvd.allreduce(x, op=hvd.Average, name="probe").numpy()
+    times.append(time.perf_counter() - start)
 if hvd.rank() == 0: print("TTRANSMIT", float(np.median(times)), flush=True)
 """
 

@@ -7,11 +7,11 @@
 
 DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
 `shards/`, its acoustic model `asr/` as the listener (or `--listener WORKDIR`; the JSON pins it by its
-weights' sha256) and its `summary.json`. The run's own synthesis
-model (trained with `--run-config`, default the demo's) is the seed its saved config names: when
-`--config` is that config and every setting of the file as it is now and every `--set` item hold in the
-run's saved config (e.g. a `max_steps` it was run with), its evaluation is read from the summary, not trained again; a `--set` the run did not
-have (a lever) trains that seed here too.
+weights' sha256) and its `summary.json`. The run's own synthesis model (trained with `--run-config`,
+default the demo's) is the seed its saved config names: when `--config` is that config and every
+setting of the file as it is now and every `--set` item hold in the run's saved config (e.g. a
+`max_steps` it was run with), its evaluation is read from the summary, not trained again; a `--set`
+the run did not have (a lever) trains that seed here too.
 Reports each seed's dev and test intelligibility CER (free-running), teacher-forced CER, the CER of
 the free-running speech through the vocoder (what a person hears) and steps, and their means (quality
 only: the seeds' training time is the demo's, benchmarks/demo.py). `--lever NAME --levers-json FILE`
