@@ -168,7 +168,7 @@ def reference(parser, path: Path, epochs: int | None) -> dict:
 def earlier_seeds(earlier: dict, name: str, seeds: int) -> tuple[list, list]:
     """The test CERs and WERs of `name`'s seeds 0, 1, ... that an earlier run measured (at most `seeds`)."""
     cers = earlier.get(f"{name}_cers", [])[:seeds]
-    # Runs before per-seed WERs were kept had one seed: its mean is that seed's WER.
+    # A record of one seed without per-seed WERs: its mean is that seed's WER.
     wers = earlier.get(f"{name}_wers") or ([earlier[f"{name}_wer"]] if len(cers) == 1 else [])
     return list(cers), list(wers[: len(cers)])
 

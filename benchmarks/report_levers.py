@@ -30,7 +30,7 @@ def machine_text(machine: dict | None) -> str:
         return "not stated"
     if machine.get("flags") is not None:
         flags = ", ".join(machine["flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
-    else:  # recorded before the flags were
+    else:  # a record that says only whether the CPU has AVX-512
         flags = "AVX-512" if machine.get("avx512") else "no AVX-512"
     cores = f"{machine['cores']}-core " if machine.get("cores") else "cores not stated, "
     return f"{cores}{machine.get('cpu_model') or 'CPU model unknown'} with {flags}"
