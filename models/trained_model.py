@@ -113,15 +113,11 @@ def load_model_dir(model_dir: Path):
 
 
 def feature_config(data: dict):
-    """The FeatureConfig that made the training features, from a model's `data.json`.
-
-    A model directory written before `features` was recorded gets the feature stage's defaults at
-    its feature dimension; one whose features Kaldi made (`features: null`) cannot take audio."""
+    """The FeatureConfig that made the training features, from a model's `data.json`; a model whose
+    features Kaldi made (`features: null`) cannot take audio (ValueError)."""
     from pipeline import features
 
-    if "features" not in data:
-        return features.FeatureConfig(num_mel_bins=data["feature_dim"])
-    if data["features"] is None:
+    if data.get("features") is None:
         raise ValueError(
             "data.json records no feature-stage settings: the training features were made by Kaldi (or "
             "their data directory was not readable when the model was saved), so audio cannot be featurized "
