@@ -7,7 +7,7 @@
 Rank 0 writes checkpoints, logs to MLflow and shows the progress bar; every rank trains. A re-run
 with the same workdir resumes from the latest checkpoint (weights, optimizer state, step and data
 position) and refuses a workdir whose saved configuration has another architecture. The config
-lives in models/training/config.py, the loop in models/training/loop.py; this file only parses.
+lives in models/training/config.py, the loop in models/training/loop.py `train`; this file only parses.
 """
 
 from __future__ import annotations
@@ -15,48 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from pathlib import Path
 
 from common import catalog, cli
 from common import config as configlib
 from models.training.config import TrainConfig
-from models.training.hooks import TrainHooks
-from models.training.loop import Trainer
-
-
-def train_and_evaluate(
-    config: TrainConfig,
-    shards: Path,
-    workdir: Path,
-    parent_run_id: str | None = None,
-    run_name: str | None = None,
-    hooks: TrainHooks | None = None,
-) -> dict:
-    """Trains on `shards` into `workdir` (resuming if it holds a checkpoint). Returns a summary dict."""
-    return Trainer(config, Path(shards), Path(workdir), parent_run_id, run_name, hooks).run()
-
-
-# Flags of strategy options until this release: each is `--set strategy.KEY=VALUE` now (a strategy's
-# options are its own: common/catalog.py), accepted with a warning for one release.
-FORMER_STRATEGY_FLAGS = {
-    "gossip": "--gossip",
-    "gossip_compression": "--gossip-compression",
-    "compression": "--compression",
-    "hierarchical": "--hierarchical-gossip",
-}
+from models.training.faults import Faults
+from models.training.loop import train
 
 
 def build_config(args: argparse.Namespace) -> TrainConfig:
-    strategy: dict = {"name": args.strategy}
-    for key, flag in FORMER_STRATEGY_FLAGS.items():
-        value = getattr(args, key) or None
-        if value is not None:
-            shown = "true" if value is True else value
-            warnings.warn(
-                f"{flag} is now --set strategy.{key}={shown}; the flag goes in the next release", FutureWarning, 2
-            )
-            strategy[key] = value
     flags = {
         "model": args.model,
         "epochs": args.epochs,
@@ -64,13 +32,13 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
         "experiment": args.experiment,
         "data_service": args.data_service,
         "elastic": args.elastic or None,
-        "strategy": strategy,
+        "strategy": {"name": args.strategy},
     }
     return configlib.load(TrainConfig, args.config, args.set, flags=flags)
 
 
-def build_hooks(args: argparse.Namespace) -> TrainHooks:
-    return TrainHooks(
+def build_faults(args: argparse.Namespace) -> Faults:
+    return Faults(
         straggler_rank=args.straggler_rank,
         straggler_delay_ms=args.straggler_delay_ms,
         straggler_factor=args.straggler_factor,
@@ -88,21 +56,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="passes over the training split")
     p.add_argument("--max-steps", type=int, help="stop after this many steps (0: no limit)")
     cli.add_config_arguments(p, "TrainConfig")
-    # A strategy's options are `--set strategy.KEY=VALUE` (e.g. strategy.gossip=delay-by-one); these
-    # spellings of some of them are accepted for one release, with a warning.
-    former = p.add_argument_group("former spellings of strategy options (use --set strategy.KEY=VALUE)")
-    former.add_argument("--compression", choices=["none", "fp16"], help="--set strategy.compression=fp16")
-    former.add_argument(
-        "--gossip", choices=["fixed-ring", "random-ring", "delay-by-one"], help="--set strategy.gossip=random-ring"
-    )
-    former.add_argument(
-        "--hierarchical",
-        "--hierarchical-gossip",
-        dest="hierarchical",
-        action="store_true",
-        help="--set strategy.hierarchical=true",
-    )
-    former.add_argument("--gossip-compression", choices=["none", "fp16"], help="--set strategy.gossip_compression=fp16")
     p.add_argument(
         "--data-service", metavar="grpc://HOST:PORT", help="read batches from this tf.data service dispatcher"
     )
@@ -115,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", help="MLflow experiment name (default speechflow)")
     p.add_argument("--mlflow-parent-run-id", help="nest the training run under this MLflow run (the DAG's)")
     p.add_argument("--run-name", help="MLflow run name")
-    testing = p.add_argument_group("benchmarks and tests (models.training.hooks.TrainHooks)")
+    testing = p.add_argument_group("benchmarks and tests (models.training.faults.Faults)")
     testing.add_argument("--straggler-rank", type=int, default=-1, help="slow down this rank")
     testing.add_argument(
         "--straggler-delay-ms", type=float, default=0.0, help="milliseconds added to each of the straggler's steps"
@@ -133,24 +86,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    summary: dict = {}
-
-    def body() -> None:
-        summary.update(
-            train_and_evaluate(
-                build_config(args),
-                args.shards,
-                args.workdir,
-                args.mlflow_parent_run_id,
-                args.run_name,
-                build_hooks(args),
-            )
+    # A user's mistake (ValueError, FileNotFoundError) becomes one line, as common/cli.py `run` makes it;
+    # caught here, the loop is one call below main.
+    try:
+        summary = train(
+            build_config(args), args.shards, args.workdir, args.mlflow_parent_run_id, args.run_name, build_faults(args)
         )
-
-    status = cli.run(body)
-    if status == 0 and summary.get("rank", 0) == 0:
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if summary.get("rank", 0) == 0:
         print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, sort_keys=True))
-    return status
+    return 0
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ def test_the_acoustic_model_trains_on_its_copies_and_the_synthesis_model_on_clea
     asr = tiny("asr", "epochs=1", "log_model=false", "asr.augment.copies.speed_factors=[0.9, 1.1]")
     epoch = {s: dataset.batch_plan(shard_set.split(s), 1, asr.input, training=True).batches for s in splits}
     assert epoch["train"] < epoch["train_aug"]
-    assert train.train_and_evaluate(asr, tmp_path / "shards", tmp_path / "asr")["steps"] == epoch["train_aug"]
+    assert train.train(asr, tmp_path / "shards", tmp_path / "asr")["steps"] == epoch["train_aug"]
     # Served with the statistics of the split it trained on (split-wide CMVN normalizes by them).
     data = json.loads((tmp_path / "asr" / "model" / "data.json").read_text())
     assert np.allclose(data["mel_mean"], dataset.mel_stats(shard_set, "train_aug")[0])
@@ -206,10 +206,10 @@ def test_the_acoustic_model_trains_on_its_copies_and_the_synthesis_model_on_clea
     # The synthesis model reads clean audio whatever the acoustic model's section of a file says.
     tts = tiny("tts", "epochs=1", "log_model=false", "asr.augment.copies.speed_factors=[0.9]")
     assert tts.input == asr.input
-    assert train.train_and_evaluate(tts, tmp_path / "shards", tmp_path / "tts")["steps"] == epoch["train"]
+    assert train.train(tts, tmp_path / "shards", tmp_path / "tts")["steps"] == epoch["train"]
     # Shards without the augmented split: the fix is named.
     with pytest.raises(ValueError, match=r"'train_aug'.*python -m pipeline.augment --data DATA/train"):
-        train.train_and_evaluate(asr, tiny_shards, tmp_path / "missing")
+        train.train(asr, tiny_shards, tmp_path / "missing")
 
 
 def test_the_dag_records_the_copies_in_mlflow_as_a_stage_of_their_own(made):

@@ -42,32 +42,29 @@ def test_injected_faults_end_as_they_should(tmp_path, sqlite_store):
     assert faults["mlflow_down_exit"] == 0 and faults["mlflow_down_none_lost"], faults
 
 
-def test_elastic_reset_keeps_the_replanned_epoch_through_horovods_sync():
+def test_elastic_reset_keeps_the_replanned_epoch_through_horovods_sync(monkeypatch):
     """Horovod calls the reset callbacks, then `sync()`, which sets the state's attributes back to
-    the last save: the epoch origin `on_reset` re-plans must survive it (lost, a survivor skipped
+    the last save: the epoch origin the reset re-plans must survive it (lost, a survivor skipped
     into its epoch by the old world size's steps and ran out of input before its new step count)."""
     from types import SimpleNamespace
 
     from horovod.common.elastic import ObjectState
 
-    from models.training.schedule import Schedule
+    from models.training import loop, schedule
 
-    committed = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=20, origin=[0, 0])
-    training = SimpleNamespace(
+    # two workers' steps per epoch before the reset
+    committed = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=20, origin=[0, 0], per_epoch=5)
+    setup = SimpleNamespace(
         hvd=SimpleNamespace(rank=lambda: 1, size=lambda: 1),  # rank 1: no MLflow logging
-        rank=0,
-        size=2,
-        steps_per_epoch=5,  # two workers' steps per epoch before the reset
-        last_epoch=20,
-        origin=(0, 0),
-        total_steps=100,
         config=SimpleNamespace(max_steps=0),
     )
-    schedule = Schedule(training)
-    schedule.steps_per_epoch = lambda: 6  # one worker's after it
-    schedule.set_learning_rate = lambda step: None
+    monkeypatch.setattr(schedule, "steps_per_epoch", lambda setup, size: 6)  # one worker's after it
+    monkeypatch.setattr(schedule, "set_learning_rate", lambda setup, plan, step: 0.0)
     world_sizes = []
-    schedule.on_reset(committed, log=None, world_sizes=world_sizes)
+    loop._on_reset(setup, committed, log=None, world_sizes=world_sizes)
     committed.sync()  # what Horovod's elastic run does next
-    assert committed.origin == [3, 20] and training.origin == (3, 20) and world_sizes == [[20, 1]]
-    assert training.total_steps == 20 + 17 * 6
+    assert committed.origin == [3, 20] and committed.per_epoch == 6 and world_sizes == [[20, 1]]
+    before = schedule.Plan(rank=0, size=2, steps_per_epoch=5, total_steps=100, last_epoch=20)
+    position, plan = loop._elastic_position(setup, before, committed, world_sizes)  # the loop, called again
+    assert position == {"step": 20, "epoch": 3} and plan.origin == (3, 20)
+    assert (plan.rank, plan.size, plan.steps_per_epoch, plan.total_steps) == (1, 1, 6, 20 + 17 * 6)

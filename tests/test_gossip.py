@@ -100,8 +100,7 @@ def test_random_ring_fp16_no_deadlock_when_one_rank_is_many_times_slower(tiny_sh
         tmp_path / "w",
         uri,
         extra=[
-            # the flags of an earlier release, accepted with a warning: --set strategy.gossip=random-ring ...
-            *["--max-steps", "15", "--gossip", "random-ring", "--gossip-compression", "fp16"],
+            *["--max-steps", "15", "--set", "strategy.gossip=random-ring", "--set", "strategy.gossip_compression=fp16"],
             *["--straggler-rank", "0", "--straggler-factor", "30"],
         ],
     )

@@ -34,7 +34,7 @@ def test_learning_rate_warms_up_to_the_scaled_peak_then_decays():
 
 def test_tiny_acoustic_model_learns_and_records_everything(tiny_shards, tmp_path, mlflow_uri):
     config = tiny("asr", "max_steps=60", "asr.units=48", "optim.learning_rate=0.03", "log_every=5")
-    summary = train.train_and_evaluate(config, tiny_shards, tmp_path / "w")
+    summary = train.train(config, tiny_shards, tmp_path / "w")
     history = summary["history"]
     assert summary["steps"] == 60 and summary["world_size"] == 1
     first, last = np.mean([h["loss"] for h in history[:2]]), np.mean([h["loss"] for h in history[-2:]])
@@ -70,7 +70,7 @@ def test_the_saved_model_is_the_best_on_dev(tmp_path, mlflow_uri):
     }
     shards.make_shards(splits, tmp_path / "shards", shards.ShardConfig(num_shards=2, jobs=1), progress=False)
     config = tiny("asr", "max_steps=12", "eval_every=4", "optim.learning_rate=0.03")
-    summary = train.train_and_evaluate(config, tmp_path / "shards", tmp_path / "w")
+    summary = train.train(config, tmp_path / "shards", tmp_path / "w")
     dev = summary["dev_history"]
     assert [h["step"] for h in dev] == [4, 8], "every eval_every steps, and once more after the last"
     candidates = [*(h["dev_cer"] for h in dev), summary["last_dev_cer"]]
@@ -85,17 +85,17 @@ def test_the_saved_model_is_the_best_on_dev(tmp_path, mlflow_uri):
 
 
 def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlflow_uri):
-    train.train_and_evaluate(tiny("asr", "max_steps=2"), tiny_shards, tmp_path / "w")
+    train.train(tiny("asr", "max_steps=2"), tiny_shards, tmp_path / "w")
     with pytest.raises(ValueError, match="asr.units: 16 -> 24"):
-        train.train_and_evaluate(tiny("asr", "max_steps=4", "asr.units=24"), tiny_shards, tmp_path / "w")
+        train.train(tiny("asr", "max_steps=4", "asr.units=24"), tiny_shards, tmp_path / "w")
     # Other settings (the step budget, the learning rate) may change on resume.
-    resumed = train.train_and_evaluate(
+    resumed = train.train(
         tiny("asr", "max_steps=4", "optim.learning_rate=0.001"), tiny_shards, tmp_path / "w"
     )
     assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
     # A finished workdir is left as it is (a retried Airflow task must not train or log again).
     mtime = (tmp_path / "w" / "train_summary.json").stat().st_mtime_ns
-    again = train.train_and_evaluate(tiny("asr", "max_steps=4"), tiny_shards, tmp_path / "w")
+    again = train.train(tiny("asr", "max_steps=4"), tiny_shards, tmp_path / "w")
     assert again["skipped"] and again["steps"] == 4
     assert (tmp_path / "w" / "train_summary.json").stat().st_mtime_ns == mtime
 
@@ -103,10 +103,10 @@ def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlfl
 def test_resuming_a_run_the_tracking_store_lacks_names_the_run_file_and_the_fix(
     tiny_shards, tmp_path, mlflow_uri, monkeypatch
 ):
-    train.train_and_evaluate(tiny("asr", "max_steps=2"), tiny_shards, tmp_path / "w")
+    train.train(tiny("asr", "max_steps=2"), tiny_shards, tmp_path / "w")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
     with pytest.raises(FileNotFoundError, match=r"w/mlflow_run.json names MLflow run \w+, which the tracking store"):
-        train.train_and_evaluate(tiny("asr", "max_steps=4"), tiny_shards, tmp_path / "w")
+        train.train(tiny("asr", "max_steps=4"), tiny_shards, tmp_path / "w")
 
 
 def test_unknown_config_keys_are_errors(tiny_shards, tmp_path):

@@ -9,15 +9,15 @@ Two bridges to Horovod 0.28.1, which predates Keras 3 (the same gap models/distr
 - `KerasState`: Horovod's `TensorFlowKerasState` calls `optimizer.variables()`, a list in Keras 3,
   and `TensorFlowState` never re-broadcasts in TF2 eager mode; this state saves, restores and
   broadcasts the `tf.Variable` behind every Keras variable, plus plain attributes (step, epoch).
-- `run`: Horovod's TensorFlow `elastic.run` turns a failed collective into a reset only when the
-  error names HorovodAllreduce, HorovodAllgather or HorovodBroadcast; our allreduce of gradient
-  groups fails as HorovodGroupedAllreduce, which it would swallow (the training function would just
-  return None). Any failed Horovod op becomes a reset here.
+- `resets_on_failed_collectives`: Horovod's TensorFlow `elastic.run` turns a failed collective into a
+  reset only when the error names HorovodAllreduce, HorovodAllgather or HorovodBroadcast; our allreduce
+  of gradient groups fails as HorovodGroupedAllreduce, which it would swallow (the training function
+  would just return None). Inside this context any failed Horovod op becomes a reset.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -63,16 +63,17 @@ def _reset() -> None:
     hvd.init()
 
 
+@contextlib.contextmanager
+def resets_on_failed_collectives():
+    """Around the training function's steps: any failed Horovod op becomes a reset (see the module docstring)."""
+    try:
+        yield
+    except tf.errors.UnknownError as err:
+        if "Horovod" in err.message:
+            raise HorovodInternalError(err) from err
+        raise
+
+
 def run(func):
-    """`hvd.elastic.run` that resets on every failed Horovod collective (see the module docstring)."""
-
-    @functools.wraps(func)
-    def wrapped(state, *args, **kwargs):
-        try:
-            return func(state, *args, **kwargs)
-        except tf.errors.UnknownError as err:
-            if "Horovod" in err.message:
-                raise HorovodInternalError(err) from err
-            raise
-
-    return run_fn(wrapped, _reset)
+    """`hvd.elastic.run` of `func`, which holds its steps inside `resets_on_failed_collectives()`."""
+    return run_fn(func, _reset)

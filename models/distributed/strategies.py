@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
-from typing import Any, ClassVar
+from typing import Any
 
 from common import catalog
 from common import config as configlib
@@ -39,52 +38,18 @@ class StrategyConfig:
     name: str = "allreduce"  # common/catalog.py: "allreduce" (synchronous ring-allreduce), "adpsgd" (gossip), ...
     options: Any = configlib.registered_field(lambda c: options_class(c.name))  # the strategy's own settings
 
-    # Keys of the one StrategyConfig every strategy shared until this release, with their defaults:
-    # a saved config.yaml holds them all; a strategy that does not read one drops it.
-    FORMER: ClassVar[dict[str, Any]] = {
-        "compression": "none",
-        "fused_step": False,
-        "gossip": "fixed-ring",
-        "hierarchical": False,
-        "gossip_compression": "none",
-        "consensus_every": 10,
-        "seed": 0,
-        "gossip_scale_lr": True,
-    }
-
     def __post_init__(self):
         catalog.strategy(self.name)  # ValueError naming the registered strategies
         configlib.fill_registered(self)
 
     @classmethod
-    def renamed_keys(cls, values: dict, config) -> dict:
-        """`extension: {...}` (an extension's options until this release) -> its keys beside `name`;
-        a former shared key the chosen strategy does not read -> dropped, with a warning where it was
-        set to something else than its old default."""
-        name = config.name  # the final choice (common/config.py applies the choices first)
-        own = options_class(name)
+    def ignored_keys(cls, config) -> tuple[str, ...]:
+        """Another strategy's options (a config file written for it, run with --strategy NAME) are
+        ignored, as a file's sections of other models are; `config` holds the final choice."""
+        own = options_class(config.name)
         names = {f.name for f in dataclasses.fields(own)} if own else set()
-        extension = values.pop("extension", None) or {}
-        for key, value in extension.items():
-            configlib.moved(f"strategy.extension.{key}", f"strategy.{key}")
-            values.setdefault(key, value)
-        # A saved config.yaml of an earlier release holds every one; set otherwise, it had no effect then either.
-        for key in [k for k in cls.FORMER if k in values and k not in names]:
-            if values.pop(key) != cls.FORMER[key]:
-                message = f"config key 'strategy.{key}' is not an option of strategy {name!r}: ignored, as before"
-                warnings.warn(message, FutureWarning, 2)
-        # Another strategy's options (a config file written for it, run with --strategy NAME): ignored,
-        # with a warning, as a file's sections of other models are.
-        others = {
-            f.name: other
-            for other in catalog.strategies()
-            if other != name and options_class(other) is not None
-            for f in dataclasses.fields(options_class(other))
-        }
-        for key in [k for k in values if k in others and k not in names and k != "name"]:
-            del values[key]
-            warnings.warn(f"'strategy.{key}' is an option of {others[key]!r}, not of {name!r}: ignored", UserWarning, 2)
-        return values
+        others = (options_class(other) for other in catalog.strategies() if other != config.name)
+        return tuple({f.name for other in others if other is not None for f in dataclasses.fields(other)} - names)
 
 
 @dataclasses.dataclass(frozen=True)

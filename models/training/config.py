@@ -7,14 +7,13 @@ settings are its section (`asr:`, `tts:`, the dataclass its catalog entry names)
 strategy's options sit beside `strategy.name`. No TensorFlow or numpy is imported here: the DAG's
 plan loads a run's config to reject an unknown key before any work starts. Benchmarks' and tests'
 knobs (a straggler's delay, an injected fault) are not here: they are
-`models.training.hooks.TrainHooks`, installed from the command line's testing flags.
+`models.training.faults.Faults`, installed from the command line's testing flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,6 @@ from common import config as configlib
 from models.distributed.strategies import StrategyConfig
 from pipeline.augment_config import AUGMENTED_SPLIT, CLEAN_SPLIT
 from pipeline.input_config import InputConfig
-
-# `input` keys of the acoustic model's augmentation until this release, with their defaults: now the
-# `augment` section of a model's settings that has one (models/asr/config.py AugmentConfig)
-FORMER_INPUT = {
-    "spec_augment": False,
-    "freq_masks": 2,
-    "freq_mask_width": 15,
-    "time_masks": 2,
-    "time_mask_fraction": 0.05,
-    "vtlp_range": [1.0, 1.0],
-    "augment_from_step": 0,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,43 +89,14 @@ class TrainConfig:
     def train_split(self) -> str:
         """The split of the shards this model trains on, decided here only: `train_aug` (the clean
         utterances and their copies) when it asks for `audio_copies`, else the clean `train`. The
-        trainer reads it once (models/training/state.py); a model trained with split-wide CMVN is
+        trainer reads it once (models/training/setup.py); a model trained with split-wide CMVN is
         served with this split's statistics (models/training/persistence.py), as it trained."""
         return AUGMENTED_SPLIT if self.audio_copies is not None else CLEAN_SPLIT
 
     @classmethod
-    def renamed_keys(cls, values: dict, config) -> dict:
-        """Keys of earlier releases: `extension.X` (an extension model's settings) -> `MODEL.X`;
-        `input.spec_augment`, `input.vtlp_range`, ... -> `MODEL.augment.*` of a model with an
-        `augment` section (the acoustic model); a model without one drops them (warning when set)."""
-        model = config.model  # the final choice (common/config.py applies the choices first)
-        extension = values.pop("extension", None) or {}
-        if extension:
-            configlib.moved("extension", model)
-            values[model] = {**extension, **(values.get(model) or {})}
-        section = values.get("input")
-        moved = {k: section[k] for k in FORMER_INPUT if k in section} if isinstance(section, dict) else {}
-        if moved:
-            values["input"] = {k: v for k, v in section.items() if k not in moved}
-            fields = {f.name for f in dataclasses.fields(catalog.settings_class(model))}
-            if "augment" in fields:
-                for key in moved:
-                    configlib.moved(f"input.{key}", f"{model}.augment.{key}")
-                own = dict(values.get(model) or {})
-                own["augment"] = {**moved, **(own.get("augment") or {})}
-                values[model] = own
-            else:
-                plain = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in moved.items()}
-                changed = [k for k, v in plain.items() if v != FORMER_INPUT[k]]
-                if changed:
-                    message = f"config keys {changed} under 'input': model {model!r} has no augmentation; ignored"
-                    warnings.warn(message, FutureWarning, 2)
-        return values
-
-    @classmethod
     def ignored_keys(cls, config) -> tuple[str, ...]:
-        """Sections of the other registered models: a config file may hold several models' settings
-        (and one saved by an earlier release holds them all); only the chosen model's are read."""
+        """Sections of the other registered models: a config file may hold several models' settings;
+        only the chosen model's are read."""
         return tuple(name for name in catalog.models() if name != config.model)
 
 

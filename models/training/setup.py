@@ -1,10 +1,7 @@
-"""What the Trainer's parts share: one declared object, set up once per run by the Trainer
-(models/training/loop.py) and read by its collaborators, the schedule (schedule.py), the step
-(step.py), the checkpoints (persistence.py) and the report (reporting.py).
-
-Who changes what while the run goes on: the loop moves `position` and `origin` as it steps; the
-schedule sets `steps_per_epoch`, `total_steps`, `last_epoch` and `current_lr`, and after an elastic
-job's reset `rank`, `size` and `origin` again; rank 0's report sets `run_id`.
+"""What a rank trains with, made once before its first step and never changed after: its threads
+and GPU, Horovod, the shards (read and checked once), the task with its data-sized config, the
+model, the optimizer and the strategy. The values that move while the run goes on (the position,
+the plan of its steps, the learning rate) are the loop's own (models/training/loop.py).
 """
 
 from __future__ import annotations
@@ -17,14 +14,12 @@ from common import catalog, runtime
 from models.training.config import check_workdir
 
 
-@dataclasses.dataclass
-class TrainingState:
+@dataclasses.dataclass(frozen=True)
+class Setup:
     config: Any  # models/training/config.py TrainConfig, with the task's data-sized settings in place
     workdir: Path
     hvd: Any  # horovod.tensorflow
     tf: Any  # tensorflow
-    rank: int
-    size: int
     threads: dict  # common/runtime.py configure_tensorflow: this rank's intra- and inter-op threads
     gpus: list  # this rank's logical GPU devices (empty on a CPU)
     shards: Any  # pipeline/records.py ShardSet, the manifest read and checked once
@@ -33,26 +28,15 @@ class TrainingState:
     model: Any  # the Keras model
     optimizer: Any
     budget_in_data: bool  # common/catalog.py StrategyEntry: the ranks share the epochs' batches
-    strategy: Any = None  # models/interfaces.py Strategy, made once the position is restored
-    # Where the run is: `step` (1-based, of this rank), `epoch`, and for asynchronous training
-    # whether the budget was spent (`done`); a checkpoint holds it.
-    position: dict = dataclasses.field(default_factory=lambda: {"epoch": 0, "batch": 0, "step": 0})
-    # Lockstep epochs are counted from an origin: epoch origin[0] began after step origin[1] (an
-    # elastic job that changed its world size restarts its epoch at the step it resized).
-    origin: tuple = (0, 0)
-    steps_per_epoch: int = 0
-    total_steps: int = 0
-    last_epoch: int = 0  # the epochs needed to reach total_steps
-    current_lr: float = 0.0
-    run_id: str | None = None  # rank 0's MLflow run
+    strategy: Any = None  # models/interfaces.py Strategy, made once the checkpoint is restored
 
     def owners(self) -> tuple[str, str]:
         """The names a checkpoint's weights and optimizer state are saved under."""
         return (self.model.name, self.optimizer.name)
 
 
-def set_up(config, shard_dir: Path, workdir: Path) -> TrainingState:
-    """This rank's state before its checkpoint is restored: its threads and GPU, Horovod, the
+def set_up(config, shard_dir: Path, workdir: Path) -> Setup:
+    """This rank's set-up before its checkpoint is restored: its threads and GPU, Horovod, the
     shards (read and checked once), the task with its data-sized config, the model and optimizer."""
     import keras
     import tensorflow as tf
@@ -89,19 +73,5 @@ def set_up(config, shard_dir: Path, workdir: Path) -> TrainingState:
     # Asynchronous training counts its budget in data: the ranks share the epochs' batches, a
     # faster rank takes more of them, and the run ends when they are used up. Allreduce steps in
     # lockstep through exact epochs, every rank its own shards.
-    return TrainingState(
-        config=c,
-        workdir=workdir,
-        hvd=hvd,
-        tf=tf,
-        rank=hvd.rank(),
-        size=hvd.size(),
-        threads=threads,
-        gpus=gpus,
-        shards=shards,
-        train_split=train_split,
-        task=task,
-        model=model,
-        optimizer=optimizer,
-        budget_in_data=catalog.strategy(c.strategy.name).budget_in_data,
-    )
+    budget_in_data = catalog.strategy(c.strategy.name).budget_in_data
+    return Setup(c, workdir, hvd, tf, threads, gpus, shards, train_split, task, model, optimizer, budget_in_data)

@@ -1,6 +1,7 @@
-"""Instruments that tests and benchmarks install in the training loop; a user's run has none.
+"""Faults that tests and benchmarks inject into the training loop (a slow rank, a failure);
+a user's run has none.
 
-The loop calls `before_step` and `after_step` around every step. `models.train` builds the hooks
+The loop calls `before_step` and `after_step` around every step. `models.train` builds them
 from its testing flags (`--straggler-rank`, `--straggler-delay-ms`, `--straggler-factor`,
 `--fail-at-step`, `--fail-rank`), so a benchmark slows a rank or a test injects a failure
 through the real command line, while `TrainConfig` holds only what a user trains with.
@@ -17,7 +18,7 @@ class InjectedFailure(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainHooks:
+class Faults:
     straggler_rank: int = -1  # this rank is made slower (a busy or throttled GPU); -1: none
     straggler_delay_ms: float = 0.0  # ... by this many milliseconds added to each of its steps
     straggler_factor: float = 1.0  # ... and/or by computing each step this many times (2: half speed)
@@ -41,8 +42,8 @@ class TrainHooks:
             raise InjectedFailure(f"fail_at_step={step} on rank {rank} (a test's injected failure)")
 
     def extra_work(self, rank: int) -> float:
-        """How many more times this rank computes each step (the straggler: factor - 1; models/training/step.py's
-        `_slow_down` does it)."""
+        """How many more times this rank computes each step (the straggler: factor - 1; models/training/step.py
+        `slow_down` does it)."""
         return self.straggler_factor - 1.0 if rank == self.straggler_rank else 0.0
 
     def after_step(self, step: int, rank: int) -> float:
