@@ -19,6 +19,10 @@ writes the result to PATH (the KubernetesPodOperator reads /airflow/xcom/return.
 Lineage: the parent run (one per DAG run) holds a child run per stage; the training run (a child,
 made by models.train) records the shards' manifest as its input dataset and the Kaldi directories
 as tags; the model version points at the training run and carries the evaluation metric.
+
+One subcommand, `register` (the function of that name), writes to MLflow's model registry; the
+others open, record and close the DAG run's runs in MLflow tracking (`start_parent_run`,
+`record_stage`, `record_stages`, `finish_parent_run`).
 """
 
 from __future__ import annotations
