@@ -16,6 +16,7 @@ from common import runtime
 from models import train
 from models.training import config as train_config
 from tests.conftest import CONFIGS, PYTHON, ROOT, horovodrun, quiet_env
+from tests.test_trainer_path import check_ranks
 
 
 def tiny(name: str, *overrides: str) -> train_config.TrainConfig:
@@ -89,9 +90,7 @@ def test_refuses_a_workdir_with_another_architecture(tiny_shards, tmp_path, mlfl
     with pytest.raises(ValueError, match="asr.units: 16 -> 24"):
         train.train(tiny("asr", "max_steps=4", "asr.units=24"), tiny_shards, tmp_path / "w")
     # Other settings (the step budget, the learning rate) may change on resume.
-    resumed = train.train(
-        tiny("asr", "max_steps=4", "optim.learning_rate=0.001"), tiny_shards, tmp_path / "w"
-    )
+    resumed = train.train(tiny("asr", "max_steps=4", "optim.learning_rate=0.001"), tiny_shards, tmp_path / "w")
     assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
     # A finished workdir is left as it is (a retried Airflow task must not train or log again).
     mtime = (tmp_path / "w" / "train_summary.json").stat().st_mtime_ns
@@ -167,13 +166,16 @@ def test_horovodrun_acoustic_model_allreduce(tmp_path, mlflow_uri):
     workdir = tmp_path / "asr"
     horovodrun(
         [
-            *("-m", "models.train", "--shards", str(shard_dir), "--workdir", str(workdir)),
+            # models.train's main, each rank's frames down to the task's loss recorded (tests/test_trainer_path.py)
+            *("-m", "tests.test_trainer_path", str(tmp_path / "frames")),
+            *("--shards", str(shard_dir), "--workdir", str(workdir)),
             *("--config", str(CONFIGS / "tiny_asr.yaml"), "--max-steps", "6"),
             *("--set", "eval_every=3", "--set", "optim.learning_rate=0.03"),
         ],
         env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri),
     )
     summary, run, loaded = _check_horovod_run(workdir, mlflow_uri, "asr")
+    check_ranks(tmp_path / "frames", 2)
     assert run.data.metrics["time_communication_ms"] > 0  # the allreduce is timed apart from compute
     # The two ranks shared the dev split (each its shards, the counts summed): the selected model's
     # dev CER is the one evaluation finds on the whole split.
@@ -201,7 +203,8 @@ def test_horovodrun_synthesis_model_fused_step_fp16(tiny_shards, tmp_path, mlflo
     horovodrun(
         [
             "-m",
-            "models.train",
+            "tests.test_trainer_path",  # models.train's main, with each rank's frames to the loss recorded
+            str(tmp_path / "frames"),
             "--shards",
             str(tiny_shards),
             "--workdir",
@@ -218,6 +221,7 @@ def test_horovodrun_synthesis_model_fused_step_fp16(tiny_shards, tmp_path, mlflo
         env=quiet_env(MLFLOW_TRACKING_URI=mlflow_uri),
     )
     summary, run, loaded = _check_horovod_run(workdir, mlflow_uri, "tts")
+    check_ranks(tmp_path / "frames", 2)
     for module in ("encoder", "decoder", "postnet"):
         assert run.data.metrics[f"final_profile_{module}_ms"] > 0
     out = loaded.predict({"text": ["turn on the lights"]}, params={"max_steps": 4})

@@ -151,11 +151,11 @@ def _loop(committed, plan, position, world_sizes, faults, *, setup, compiled, de
                 started = time.perf_counter()
                 if strategy.fused_step:
                     # Horovod: the gradients averaged inside the step (DistributedGradientTape).
-                    loss, aux, frames = compiled.fused(batch)(batch, step_seed)
+                    loss, aux, frames = compiled.traced_fused(batch)(batch, step_seed)
                     loss = float(loss)  # waits for the step
                     times["compute"], times["communication"] = time.perf_counter() - started, 0.0
                 else:
-                    loss, aux, frames, grads = compiled.compute(batch)(batch, step_seed)
+                    loss, aux, frames, grads = compiled.traced_compute(batch)(batch, step_seed)
                     sync_accelerators(tf, setup.gpus)
                     times["compute"] = time.perf_counter() - started
                     started = time.perf_counter()
@@ -168,7 +168,7 @@ def _loop(committed, plan, position, world_sizes, faults, *, setup, compiled, de
                     times["compute"] += time.perf_counter() - started
             extra = faults.extra_work(plan.rank)
             if extra:
-                times["compute"] += slow_down(compiled.compute(batch), batch, step_seed, extra, times["compute"])
+                times["compute"] += slow_down(compiled.traced_compute(batch), batch, step_seed, extra, times["compute"])
             times["compute"] += faults.after_step(step, plan.rank)
             times["communication"] += strategy.after_step(step)  # Horovod: gossip merges a partner's weights
             utterances, aux = int(tf.shape(batch["utt_id"])[0]), {k: float(v) for k, v in aux.items()}
@@ -230,11 +230,12 @@ def _wrap_up(setup, plan, position, progress, dev, log, run_id, world_sizes) -> 
     """After the last step: the strategy's end (gossip's consensus), every rank's figures gathered,
     the last checkpoint, the last weights evaluated on dev, and rank 0's final model. Returns the summary."""
     strategy, run, step = setup.strategy, progress, position["step"]
+    # Horovod: this rank has taken its last step; gossip's thread goes on with rounds until every rank has.
     strategy.training_finished()
     # "done": asynchronous training has spent its budget (its ranks' step counts say nothing).
     position = {**position, "done": setup.budget_in_data}
     timing = run.times.summary()  # before finish(): a fast gossip worker may wait there for slower partners
-    final = strategy.finish()  # Horovod: gossip's last round and global average (the consensus model)
+    final = strategy.finish()  # Horovod: the ranks join; gossip averages them once (the consensus model)
     summary = {
         "rank": plan.rank,
         "world_size": plan.size,

@@ -49,14 +49,16 @@ class CompiledStep:
         spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), batch)
         return tf.function(fn, input_signature=[spec, tf.TensorSpec([2], tf.int64)], autograph=False)
 
-    def compute(self, batch):
-        """(loss, aux, frames, gradients) of `batch`: the forward and backward pass."""
+    def traced_compute(self, batch):
+        """The forward and backward pass, `(batch, seed) -> (loss, aux, frames, gradients)`, traced on
+        the first `batch`."""
         if self._compute is None:
             self._compute = self._traced(self._compute_fn, batch)
         return self._compute
 
-    def fused(self, batch):
-        """(loss, aux, frames) of `batch`, its gradients averaged over the ranks and applied."""
+    def traced_fused(self, batch):
+        """The fused step, `(batch, seed) -> (loss, aux, frames)`, the gradients averaged over the ranks
+        and applied, traced on the first `batch`."""
         if self._fused is None:
             # Horovod: one trace, the same graph on every rank. Traces that follow each rank's own
             # batch shapes (reduce_retracing) name their allreduce ops differently on ranks that
