@@ -137,7 +137,8 @@ def test_the_dag_form_lists_the_extensions(tmp_path):
         f"""
         import json, sys
         from airflow.dag_processing.dagbag import BundleDagBag
-        bag = BundleDagBag(dag_folder={str(ROOT / "dags")!r}, bundle_path={str(ROOT / "dags")!r}, bundle_name="dags-folder")
+        dags = {str(ROOT / "dags")!r}
+        bag = BundleDagBag(dag_folder=dags, bundle_path=dags, bundle_name="dags-folder")
         dag = bag.dags["speech_pipeline"]
         print("RESULT " + json.dumps({{
             "errors": {{k: str(v)[-2000:] for k, v in bag.import_errors.items()}},
