@@ -353,6 +353,8 @@ def test_plan_fixes_run_scoped_paths_and_the_splits(tmp_path, monkeypatch):
         ({"max_steps": "ten"}, "max_steps: expected an integer, got 'ten'"),
         ({"experiment": ""}, "experiment must have at least 1 character"),
         ({"models": ["asr", "asr"]}, "models: each item at most once"),
+        ({"num_worker": 2}, r"unknown param 'num_worker' \(did you mean 'num_workers'\?\)"),
+        ({"gossip": "random-ring"}, "unknown param 'gossip'"),
         (
             {"word_lm": False, "train_overrides": ["asr.targets=phones"]},
             "word_lm is off, but asr.targets: phones: a phone model spells words only through its decoding graph",

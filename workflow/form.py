@@ -10,6 +10,7 @@ Plain data: nothing here imports Airflow.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -78,10 +79,19 @@ def json_schema(field: Field) -> dict[str, Any]:
     return schema
 
 
+def with_defaults(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with the form's default of each param they leave out."""
+    return {**{f.name: f.initial() for f in FIELDS}, **params}
+
+
 def check(params: Mapping[str, Any]) -> None:
-    """Checks each param of `params` that the form has against its field's rules; ValueError naming
-    the param, the value and the rule it breaks. A param left out is not checked (the plan falls back
-    on its default)."""
+    """Checks `params` against the form: ValueError naming a param the form does not have (and the nearest
+    one it has), or a param, its value and the rule of its field it breaks. A param left out is not checked."""
+    names = [f.name for f in FIELDS]
+    for name in params:
+        if name not in names:
+            near = difflib.get_close_matches(name, names, n=1)
+            raise ValueError(f"unknown param {name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
     for field in FIELDS:
         if field.name in params:
             _check_value(field, params[field.name])

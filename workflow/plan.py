@@ -102,11 +102,11 @@ class Plan:
 
     @classmethod
     def from_xcom(cls, value: Mapping[str, Any]) -> Plan:
+        """The Plan of `to_xcom`'s dict, after a round trip through JSON (which makes tuples lists)."""
         value = dict(value)
-        value["splits"], value["models"] = tuple(value["splits"]), tuple(value["models"])
-        value["train_overrides"] = tuple(value.get("train_overrides", ()))
-        value["demo_engines"] = tuple(value.get("demo_engines", voices.ENGINES))
-        value["demo_voices"] = {group: tuple(specs) for group, specs in value.get("demo_voices", {}).items()}
+        for name in ("splits", "models", "train_overrides", "demo_engines"):
+            value[name] = tuple(value[name])
+        value["demo_voices"] = {group: tuple(specs) for group, specs in value["demo_voices"].items()}
         return cls(**value)
 
     def model_name(self, model: str) -> str:
@@ -151,14 +151,15 @@ def _has_data(split_dir: Path) -> bool:
 
 
 def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
-    """The run's Plan from the DAG params; ValueError naming the param when one breaks its rule of the form
-    (workflow/form.py) or they do not fit together."""
+    """The run's Plan from the DAG params (the form's default for a param left out); ValueError naming the
+    param when one is not the form's, breaks its rule there (workflow/form.py) or they do not fit together."""
+    params = form.with_defaults(params)
     form.check(params)
     mode = params["execution_mode"]
     models = tuple(m for m in MODELS if m in params["models"])
     overrides = _train_overrides(params)
     run_dir = _run_dir(params, mode, dag_run_id)
-    configs = {m: _resolve(params.get(f"{m}_config") or catalog.model(m).config_file, mode) for m in MODELS}
+    configs = {m: _resolve(params[f"{m}_config"], mode) for m in MODELS}
     loaded = _load_configs(params, models, configs, overrides, mode)
     augment = _augment(loaded)
     lm_dir, lm_text = _word_lm(params, models, run_dir, mode)
@@ -174,10 +175,10 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         workdirs={m: f"{run_dir}/{m}" for m in MODELS},
         configs=configs,
         strategy=params["strategy"],
-        gpus_per_worker=params.get("gpus_per_worker"),
-        epochs=params.get("epochs"),
-        max_steps=params.get("max_steps"),
-        eval_utterances=int(params["eval_utterances"]),
+        gpus_per_worker=params["gpus_per_worker"],
+        epochs=params["epochs"],
+        max_steps=params["max_steps"],
+        eval_utterances=params["eval_utterances"],
         experiment=params["experiment"],
         python=training_python(),
         train_overrides=overrides,
@@ -191,7 +192,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
 def _data(params: Mapping[str, Any], mode: str, run_dir: str, augmented: bool) -> dict[str, Any]:
     """The plan's fields of the corpus, the demo corpus and the features: make_corpus, data_root, splits (with
     AUGMENTED_SPLIT last when `augmented`), features_root, allow_pipes, phonemes and the demo_* settings."""
-    data_dir = (params.get("data_dir") or "").strip()
+    data_dir = params["data_dir"].strip()
     data_root, splits = _data_root(data_dir, mode, run_dir)
     demo_engines, demo_voices = _demo_voices(params)
     if not data_dir and not voices.of_engines(demo_voices.get("test_engine", voices.TEST_ENGINE_VOICES), demo_engines):
@@ -201,10 +202,10 @@ def _data(params: Mapping[str, Any], mode: str, run_dir: str, augmented: bool) -
         "data_root": data_root,
         "splits": (*splits, AUGMENTED_SPLIT) if augmented else splits,
         "features_root": _features_root(params, mode, data_root),
-        "allow_pipes": bool(params.get("allow_pipes", False)),
-        "phonemes": str(params.get("phonemes") or "").strip(),
-        "demo_utterances": int(params["demo_utterances"]),
-        "demo_text": str(params.get("demo_text") or "open"),
+        "allow_pipes": params["allow_pipes"],
+        "phonemes": params["phonemes"].strip(),
+        "demo_utterances": params["demo_utterances"],
+        "demo_text": params["demo_text"],
         "demo_engines": demo_engines,
         "demo_voices": demo_voices,
     }
@@ -213,7 +214,7 @@ def _data(params: Mapping[str, Any], mode: str, run_dir: str, augmented: bool) -
 def _run_dir(params: Mapping[str, Any], mode: str, dag_run_id: str) -> str:
     """The run's directory: the work root's directory named after the DAG run."""
     # Short on purpose: the paths of the Kaldi directories under it end up in MLflow fields of limited length.
-    run_dir = str(Path(params.get("work_root") or default_work_root(mode)) / slug(dag_run_id, 37))
+    run_dir = str(Path(params["work_root"] or default_work_root(mode)) / slug(dag_run_id, 37))
     return str(Path(_resolve(run_dir, mode)).resolve()) if mode == "local" else run_dir
 
 
@@ -236,14 +237,17 @@ def _load_configs(
 def _worker_counts(params: Mapping[str, Any]) -> dict[str, int]:
     """The plan's num_workers, num_shards and data_service_workers; ValueError naming num_shards when
     there are fewer shards than workers."""
-    num_workers, num_shards = int(params["num_workers"]), int(params["num_shards"])
+    num_workers, num_shards = params["num_workers"], params["num_shards"]
     if num_shards < num_workers:
         raise ValueError(
             f"num_shards ({num_shards}) must be at least num_workers ({num_workers}): "
             f"every training worker reads its own shards"
         )
-    data_service_workers = int(params.get("data_service_workers") or 0)
-    return {"num_workers": num_workers, "num_shards": num_shards, "data_service_workers": data_service_workers}
+    return {
+        "num_workers": num_workers,
+        "num_shards": num_shards,
+        "data_service_workers": params["data_service_workers"],
+    }
 
 
 def _data_root(data_dir: str, mode: str, run_dir: str) -> tuple[str, tuple[str, ...]]:
@@ -266,7 +270,7 @@ def _data_root(data_dir: str, mode: str, run_dir: str) -> tuple[str, tuple[str, 
 
 def _features_root(params: Mapping[str, Any], mode: str, data_root: str) -> str:
     """Where the features go: the form's `features_dir`, or the data root itself (also when they are one)."""
-    features_dir = (params.get("features_dir") or "").strip()
+    features_dir = params["features_dir"].strip()
     if not features_dir:
         return data_root
     features_root = _resolve(features_dir, mode)
@@ -280,8 +284,8 @@ def _features_root(params: Mapping[str, Any], mode: str, data_root: str) -> str:
 def _word_lm(params: Mapping[str, Any], models: tuple[str, ...], run_dir: str, mode: str) -> tuple[str, str]:
     """(lm_dir, lm_text) of the run: ("", "") when the form turns the word LM off or no selected model
     decodes with one; ValueError naming `lm_text` when its file is missing (local mode)."""
-    lm_text = _resolve(str(params.get("lm_text") or "").strip(), mode)
-    if not params.get("word_lm", True) or not any(catalog.model(m).word_lm for m in models):
+    lm_text = _resolve(params["lm_text"].strip(), mode)
+    if not params["word_lm"] or not any(catalog.model(m).word_lm for m in models):
         return "", ""
     if lm_text and mode == "local" and not Path(lm_text).is_file():
         raise ValueError(
@@ -304,7 +308,7 @@ def _decoding_graph(params: Mapping[str, Any], phones: tuple[str, ...], run_dir:
     turns the word LM off for a phone model, which spells words only through the graph built from it."""
     if not phones:
         return {"lm_text_dir": "", "lexicon_dir": "", "lang_dir": ""}
-    if not params.get("word_lm", True):
+    if not params["word_lm"]:
         settings = ", ".join(f"{m}.targets: phones" for m in phones)
         raise ValueError(
             f"word_lm is off, but {settings}: a phone model spells words only through its decoding graph, "
@@ -330,7 +334,7 @@ def _augment(loaded: Mapping[str, Any]) -> dict[str, Any]:
 
 def _train_overrides(params: Mapping[str, Any]) -> tuple[str, ...]:
     """The form's `train_overrides` (KEY=VALUE items, form.OVERRIDE_PATTERN), each stripped."""
-    return tuple(str(item).strip() for item in params.get("train_overrides") or ())
+    return tuple(item.strip() for item in params["train_overrides"])
 
 
 def check_training_config(model: str, strategy: str, config_file: str, overrides: tuple[str, ...]):
@@ -358,10 +362,10 @@ def check_training_config(model: str, strategy: str, config_file: str, overrides
 def _demo_voices(params: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
     """(engines, {group: voices named by the form}) of the demo corpus; ValueError naming the param of a
     voice that is not its engine's (the form's pattern checks only the engine's name)."""
-    engines = tuple(params.get("demo_engines") or voices.ENGINES)
+    engines = tuple(params["demo_engines"])
     chosen = {}
     for group in VOICE_GROUPS:
-        specs = tuple(str(s).strip() for s in params.get(f"demo_{group}_voices") or ())
+        specs = tuple(s.strip() for s in params[f"demo_{group}_voices"])
         for spec in specs:
             try:
                 voices.parse(spec)
