@@ -148,6 +148,22 @@ _SOX_VALUED |= {"--channels": "channels", "-b": "bits", "--bits": "bits", "-e": 
 
 def _sox(args: list[str]) -> Source:
     """`sox [global] [input opts] IN [output opts] - [effects]` with a wav on stdout."""
+    files, (given, wanted), effects = _sox_files_and_options(args)
+    if len(files) != 2 or files[1] != "-":
+        raise UnsupportedCommand("sox must read one named file and write to stdout (`-`)")
+    _check_sox_formats(given, wanted)
+    rate = _sox_rate(wanted["rate"]) if "rate" in wanted else None
+    mix = False
+    if "channels" in wanted:
+        if wanted["channels"] != "1":
+            raise UnsupportedCommand(f"sox -c {wanted['channels']}: only -c 1 (mix to mono) is reproduced")
+        mix = True
+    rate, mix, channel = _sox_effects(effects, rate, mix)
+    return Source(_one_file(files[:1], "sox"), channel=channel, mix=mix and channel is None, rate=rate)
+
+
+def _sox_files_and_options(args: list[str]) -> tuple[list[str], list[dict[str, str]], list[str]]:
+    """(the file names, [the input's, the output's] format options, the effects after the output)."""
     files: list[str] = []
     options: list[dict[str, str]] = [{}, {}]  # the input's and the output's format options
     i = 0
@@ -167,10 +183,11 @@ def _sox(args: list[str]) -> Source:
         else:
             files.append(arg)
         i += 1
-    effects = args[i:]
-    if len(files) != 2 or files[1] != "-":
-        raise UnsupportedCommand("sox must read one named file and write to stdout (`-`)")
-    given, wanted = options
+    return files, options, args[i:]
+
+
+def _check_sox_formats(given: dict[str, str], wanted: dict[str, str]) -> None:
+    """UnsupportedCommand unless the input is read as it is and the output is a wav of the same samples."""
     if set(given) - {"type"}:
         raise UnsupportedCommand(
             f"sox input options {sorted('-' + k[0] for k in set(given) - {'type'})} reinterpret the file; "
@@ -182,12 +199,11 @@ def _sox(args: list[str]) -> Source:
         raise UnsupportedCommand(f"sox -b {wanted['bits']}: samples of fewer than 16 bits change the signal")
     if wanted.get("encoding", "signed-integer") not in ("signed-integer", "signed", "floating-point"):
         raise UnsupportedCommand(f"sox -e {wanted['encoding']} changes the samples (companding)")
-    rate = _sox_rate(wanted["rate"]) if "rate" in wanted else None
-    mix = False
-    if "channels" in wanted:
-        if wanted["channels"] != "1":
-            raise UnsupportedCommand(f"sox -c {wanted['channels']}: only -c 1 (mix to mono) is reproduced")
-        mix = True
+
+
+def _sox_effects(effects: list[str], rate: int | None, mix: bool) -> tuple[int | None, bool, int | None]:
+    """(rate, mix, channel) after the effects `rate R`, `remix N`, `remix -` and `channels 1`; any other
+    effect is UnsupportedCommand. A rate given as an output option wins over the effect's."""
     channel = None
     while effects:
         name, effects = effects[0], effects[1:]
@@ -206,10 +222,11 @@ def _sox(args: list[str]) -> Source:
         elif name == "remix" and len(values) == 1 and values[0].isdigit() and int(values[0]) >= 1:
             channel = int(values[0]) - 1
         else:
+            effect = " ".join([name, *values])
             raise UnsupportedCommand(
-                f"sox effect `{' '.join([name, *values])}` is not reproduced (only rate R, remix N, remix -, channels 1)"
+                f"sox effect `{effect}` is not reproduced (only rate R, remix N, remix -, channels 1)"
             )
-    return Source(_one_file(files[:1], "sox"), channel=channel, mix=mix and channel is None, rate=rate)
+    return rate, mix, channel
 
 
 def _sox_rate(value: str) -> int:

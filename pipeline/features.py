@@ -49,8 +49,16 @@ REJECTED = "feats_rejected.tsv"
 # directory of its own (the shard stage reads text and utt2spk from it); utt2voice: the demo
 # corpus' engine and voice of each utterance.
 TABLES = (
-    "text", "utt2spk", "spk2utt", "spk2gender", "wav.scp", "segments", "reco2file_and_channel", "utt2dur", "utt2voice",
-)  # fmt: skip
+    "text",
+    "utt2spk",
+    "spk2utt",
+    "spk2gender",
+    "wav.scp",
+    "segments",
+    "reco2file_and_channel",
+    "utt2dur",
+    "utt2voice",
+)
 # Kaldi-made features: what `--out-dir` gets of them besides TABLES.
 KALDI_FEATURES = ("feats.scp", "cmvn.scp", "utt2num_frames", "frame_shift")
 
@@ -229,8 +237,8 @@ def _outputs_fingerprint(out: Path) -> dict:
 
 
 def _copy_tables(source: Path, out: Path, names: tuple[str, ...]) -> None:
-    """Copies the tables of `source` into `out` (atomically, only when changed); a table `source`
-    no longer has is removed from `out`."""
+    """Copies the tables of `source` into `out` (atomically, only when changed); a table that `out`
+    has and `source` lacks is removed from `out`."""
     for name in names:
         src, dst = source / name, out / name
         if src.is_file():
@@ -263,38 +271,19 @@ def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True, 
     if _is_kaldi_made(source):
         return _cmvn_for_existing(source, out, progress)
     marker = out / MARKER
-    done = fsutil.read_json(marker) or {}
     fingerprint = _fingerprint(source, cfg)
-    if done.get("fingerprint") == fingerprint:
-        if done.get("state") == "failed":
-            raise ValueError(f"{done['error']} (inputs and config are unchanged since that run)")
-        if done.get("state") == "done" and (out / "feats.scp").is_file():
-            return {**done["summary"], "skipped": True}
+    done = _earlier_run(marker, fingerprint, out)
+    if done is not None:
+        return {**done["summary"], "skipped": True}
 
     # Mark the directory as ours before feats.scp appears, so an interrupted run is redone on the
     # next one instead of being mistaken for features that Kaldi made.
     fsutil.atomic_write_json(marker, {"fingerprint": None, "state": "running"})
     entries, rejections = kaldi.scan_data_dir(source, allow_pipes=cfg.allow_pipes, need_text=False, source="audio")
     utt2spk = {e.utt_id: e.speaker for e in entries}
-    tasks = [(spec, group, cfg) for spec, group in group_by_recording(entries)]
-    jobs = cfg.jobs or os.cpu_count() or 1
     tmp_ark, tmp_scp = out / ".feats.ark.tmp", out / ".feats.scp.tmp"
-    cmvn = CmvnAccumulator()
-    num_frames: dict[str, int] = {}
-    import kaldiio
-
-    bar = progress_bar(total=len(entries), desc=f"fbank {source.name}", unit="utt", disable=not progress)
-    with worker_pool(jobs) as pool, kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as writer:
-        for results in pool.imap(featurize_recording, tasks):
-            for utt, feats, rejection in results:
-                if rejection is not None:
-                    rejections.append(rejection)
-                else:
-                    writer(utt, feats)
-                    cmvn.add(utt2spk[utt], feats)
-                    num_frames[utt] = len(feats)
-            bar.update(len(results))
-    bar.close()
+    desc = f"fbank {source.name}"
+    cmvn, num_frames = _write_fbank(entries, utt2spk, rejections, cfg, (tmp_ark, tmp_scp), desc, progress)
     kaldi.write_rejections(out / REJECTED, [(source.name, r) for r in rejections])
     total = len(entries) + sum(1 for r in rejections if r.utt_id not in utt2spk)
     error = _too_many(out, rejections, total, cfg.max_rejected_fraction)
@@ -321,6 +310,51 @@ def compute_features(data_dir: Path, cfg: FeatureConfig, progress: bool = True, 
         marker, {"fingerprint": fingerprint, "state": "done", "summary": summary, "outputs": outputs}
     )
     return {**summary, "skipped": False}
+
+
+def _earlier_run(marker: Path, fingerprint: dict, out: Path) -> dict | None:
+    """The done-marker of a finished run with this fingerprint (None when there is none); a failed
+    run's ValueError again when the inputs and config are unchanged."""
+    done = fsutil.read_json(marker) or {}
+    if done.get("fingerprint") != fingerprint:
+        return None
+    if done.get("state") == "failed":
+        raise ValueError(f"{done['error']} (inputs and config are unchanged since that run)")
+    if done.get("state") == "done" and (out / "feats.scp").is_file():
+        return done
+    return None
+
+
+def _write_fbank(
+    entries: list,
+    utt2spk: dict[str, str],
+    rejections: list,
+    cfg: FeatureConfig,
+    tmp: tuple[Path, Path],
+    desc: str,
+    progress: bool,
+) -> tuple[CmvnAccumulator, dict[str, int]]:
+    """Featurizes every recording in worker processes into the ark/scp pair `tmp` (in the pool's order),
+    appending the utterances that fail to `rejections`. Returns (per-speaker CMVN, utterance -> frames)."""
+    import kaldiio
+
+    tasks = [(spec, group, cfg) for spec, group in group_by_recording(entries)]
+    jobs = cfg.jobs or os.cpu_count() or 1
+    cmvn = CmvnAccumulator()
+    num_frames: dict[str, int] = {}
+    bar = progress_bar(total=len(entries), desc=desc, unit="utt", disable=not progress)
+    with worker_pool(jobs) as pool, kaldiio.WriteHelper(f"ark,scp:{tmp[0]},{tmp[1]}") as writer:
+        for results in pool.imap(featurize_recording, tasks):
+            for utt, feats, rejection in results:
+                if rejection is not None:
+                    rejections.append(rejection)
+                else:
+                    writer(utt, feats)
+                    cmvn.add(utt2spk[utt], feats)
+                    num_frames[utt] = len(feats)
+            bar.update(len(results))
+    bar.close()
+    return cmvn, num_frames
 
 
 def vouched_lengths(data_dir: Path) -> tuple[dict[str, int], int] | None:

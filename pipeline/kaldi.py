@@ -46,7 +46,9 @@ REASONS = {
     "empty_transcript": "the transcript is empty",
     "undecodable_transcript": "the transcript is not valid UTF-8",
     "duplicate_id": "the same id appears twice with different data",
-    "pipe_refused": "an scp entry is a command ('cmd |') the stage does not read itself; --allow-pipes runs it in a shell",
+    "pipe_refused": (
+        "an scp entry is a command ('cmd |') the stage does not read itself; --allow-pipes runs it in a shell"
+    ),
 }
 
 
@@ -195,76 +197,106 @@ def scan_data_dir(
     return entries, rejections
 
 
-def _check_entry(utt, utt2spk, text, feats, wav, segments, reco2channel, allow_pipes, need_text):
-    def reject(reason, detail):
-        return None, Rejection(utt, reason, detail)
+class _Refused(Exception):
+    """An utterance's entry fails a check of `scan_data_dir`: `reason` (a key of REASONS) and `detail`."""
 
-    for table in (utt2spk, text, feats, segments):
-        if table is not None and utt in table.duplicates:
-            return reject("duplicate_id", f"{table.path} lists {utt!r} twice with different values")
-    if utt not in utt2spk.values:
-        return reject("missing_speaker", f"{utt2spk.path} has no line for {utt!r}")
-    transcript = None
-    if text is not None:
-        if utt not in text.values:
-            if need_text:
-                return reject("missing_transcript", f"{text.path} has no line for {utt!r}")
-        elif utt in text.undecodable:
-            return reject("undecodable_transcript", f"{text.path}: the transcript of {utt!r} is not valid UTF-8")
-        elif not text.values[utt]:
-            return reject("empty_transcript", f"{text.path}: {utt!r} has an empty transcript")
-        else:
-            transcript = text.values[utt]
-    feats_spec = audio_spec = segment = None
-    if feats is not None:
-        if utt not in feats.values:
-            return reject("missing_features", f"{feats.path} has no line for {utt!r}")
-        feats_spec = feats.values[utt]
-        if is_pipe(feats_spec) and not allow_pipes:
-            return reject(
-                "pipe_refused",
-                f"{feats.path}: {utt!r} -> {feats_spec!r} is a command, not run; write the features to an "
-                "ark (Kaldi's copy-feats) or pass --allow-pipes to run it in a shell",
-            )
-    channel = None
-    if wav is not None:
-        recording = utt
-        if segments is not None:
-            if utt not in segments.values:
-                return reject("missing_audio", f"{segments.path} has no line for {utt!r}")
-            fields = segments.values[utt].split()
-            try:
-                recording, start, end = fields[0], float(fields[1]), float(fields[2])
-                channel = int(fields[3]) if len(fields) == 4 else None
-                if len(fields) not in (3, 4) or (channel is not None and channel < 0):
-                    raise ValueError
-            except (IndexError, ValueError):
-                return reject(
-                    "bad_segment",
-                    f"{segments.path}: cannot parse {segments.values[utt]!r} for {utt!r} "
-                    "(expected `recording start end [channel]`)",
-                )
-            if end == -1:  # Kaldi: to the end of the recording
-                end = None
-            if start < 0 or (end is not None and start >= end):
-                return reject("bad_segment", f"{segments.path}: {utt!r} has start {start} and end {end}")
-            segment = Segment(recording, start, end)
-        if recording not in wav.values:
-            return reject("missing_audio", f"{wav.path} has no line for recording {recording!r} of {utt!r}")
-        if recording in wav.duplicates:
-            return reject("duplicate_id", f"{wav.path} lists {recording!r} twice with different values")
-        audio_spec = wav.values[recording]
-        why = _not_a_decoder(audio_spec) if is_pipe(audio_spec) and not allow_pipes else None
-        if why is not None:
-            return reject(
-                "pipe_refused",
-                f"{wav.path}: recording {recording!r} is the command {audio_spec!r}, which is not run: {why}. "
-                "List the audio files themselves (WAV, FLAC, SPHERE), or pass --allow-pipes "
-                "(the DAG's allow_pipes) to run it in a shell",
-            )
-        if channel is None and reco2channel is not None and recording in reco2channel.values:
-            channel = _channel_index(reco2channel.values[recording])
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def _check_entry(utt, utt2spk, text, feats, wav, segments, reco2channel, allow_pipes, need_text):
+    """(the utterance's Entry, None), or (None, its Rejection): the checks in the order REASONS reports them."""
+    try:
+        for table in (utt2spk, text, feats, segments):
+            if table is not None and utt in table.duplicates:
+                raise _Refused("duplicate_id", f"{table.path} lists {utt!r} twice with different values")
+        if utt not in utt2spk.values:
+            raise _Refused("missing_speaker", f"{utt2spk.path} has no line for {utt!r}")
+        transcript = _transcript(utt, text, need_text) if text is not None else None
+        feats_spec = _feats_spec(utt, feats, allow_pipes) if feats is not None else None
+        audio_spec, segment, channel = None, None, None
+        if wav is not None:
+            audio_spec, segment, channel = _audio(utt, wav, segments, reco2channel, allow_pipes)
+    except _Refused as refused:
+        return None, Rejection(utt, refused.reason, refused.detail)
     return Entry(utt, utt2spk.values[utt], transcript, feats_spec, audio_spec, segment, channel), None
+
+
+def _transcript(utt: str, text: Table, need_text: bool) -> str | None:
+    """The utterance's transcript (None when `text` lacks it and none is needed)."""
+    if utt not in text.values:
+        if need_text:
+            raise _Refused("missing_transcript", f"{text.path} has no line for {utt!r}")
+        return None
+    if utt in text.undecodable:
+        raise _Refused("undecodable_transcript", f"{text.path}: the transcript of {utt!r} is not valid UTF-8")
+    if not text.values[utt]:
+        raise _Refused("empty_transcript", f"{text.path}: {utt!r} has an empty transcript")
+    return text.values[utt]
+
+
+def _feats_spec(utt: str, feats: Table, allow_pipes: bool) -> str:
+    """The utterance's feats.scp entry; a command only with `allow_pipes`."""
+    if utt not in feats.values:
+        raise _Refused("missing_features", f"{feats.path} has no line for {utt!r}")
+    spec = feats.values[utt]
+    if is_pipe(spec) and not allow_pipes:
+        raise _Refused(
+            "pipe_refused",
+            f"{feats.path}: {utt!r} -> {spec!r} is a command, not run; write the features to an "
+            "ark (Kaldi's copy-feats) or pass --allow-pipes to run it in a shell",
+        )
+    return spec
+
+
+def _audio(
+    utt: str, wav: Table, segments: Table | None, reco2channel: Table | None, allow_pipes: bool
+) -> tuple[str, Segment | None, int | None]:
+    """(the wav.scp entry of the utterance's recording, its segment or None, its 0-based channel or None)."""
+    recording, segment, channel = utt, None, None
+    if segments is not None:
+        segment, channel = _segment(utt, segments)
+        recording = segment.recording
+    if recording not in wav.values:
+        raise _Refused("missing_audio", f"{wav.path} has no line for recording {recording!r} of {utt!r}")
+    if recording in wav.duplicates:
+        raise _Refused("duplicate_id", f"{wav.path} lists {recording!r} twice with different values")
+    audio_spec = wav.values[recording]
+    why = _not_a_decoder(audio_spec) if is_pipe(audio_spec) and not allow_pipes else None
+    if why is not None:
+        raise _Refused(
+            "pipe_refused",
+            f"{wav.path}: recording {recording!r} is the command {audio_spec!r}, which is not run: {why}. "
+            "List the audio files themselves (WAV, FLAC, SPHERE), or pass --allow-pipes "
+            "(the DAG's allow_pipes) to run it in a shell",
+        )
+    if channel is None and reco2channel is not None and recording in reco2channel.values:
+        channel = _channel_index(reco2channel.values[recording])
+    return audio_spec, segment, channel
+
+
+def _segment(utt: str, segments: Table) -> tuple[Segment, int | None]:
+    """The utterance's line of `segments`: `recording start end [channel]`, end -1 for the recording's end."""
+    if utt not in segments.values:
+        raise _Refused("missing_audio", f"{segments.path} has no line for {utt!r}")
+    fields = segments.values[utt].split()
+    try:
+        recording, start, end = fields[0], float(fields[1]), float(fields[2])
+        channel = int(fields[3]) if len(fields) == 4 else None
+        if len(fields) not in (3, 4) or (channel is not None and channel < 0):
+            raise ValueError
+    except (IndexError, ValueError):
+        raise _Refused(
+            "bad_segment",
+            f"{segments.path}: cannot parse {segments.values[utt]!r} for {utt!r} "
+            "(expected `recording start end [channel]`)",
+        ) from None
+    if end == -1:  # Kaldi: to the end of the recording
+        end = None
+    if start < 0 or (end is not None and start >= end):
+        raise _Refused("bad_segment", f"{segments.path}: {utt!r} has start {start} and end {end}")
+    return Segment(recording, start, end), channel
 
 
 @functools.lru_cache(maxsize=1024)

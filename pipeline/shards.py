@@ -197,7 +197,9 @@ def _write_shard(task) -> dict:
 # The driver.
 
 
-def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: ShardConfig) -> dict:
+def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: ShardConfig, given: dict | None) -> dict:
+    """What the shards are made of: the input tables and arks, the settings, the code, espeak-ng's
+    version and the phone table, and a given vocabulary (a model retrained under the same path changes it)."""
     per_dir = {}
     for name, data_dir in sorted(splits.items()):
         tables = [data_dir / t for t in ("feats.scp", "text", "utt2spk", "cmvn.scp", features_stage.REJECTED)]
@@ -212,7 +214,7 @@ def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: Shar
             "tables": fsutil.fingerprint_files(tables),
             "arks": fsutil.fingerprint_files(arks, content=False),
         }
-    return {
+    fingerprint = {
         "inputs": per_dir,
         "config": configlib.to_dict(dataclasses.replace(cfg, jobs=0)),
         "code": fsutil.code_version(sys.modules[__name__], split_validation, kaldi, records, text, phonemes),
@@ -220,6 +222,10 @@ def _fingerprint(splits: dict[str, Path], alignments: dict[str, Path], cfg: Shar
         "phonemizer": phonemes.version() if cfg.phonemes or cfg.g2p else "",
         "phone_table": phones.open_table(cfg.phones_from).sha256 if cfg.phones_from else "",
     }
+    if given is not None:
+        fingerprint["vocabulary"] = given["vocabulary"]
+        fingerprint["phoneme_vocabulary"] = given["phoneme_vocabulary"]
+    return fingerprint
 
 
 def _shards_complete(out_dir: Path, manifest: dict) -> bool:
@@ -238,22 +244,7 @@ def make_shards(
     progress: bool = True,
 ) -> dict:
     """Validates and shards every split. Returns the manifest; raises ValueError on too many rejections."""
-    if cfg.compression not in ("none", "gzip"):
-        raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
-    given = text.load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
-    if given is not None:
-        # transcripts normalized as the model's were, and phonemes and phones written when it reads them
-        cfg = dataclasses.replace(
-            cfg,
-            lowercase=given["lowercase"],
-            phonemes=cfg.phonemes or given["phonemes"],
-            phones_from=cfg.phones_from or given["phones"].get("from", ""),
-            phone_source=given["phones"].get("source", cfg.phone_source),
-        )
-    elif cfg.vocabulary_split not in splits:
-        raise ValueError(
-            f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}"
-        )
+    cfg, given = _with_given_vocabulary(cfg, splits)
     alignments = alignments or {}
     unknown = set(alignments) - set(splits)
     if unknown:
@@ -261,17 +252,9 @@ def make_shards(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     splits = {name: Path(d) for name, d in splits.items()}
-    fingerprint = _fingerprint(splits, alignments, cfg)
-    if given is not None:
-        fingerprint["vocabulary"] = given["vocabulary"]  # a model retrained under the same path changes it
-        fingerprint["phoneme_vocabulary"] = given["phoneme_vocabulary"]
-    existing = fsutil.read_json(out_dir / records.MANIFEST)
-    if (
-        existing
-        and existing.get("version") == records.FORMAT_VERSION
-        and existing.get("fingerprint") == fingerprint
-        and _shards_complete(out_dir, existing)
-    ):
+    fingerprint = _fingerprint(splits, alignments, cfg, given)
+    existing = _up_to_date_manifest(out_dir, fingerprint)
+    if existing is not None:
         return {**existing, "skipped": True}
     # First: a rebuild that fails (too many rejections) or stops never leaves a manifest that looks done.
     (out_dir / records.MANIFEST).unlink(missing_ok=True)
@@ -284,64 +267,17 @@ def make_shards(
             name: split_validation.validate_split(name, d, cfg, pool, alignments.get(name), progress)
             for name, d in splits.items()
         }
-        rejected = [(name, r) for name, plan in plans.items() for r in plan.rejections]
-        kaldi.write_rejections(out_dir / REJECTED, rejected)
-        total = sum(len(p.entries) + len(p.rejections) for p in plans.values())
-        if total and len(rejected) / total > cfg.max_rejected_fraction:
-            raise ValueError(
-                f"{len(rejected)} of {total} utterances were rejected ({len(rejected) / total:.1%} > "
-                f"max_rejected_fraction={cfg.max_rejected_fraction}); see {out_dir / REJECTED}. "
-                f"Most common: {kaldi.summarize([r for _, r in rejected])}"
-            )
-        dims = {p.dim for p in plans.values() if p.entries}
-        if len(dims) > 1:
-            raise ValueError(f"splits disagree on the feature dimension: { {n: p.dim for n, p in plans.items()} }")
-        if given is not None:
-            vocabulary = given["vocabulary"]
-            seen = {
-                ch
-                for p in plans.values()
-                for e in p.entries.values()
-                for ch in text.normalize_transcript(e.transcript, cfg.lowercase)
-            }
-            if seen - set(vocabulary):
-                print(
-                    f"warning: characters {''.join(sorted(seen - set(vocabulary)))!r} are not in the vocabulary of "
-                    f"{cfg.vocabulary_from}; they are stored as {text.UNK}",
-                    file=sys.stderr,
-                )
-        else:
-            vocab_plan = plans[cfg.vocabulary_split]
-            vocabulary = text.build_vocabulary(
-                [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
-            )
-
+        _publish_rejections(plans, out_dir, cfg)
+        feature_dim = _feature_dim(plans)
+        vocabulary = _vocabulary(plans, cfg, given)
         phoneme_vocabulary, phoneme_ids, phone_info = _phonemes(plans, cfg, given)
-        tasks, layouts = [], {}
-        for name, plan in plans.items():
-            count = max(1, min(cfg.num_shards, len(plan.entries)))
-            layouts[name] = layout = plan_layout(
-                plan.lengths, count, cfg.chunk_utterances, cfg.length_classes, cfg.seed
-            )
-            for index, chunks in enumerate(layout.shards):
-                path = out_dir / records.shard_name(name, index, count, cfg.compression)
-                utts = [u for _, chunk in chunks for u in chunk]
-                own = {u: plan.entries[u] for u in utts}
-                own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
-                own_phonemes = {u: phoneme_ids[name, u] for u in utts} if phoneme_ids else None
-                tasks.append((path, chunks, layout.classes, own, vocabulary, own_targets, own_phonemes, cfg))
-        written: dict[str, list] = collections.defaultdict(list)
-        total = sum(len(t[3]) for t in tasks)
-        bar = progress_bar(total=total, desc="write shards", unit="utt", disable=not progress)
-        for task, record in zip(tasks, pool.imap(_write_shard, tasks)):
-            written[task[0].name.split("-")[0]].append(record)
-            bar.update(record["count"])
-        bar.close()
+        tasks, layouts = _shard_tasks(plans, out_dir, cfg, vocabulary, phoneme_ids)
+        written = _write_shards(tasks, pool, progress)
 
     manifest = {
         "version": records.FORMAT_VERSION,
         "fingerprint": fingerprint,
-        "feature_dim": dims.pop() if dims else 0,
+        "feature_dim": feature_dim,
         "compression": cfg.compression,
         "feature_dtype": cfg.feature_dtype,
         "chunk_utterances": cfg.chunk_utterances,
@@ -353,38 +289,151 @@ def make_shards(
         "num_targets": split_validation.num_targets(plans),
         # Each split's distinct words: a model records its training split's, so that evaluation can
         # tell the words it never heard (models/asr/evaluation.py's out-of-vocabulary figures).
-        "words": {
-            name: sorted(
-                {
-                    w
-                    for e in plan.entries.values()
-                    for w in text.normalize_transcript(e.transcript, cfg.lowercase).split()
-                }
-            )
-            for name, plan in plans.items()
-        },
-        "splits": {
-            name: {
-                "data_dir": str(plan.data_dir.resolve()),
-                "utterances": len(plan.entries),
-                "rejected": len(plan.rejections),
-                "frames": sum(plan.lengths.values()),
-                "speakers": sorted({e.speaker for e in plan.entries.values()}),
-                "cmvn": {spk: stats.tolist() for spk, stats in sorted(plan.stats.items())},
-                "classes": layouts[name].classes,
-                "class_sequence": layouts[name].class_sequence,
-                "shards": sorted(written[name], key=lambda r: r["file"]),
-            }
-            for name, plan in plans.items()
-        },
+        "words": {name: _words(plan, cfg) for name, plan in plans.items()},
+        "splits": {name: _split_record(plan, layouts[name], written[name]) for name, plan in plans.items()},
     }
+    _remove_other_layouts(out_dir, splits, manifest)
+    fsutil.atomic_write_json(out_dir / records.MANIFEST, manifest)
+    return {**manifest, "skipped": False}
+
+
+def _with_given_vocabulary(cfg: ShardConfig, splits: dict[str, Path]) -> tuple[ShardConfig, dict | None]:
+    """(`cfg`, the vocabulary of `cfg.vocabulary_from` or None). With a given vocabulary, `cfg` takes its
+    transcript normalization and its phonemes and phones, so the shards hold what its model reads."""
+    if cfg.compression not in ("none", "gzip"):
+        raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
+    given = text.load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
+    if given is not None:
+        cfg = dataclasses.replace(
+            cfg,
+            lowercase=given["lowercase"],
+            phonemes=cfg.phonemes or given["phonemes"],
+            phones_from=cfg.phones_from or given["phones"].get("from", ""),
+            phone_source=given["phones"].get("source", cfg.phone_source),
+        )
+    elif cfg.vocabulary_split not in splits:
+        raise ValueError(
+            f"the vocabulary comes from split {cfg.vocabulary_split!r}, which is not among {sorted(splits)}"
+        )
+    return cfg, given
+
+
+def _up_to_date_manifest(out_dir: Path, fingerprint: dict) -> dict | None:
+    """The manifest in `out_dir` when it is of this format and fingerprint and its shards are all there."""
+    existing = fsutil.read_json(out_dir / records.MANIFEST)
+    if (
+        existing
+        and existing.get("version") == records.FORMAT_VERSION
+        and existing.get("fingerprint") == fingerprint
+        and _shards_complete(out_dir, existing)
+    ):
+        return existing
+    return None
+
+
+def _publish_rejections(plans: dict, out_dir: Path, cfg: ShardConfig) -> None:
+    """Writes every split's rejections to OUT/rejected.tsv; ValueError above `max_rejected_fraction`."""
+    rejected = [(name, r) for name, plan in plans.items() for r in plan.rejections]
+    kaldi.write_rejections(out_dir / REJECTED, rejected)
+    total = sum(len(p.entries) + len(p.rejections) for p in plans.values())
+    if total and len(rejected) / total > cfg.max_rejected_fraction:
+        raise ValueError(
+            f"{len(rejected)} of {total} utterances were rejected ({len(rejected) / total:.1%} > "
+            f"max_rejected_fraction={cfg.max_rejected_fraction}); see {out_dir / REJECTED}. "
+            f"Most common: {kaldi.summarize([r for _, r in rejected])}"
+        )
+
+
+def _feature_dim(plans: dict) -> int:
+    """The feature dimension all splits share (0 when none has an utterance); ValueError when they disagree."""
+    dims = {p.dim for p in plans.values() if p.entries}
+    if len(dims) > 1:
+        raise ValueError(f"splits disagree on the feature dimension: { {n: p.dim for n, p in plans.items()} }")
+    return dims.pop() if dims else 0
+
+
+def _vocabulary(plans: dict, cfg: ShardConfig, given: dict | None) -> list[str]:
+    """The token vocabulary: the given one (warning of characters it lacks), else the vocabulary split's."""
+    if given is None:
+        vocab_plan = plans[cfg.vocabulary_split]
+        return text.build_vocabulary(
+            [text.normalize_transcript(e.transcript, cfg.lowercase) for e in vocab_plan.entries.values()]
+        )
+    vocabulary = given["vocabulary"]
+    seen = {
+        ch
+        for p in plans.values()
+        for e in p.entries.values()
+        for ch in text.normalize_transcript(e.transcript, cfg.lowercase)
+    }
+    if seen - set(vocabulary):
+        print(
+            f"warning: characters {''.join(sorted(seen - set(vocabulary)))!r} are not in the vocabulary of "
+            f"{cfg.vocabulary_from}; they are stored as {text.UNK}",
+            file=sys.stderr,
+        )
+    return vocabulary
+
+
+def _shard_tasks(
+    plans: dict, out_dir: Path, cfg: ShardConfig, vocabulary: list[str], phoneme_ids: dict
+) -> tuple[list[tuple], dict[str, Layout]]:
+    """Every shard's `_write_shard` task, splits in order, and each split's layout."""
+    tasks, layouts = [], {}
+    for name, plan in plans.items():
+        count = max(1, min(cfg.num_shards, len(plan.entries)))
+        layouts[name] = layout = plan_layout(plan.lengths, count, cfg.chunk_utterances, cfg.length_classes, cfg.seed)
+        for index, chunks in enumerate(layout.shards):
+            path = out_dir / records.shard_name(name, index, count, cfg.compression)
+            utts = [u for _, chunk in chunks for u in chunk]
+            own = {u: plan.entries[u] for u in utts}
+            own_targets = {u: plan.targets[u] for u in utts} if plan.targets is not None else None
+            own_phonemes = {u: phoneme_ids[name, u] for u in utts} if phoneme_ids else None
+            tasks.append((path, chunks, layout.classes, own, vocabulary, own_targets, own_phonemes, cfg))
+    return tasks, layouts
+
+
+def _write_shards(tasks: list[tuple], pool, progress: bool) -> dict[str, list[dict]]:
+    """Writes the shards in the worker pool; returns split -> the shards' manifest records."""
+    written: dict[str, list] = collections.defaultdict(list)
+    total = sum(len(t[3]) for t in tasks)
+    bar = progress_bar(total=total, desc="write shards", unit="utt", disable=not progress)
+    for task, record in zip(tasks, pool.imap(_write_shard, tasks)):
+        written[task[0].name.split("-")[0]].append(record)
+        bar.update(record["count"])
+    bar.close()
+    return written
+
+
+def _words(plan, cfg: ShardConfig) -> list[str]:
+    """A split's distinct words, sorted."""
+    return sorted(
+        {w for e in plan.entries.values() for w in text.normalize_transcript(e.transcript, cfg.lowercase).split()}
+    )
+
+
+def _split_record(plan, layout: Layout, written: list[dict]) -> dict:
+    """A split's entry in the manifest: its counts, speakers, CMVN statistics, layout and shards."""
+    return {
+        "data_dir": str(plan.data_dir.resolve()),
+        "utterances": len(plan.entries),
+        "rejected": len(plan.rejections),
+        "frames": sum(plan.lengths.values()),
+        "speakers": sorted({e.speaker for e in plan.entries.values()}),
+        "cmvn": {spk: stats.tolist() for spk, stats in sorted(plan.stats.items())},
+        "classes": layout.classes,
+        "class_sequence": layout.class_sequence,
+        "shards": sorted(written, key=lambda r: r["file"]),
+    }
+
+
+def _remove_other_layouts(out_dir: Path, splits: dict[str, Path], manifest: dict) -> None:
+    """Removes the shards of the written splits that the manifest does not list (another --num-shards)."""
     keep = {shard["file"] for split in manifest["splits"].values() for shard in split["shards"]}
     for name in splits:
         for old in out_dir.glob(f"{name}-*-of-*.tfrecord*"):
             if old.name not in keep:
-                old.unlink()  # shards of an earlier layout (other --num-shards)
-    fsutil.atomic_write_json(out_dir / records.MANIFEST, manifest)
-    return {**manifest, "skipped": False}
+                old.unlink()
 
 
 def _phonemes(plans: dict, cfg: ShardConfig, given: dict | None) -> tuple[list[str], dict, dict]:
