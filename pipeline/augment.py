@@ -30,12 +30,13 @@ audio stack for a lever whose worth is not measured yet, and none of its rooms i
 per utterance and kind); `augment_data_dir` runs sox for each copy in a thread pool (the work is in
 the subprocesses) and writes the directory. A re-run with the same input tables, audio files,
 settings and code does nothing; a changed one writes the directory again and removes the wavs of
-copies it no longer makes.
+the copies it does not make now.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import os
 import random
@@ -157,7 +158,7 @@ def plan_copies(config: CopiesConfig, utts: Sequence[Utterance]) -> list[Copy]:
                 snr_db=snr,
                 babble=babble,
                 offset=offset,
-            )  # fmt: skip
+            )
         )
     low, high = config.telephone_band_hz
     for u in _chosen(config, "telephone", config.telephone_share, utts):
@@ -331,15 +332,7 @@ def augment_data_dir(
     done marker's summary. Does nothing when OUT's marker records the same inputs, settings and code;
     `jobs` (threads, each running sox) changes only the speed, never the bytes."""
     source, out = Path(data_dir).resolve(), Path(out_dir).resolve()
-    if source == out:
-        raise ValueError(f"--out {out} is the input data directory; name a directory of its own (e.g. train_aug)")
-    if re.search(r"\s", str(out)):
-        raise ValueError(f"output directory {out} contains whitespace, which Kaldi's wav.scp cannot hold")
-    if not (source / "wav.scp").is_file():
-        raise FileNotFoundError(
-            f"{source / 'wav.scp'} is missing: the augmentation copies audio, so --data names a data directory "
-            "with wav.scp (the corpus' train/, before its features)"
-        )
+    _check_directories(source, out)
     fingerprint = _fingerprint(source, config)
     done = fsutil.read_json(out / MARKER) or {}
     if done.get("fingerprint") == fingerprint and (out / "wav.scp").is_file():
@@ -361,10 +354,47 @@ def augment_data_dir(
     kinds = {c.noise for c in copies if c.kind == "noise" and c.noise != "babble"}
     noises = {kind: synthetic_noise(sox, kind) for kind in sorted(kinds)}
     read = _reader({e.utt_id: e for e in entries}, allow_pipes)
+    bar = {"desc": f"augment {source.name}", "unit": "copy", "disable": not progress}
+    samples = _write_copies(copies, out / "wav", lambda copy: render(copy, read, sox, noises), jobs, bar)
+    # Wavs of an earlier, different run (or its unfinished temporaries) would otherwise linger.
+    keep = {f"{c.utt_id}.wav" for c in copies}
+    for stale in (out / "wav").iterdir():
+        if stale.name not in keep:
+            stale.unlink()
+    _write_tables(source, out, entries, copies)
+    summary = {
+        "utterances": len(entries),
+        "copies": len(copies),
+        "kinds": dict(sorted(collections.Counter(c.kind for c in copies).items())),
+        "copies_hours": round(samples / SAMPLE_RATE / 3600, 4),
+        "not_copied": len(rejections),
+    }
+    marker = {"fingerprint": fingerprint, "summary": summary, "sox": synthesizers.version(sox)}
+    fsutil.atomic_write_json(out / MARKER, marker)  # last: marks the directory done
+    log.info("wrote %s: %d utterances and %d copies %s", out, len(entries), len(copies), summary["kinds"])
+    return {**summary, "skipped": False}
+
+
+def _check_directories(source: Path, out: Path) -> None:
+    """ValueError or FileNotFoundError unless `source` has audio and `out` is a directory of its own."""
+    if source == out:
+        raise ValueError(f"--out {out} is the input data directory; name a directory of its own (e.g. train_aug)")
+    if re.search(r"\s", str(out)):
+        raise ValueError(f"output directory {out} contains whitespace, which Kaldi's wav.scp cannot hold")
+    if not (source / "wav.scp").is_file():
+        raise FileNotFoundError(
+            f"{source / 'wav.scp'} is missing: the augmentation copies audio, so --data names a data directory "
+            "with wav.scp (the corpus' train/, before its features)"
+        )
+
+
+def _write_copies(copies: list[Copy], wav_dir: Path, make, jobs: int, bar: dict) -> int:
+    """Writes each copy's samples (`make(copy)`) as `wav_dir/UTT.wav` (atomically), `jobs` at once in
+    threads; returns the samples written. The first failure cancels the copies not started."""
 
     def write(copy: Copy) -> int:
-        samples = render(copy, read, sox, noises)
-        wav = out / "wav" / f"{copy.utt_id}.wav"
+        samples = make(copy)
+        wav = wav_dir / f"{copy.utt_id}.wav"
         tmp = wav.with_name(f".{wav.name}.tmp")
         sf.write(tmp, samples, SAMPLE_RATE, subtype="PCM_16", format="WAV")
         tmp.replace(wav)
@@ -374,32 +404,12 @@ def augment_data_dir(
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(write, copy) for copy in copies]
         try:
-            for future in progress_bar(as_completed(futures), total=len(futures), desc=f"augment {source.name}",
-                                       unit="copy", disable=not progress):  # fmt: skip
+            for future in progress_bar(as_completed(futures), total=len(futures), **bar):
                 samples += future.result()
         except BaseException:
             pool.shutdown(cancel_futures=True)  # fail fast instead of making the rest
             raise
-    # Wavs of an earlier, different run (or its unfinished temporaries) would otherwise linger.
-    keep = {f"{c.utt_id}.wav" for c in copies}
-    for stale in (out / "wav").iterdir():
-        if stale.name not in keep:
-            stale.unlink()
-    _write_tables(source, out, entries, copies)
-    counts: dict[str, int] = {}
-    for c in copies:
-        counts[c.kind] = counts.get(c.kind, 0) + 1
-    summary = {
-        "utterances": len(entries),
-        "copies": len(copies),
-        "kinds": dict(sorted(counts.items())),
-        "copies_hours": round(samples / SAMPLE_RATE / 3600, 4),
-        "not_copied": len(rejections),
-    }
-    marker = {"fingerprint": fingerprint, "summary": summary, "sox": synthesizers.version(sox)}
-    fsutil.atomic_write_json(out / MARKER, marker)  # last: marks the directory done
-    log.info("wrote %s: %d utterances and %d copies %s", out, len(entries), len(copies), summary["kinds"])
-    return {**summary, "skipped": False}
+    return samples
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -432,9 +442,13 @@ def _main(args: argparse.Namespace) -> None:
     config = configlib.load(CopiesConfig, args.config, args.set)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     summary = augment_data_dir(
-        args.data, args.out, config, jobs=args.jobs or os.cpu_count() or 1,
-        allow_pipes=args.allow_pipes, progress=not args.no_progress,
-    )  # fmt: skip
+        args.data,
+        args.out,
+        config,
+        jobs=args.jobs or os.cpu_count() or 1,
+        allow_pipes=args.allow_pipes,
+        progress=not args.no_progress,
+    )
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
 
 
