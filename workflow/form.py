@@ -228,6 +228,12 @@ def _demo_fields() -> tuple[Field, ...]:
             min_items=1,
             unique_items=True,
         ),
+    )
+
+
+def _voice_fields() -> tuple[Field, ...]:
+    """The demo corpus' voices of each group (plan.VOICE_GROUPS), and the shards of the splits."""
+    return (
         *(
             Field(
                 f"demo_{group}_voices",
@@ -263,7 +269,8 @@ def _demo_fields() -> tuple[Field, ...]:
     )
 
 
-def _training_fields() -> tuple[Field, ...]:
+def _model_fields() -> tuple[Field, ...]:
+    """Which registered models train, and the registered strategy that combines their workers."""
     models, strategies = catalog.models(), catalog.strategies()
     return (
         Field(
@@ -288,6 +295,12 @@ def _training_fields() -> tuple[Field, ...]:
             enum=tuple(strategies),
             values_display={name: entry.title for name, entry in strategies.items()},
         ),
+    )
+
+
+def _worker_fields() -> tuple[Field, ...]:
+    """How many workers train and feed the training, and how long it trains."""
+    return (
         Field(
             "num_workers",
             2,
@@ -327,18 +340,22 @@ def _training_fields() -> tuple[Field, ...]:
                 ("max_steps", "Maximum steps", "Stop training after this many steps"),
             )
         ),
-        *(
-            Field(
-                f"{name}_config",
-                entry.config_file,
-                "string",
-                f"Training config: {name}",
-                TRAINING,
-                f"YAML file of TrainConfig fields for {entry.title}.",
-                min_length=1,
-            )
-            for name, entry in models.items()
-        ),
+    )
+
+
+def _config_fields() -> tuple[Field, ...]:
+    """The training config file of each registered model."""
+    return tuple(
+        Field(
+            f"{name}_config",
+            entry.config_file,
+            "string",
+            f"Training config: {name}",
+            TRAINING,
+            f"YAML file of TrainConfig fields for {entry.title}.",
+            min_length=1,
+        )
+        for name, entry in catalog.models().items()
     )
 
 
@@ -438,4 +455,13 @@ def _run_fields() -> tuple[Field, ...]:
 
 
 # The form's params in its order; the registered models (common/catalog.py), extensions' included.
-FIELDS: tuple[Field, ...] = (*_data_fields(), *_demo_fields(), *_training_fields(), *_decoding_fields(), *_run_fields())
+FIELDS: tuple[Field, ...] = (
+    *_data_fields(),
+    *_demo_fields(),
+    *_voice_fields(),
+    *_model_fields(),
+    *_worker_fields(),
+    *_config_fields(),
+    *_decoding_fields(),
+    *_run_fields(),
+)
