@@ -56,8 +56,15 @@ def engine(name: str) -> EngineEntry:
 
 
 ENGINES: tuple[str, ...] = ()
-register_engine(EngineEntry("espeak-ng", r"[a-z0-9-]+(\+[A-Za-z0-9]+)?", "espeak-ng:en-us+f2",
-                            "pipeline.engines.espeak_ng:ENGINE", ("espeak-ng",)))  # fmt: skip
+register_engine(
+    EngineEntry(
+        "espeak-ng",
+        r"[a-z0-9-]+(\+[A-Za-z0-9]+)?",
+        "espeak-ng:en-us+f2",
+        "pipeline.engines.espeak_ng:ENGINE",
+        ("espeak-ng",),
+    )
+)
 register_engine(EngineEntry("flite", r"[A-Za-z0-9_]+", "flite:awb", "pipeline.engines.flite:ENGINE", ("flite",), True))
 register_engine(
     EngineEntry(
@@ -84,10 +91,16 @@ TRAIN_VOICES = (
 TEST_VOICES = tuple(
     f"espeak-ng:{v}"
     for v in (
-        "en+m3", "en-us+f4", "en-gb-x-rp+m7", "en-gb-scotland+klatt3",
-        "en-029+m3", "en-gb-x-gbclan+f4", "en-gb-x-gbcwmd+m7", "en-us+klatt3",
+        "en+m3",
+        "en-us+f4",
+        "en-gb-x-rp+m7",
+        "en-gb-scotland+klatt3",
+        "en-029+m3",
+        "en-gb-x-gbclan+f4",
+        "en-gb-x-gbcwmd+m7",
+        "en-us+klatt3",
     )
-)  # fmt: skip
+)
 # The held-out speakers slt (female) and kal (male) in every rendering the engines have.
 TEST_ENGINE_VOICES = (
     "flite:slt",

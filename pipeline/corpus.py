@@ -152,7 +152,8 @@ class CorpusConfig:
         for engine, count in self.speakers_per_voice:
             if engine not in voices.ENGINES or count < 1:
                 raise ValueError(
-                    f"speakers_per_voice: ({engine!r}, {count}) needs an engine of {list(voices.ENGINES)} and a count >= 1"
+                    f"speakers_per_voice: ({engine!r}, {count}) needs an engine of {list(voices.ENGINES)} "
+                    "and a count >= 1"
                 )
         if not (
             80 <= self.rate_range[0] <= self.rate_range[1] <= 450
@@ -165,8 +166,8 @@ class CorpusConfig:
             and 70 <= self.warp_range[0] <= self.warp_range[1] <= 150
         ):
             raise ValueError(
-                f"stretch_range {self.stretch_range} must lie in 25-400 (percent), f0_range {self.f0_range} in 40-400 (Hz), "
-                f"warp_range {self.warp_range} in 70-150 (percent)"
+                f"stretch_range {self.stretch_range} must lie in 25-400 (percent), "
+                f"f0_range {self.f0_range} in 40-400 (Hz), warp_range {self.warp_range} in 70-150 (percent)"
             )
         if not 0 <= self.natural_share <= 1:
             raise ValueError(f"natural_share must lie in 0-1, got {self.natural_share}")
@@ -249,8 +250,8 @@ BATCH = 12
 def _render_all(plan, out: Path, config: CorpusConfig, jobs: int, tools: dict[str, str]) -> dict[str, float]:
     """Synthesizes every planned wav (and the noisy copy of each test wav), each engine's utterances
     in batches; returns utt_id -> SNR dB."""
-    noise_cmd = [tools["sox"], "-R", "-n", "-t", "raw", "-e", "floating-point", "-b", "32", "-L",
-                 "-r", str(config.sample_rate), "-c", "1", "-", "synth", "30", "pinknoise"]  # fmt: skip
+    raw = ["-t", "raw", "-e", "floating-point", "-b", "32", "-L", "-r", str(config.sample_rate), "-c", "1"]
+    noise_cmd = [tools["sox"], "-R", "-n", *raw, "-", "synth", "30", "pinknoise"]
     noise = np.frombuffer(synthesizers.run(noise_cmd, "making pink noise"), dtype="<f4")  # [30 s * sample_rate]
 
     def render(batch: list[PlannedUtterance]) -> dict[str, float]:
@@ -329,6 +330,26 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
     if (out / "corpus.json").exists():
         log.info("%s was built with another config or code version, or is incomplete; rebuilding", out)
         (out / "corpus.json").unlink()  # first, so that an interrupted rebuild never looks done
+    tools, engines = _installed_engines(config)
+    inventory = installed_voices(engines, tools)
+    selection = select_voices(config, inventory)
+    for voice in selection.skipped:
+        log.warning("voice %s is not installed here; skipping it", voice)
+    plan = plan_corpus(config, inventory)
+    for split in corpus_splits(plan):
+        (out / "wav" / split).mkdir(parents=True, exist_ok=True)
+        (out / split).mkdir(parents=True, exist_ok=True)
+    snrs = _render_all(plan, out, config, jobs or os.cpu_count() or 1, tools)
+    rows = _write_data_dirs(plan, out, snrs)
+    summary = _summary(config, plan, rows, snrs, selection.skipped, tools)
+    fsutil.atomic_write_text(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
+    _log_summary(out, summary)
+    return summary
+
+
+def _installed_engines(config: CorpusConfig) -> tuple[dict[str, str], list[str]]:
+    """(tool name -> path, sox's and the engines', the engines of `config` installed here, in
+    voices.ENGINES' order); an engine that is not installed is left out with a warning naming its packages."""
     tools = {"sox": synthesizers.tool("sox", config.engines)}
     engines = []
     for name in (e for e in voices.ENGINES if e in config.engines):
@@ -336,20 +357,18 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
             tools |= synthesizers.tools_of([name])
             engines.append(name)
         except FileNotFoundError:
-            log.warning("%s is not installed here: its voices are left out of the corpus (%s)",
-                        name, synthesizers.install_hint([name]))  # fmt: skip
-    inventory = installed_voices(engines, tools)
-    selection = select_voices(config, inventory)
-    for voice in selection.skipped:
-        log.warning("voice %s is not installed here; skipping it", voice)
-    plan = plan_corpus(config, inventory)
+            hint = synthesizers.install_hint([name])
+            log.warning("%s is not installed here: its voices are left out of the corpus (%s)", name, hint)
+    return tools, engines
+
+
+def _summary(
+    config: CorpusConfig, plan: list, rows: dict[str, list], snrs: dict[str, float], skipped: list, tools: dict
+) -> dict:
+    """corpus.json's content: the config and code, each split's counts, speakers, voices and engines,
+    the words and their out-of-vocabulary rates, the noisy copies' SNRs and the tools' versions."""
     splits = corpus_splits(plan)
-    for split in splits:
-        (out / "wav" / split).mkdir(parents=True, exist_ok=True)
-        (out / split).mkdir(parents=True, exist_ok=True)
-    snrs = _render_all(plan, out, config, jobs or os.cpu_count() or 1, tools)
-    rows = _write_data_dirs(plan, out, snrs)
-    summary = {
+    return {
         "config": configlib.to_dict(config),
         "code_version": code_version(),
         "counts": {split: len(rows[split]) for split in splits},
@@ -359,7 +378,7 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
         "engines": {
             split: dict(sorted(Counter(voices.parse(row[4])[0] for row in rows[split]).items())) for split in splits
         },
-        "skipped_voices": selection.skipped,
+        "skipped_voices": skipped,
         # Of the train split's seconds, the share spoken by natural voices (config.natural_share counts utterances).
         "natural_share_seconds": _natural_share_seconds(rows["train"]),
         "vocabulary_size": len({w for utt in plan for w in utt.text.split()}),
@@ -377,13 +396,20 @@ def build_corpus(config: CorpusConfig, out_dir: str | Path, jobs: int | None = N
         },
         "tools": {name: synthesizers.version(path) for name, path in tools.items()},
     }
-    fsutil.atomic_write_text(out / "corpus.json", json.dumps(summary, indent=1) + "\n")  # last: marks the corpus done
-    log.info("wrote %s: %s utterances, %d words; voices: %s", out, summary["counts"], summary["vocabulary_size"],
-             {split: voices.describe(v) for split, v in summary["voices"].items()})  # fmt: skip
-    log.info("sentences from %s (%s usable; left out: %s); out-of-vocabulary words per split: %s",
-             summary["text"]["source"], summary["text"]["sentences"], summary["text"]["left_out"] or "none",
-             summary["oov_rate"])  # fmt: skip
-    return summary
+
+
+def _log_summary(out: Path, summary: dict) -> None:
+    voices_per_split = {split: voices.describe(v) for split, v in summary["voices"].items()}
+    counts, words = summary["counts"], summary["vocabulary_size"]
+    log.info("wrote %s: %s utterances, %d words; voices: %s", out, counts, words, voices_per_split)
+    source = summary["text"]
+    log.info(
+        "sentences from %s (%s usable; left out: %s); out-of-vocabulary words per split: %s",
+        source["source"],
+        source["sentences"],
+        source["left_out"] or "none",
+        summary["oov_rate"],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,9 +76,9 @@ def to_wav(speech: bytes, wav: Path, sample_rate: int, warp: int, tools: dict[st
     `speed`, which moves tempo, pitch and formants together)."""
     tmp = wav.with_name(wav.name + ".tmp")
     # -R: sox dithers with a fixed seed, so the same input gives byte-identical output.
-    run([tools["sox"], "-R", "-t", "wav", "-", "-t", "wav", "-r", str(sample_rate), "-c", "1", "-b", "16",
-         "-e", "signed-integer", str(tmp), *(["speed", f"{warp / 100:g}"] if warp != 100 else [])],
-        f"sox for {utt_id}", input=speech)  # fmt: skip
+    output = ["-t", "wav", "-r", str(sample_rate), "-c", "1", "-b", "16", "-e", "signed-integer", str(tmp)]
+    speed = ["speed", f"{warp / 100:g}"] if warp != 100 else []
+    run([tools["sox"], "-R", "-t", "wav", "-", *output, *speed], f"sox for {utt_id}", input=speech)
     tmp.replace(wav)
 
 

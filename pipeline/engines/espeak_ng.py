@@ -44,8 +44,8 @@ class EspeakNg:
 
     def render(self, utts: Sequence, wavs: Sequence[Path], sample_rate: int, amplitude: int, tools) -> None:
         for utt, wav in zip(utts, wavs, strict=True):
-            cmd = [tools["espeak-ng"], "-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch),
-                   "-a", str(amplitude), "--stdout", utt.text]  # fmt: skip
+            voice = ["-v", utt.voice, "-s", str(utt.rate), "-p", str(utt.pitch), "-a", str(amplitude)]
+            cmd = [tools["espeak-ng"], *voice, "--stdout", utt.text]
             speech = synthesizers.run(cmd, f"espeak-ng for {utt.utt_id}")
             synthesizers.to_wav(speech, wav, sample_rate, utt.warp, tools, utt.utt_id)
 
