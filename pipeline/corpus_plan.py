@@ -182,8 +182,8 @@ def plan_corpus(
     Sentences are unique across train, dev, test and dev_engine, so no other split repeats a training
     sentence; test_engine speaks the test sentences again, and dev_engine new ones in the same voices
     (`config.dev_engine_fraction` of num_utterances, drawn last so that the other splits' sentences do not
-    depend on it: a split for choosing decoding settings in voices training never hears). In train and dev (the same speakers)
-    `config.natural_share` of the utterances go to the natural voices' speakers; test's go
+    depend on it: a split for choosing decoding settings in voices training never hears). In train and dev
+    (the same speakers) `config.natural_share` of the utterances go to the natural voices' speakers; test's go
     round-robin over a shuffled list of the held-out voices. `sentences`: the open text's
     normalized sentences (default: `config.text_file`'s, or WordNet's; see `sentence_draw`).
     """

@@ -87,8 +87,8 @@ def shared_dataset(
     one_worker: bool,
 ):
     """Batches (made by `pipeline`, the model's) of epochs first_epoch..last_epoch-1 for ranks that
-    SHARE one job (asynchronous training): whichever rank asks next gets the next batch, so a faster rank takes more of them,
-    and the stream ends when the epochs are used up: a budget counted in data.
+    SHARE one job (asynchronous training): whichever rank asks next gets the next batch, so a faster
+    rank takes more of them, and the stream ends when the epochs are used up: a budget counted in data.
 
     `one_worker` (the service inside rank 0): the stream is exactly the batches that allreduce's
     `num_ranks` ranks would take in those epochs (their pipelines, round robin), so both strategies

@@ -317,8 +317,8 @@ def asr_dataset(
     the step then normalizes each utterance by its own statistics), `tokens` int32 [B, L] (0-padded),
     `token_lengths` int32 [B], `utt_id` and `speaker` string [B], `targets` int32 [B, T]
     (-1-padded) when the shards carry frame targets, and `phones` int32 [B, P] (0-padded) and
-    `phone_lengths` int32 [B] when they carry phone targets (pipeline/phones.py). `training=False`: this rank's share of the
-    shards in order, unshuffled (evaluation).
+    `phone_lengths` int32 [B] when they carry phone targets (pipeline/phones.py). `training=False`:
+    this rank's share of the shards in order, unshuffled (evaluation).
     """
     part = shards.split(split)
     return _batches(shards, part, cfg, rank, size, epoch, training, _traced_once(asr_assembler, shards, part, cfg))

@@ -52,8 +52,9 @@ def pad_batch(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def load_vocabulary(path: str | Path) -> dict:
     """{"vocabulary": [...], "lowercase": bool, "phonemes": voice, "phoneme_vocabulary": [...],
-    "phone_vocabulary": [...], "phones": {...} ("" and empty: none)} of a trained model or of shards (`--vocabulary-from`): `path` is a training workdir,
-    its model/ directory or model/data.json, a shards directory or its manifest.json."""
+    "phone_vocabulary": [...], "phones": {...} ("" and empty: none)} of a trained model or of shards
+    (`--vocabulary-from`): `path` is a training workdir, its model/ directory or model/data.json, a
+    shards directory or its manifest.json."""
     path = Path(path)
     tried = [path] if path.is_file() else [path / records.MANIFEST, path / "data.json", path / "model" / "data.json"]
     for candidate in tried:

@@ -13,7 +13,10 @@ RUNS=$ROOT/.runs
 PORT=${AIRFLOW_PORT:-8080}
 
 [ -x .venv-airflow/bin/airflow ] || { echo "no .venv-airflow: run 'make setup' first" >&2; exit 1; }
-[ -x .venv/bin/python ] || { echo "no .venv (the training environment the tasks run): run 'make setup' first" >&2; exit 1; }
+[ -x .venv/bin/python ] || {
+  echo "no .venv (the training environment the tasks run): run 'make setup' first" >&2
+  exit 1
+}
 
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$RUNS/airflow}
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$RUNS/mlflow.db}
@@ -26,7 +29,8 @@ export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-2}
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT=$PORT
 export AIRFLOW__API__BASE_URL=http://127.0.0.1:$PORT
-# The DAG's cluster mode renders pods with workflow.pods and workflow.training_job, which need no installation from here.
+# The DAG's cluster mode renders pods with workflow.pods and workflow.training_job, which need no
+# installation from here.
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 # standalone starts its parts as `airflow ...` from PATH.
 export PATH=$ROOT/.venv-airflow/bin:$PATH

@@ -43,11 +43,15 @@ has_postgres() { command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postg
 optional=()
 skipped=()
 has_postgres || { optional+=(postgresql); skipped+=("PostgreSQL: the test of MLflow on PostgreSQL"); }
-command -v chromium >/dev/null 2>&1 || { optional+=(chromium); skipped+=("Chromium: the browser test of the try page"); }
+command -v chromium >/dev/null 2>&1 || {
+  optional+=(chromium)
+  skipped+=("Chromium: the browser test of the try page")
+}
 # Festival and its voices of the demo corpus (common/voices.py: ked and kal diphone, slt HTS).
 # Optional: without them the corpus leaves Festival's voices out and says so.
 festival=(festival festvox-kdlpc16k festvox-kallpc16k festvox-us-slt-hts)
-if ! command -v festival >/dev/null 2>&1 || { command -v dpkg >/dev/null && ! dpkg -s "${festival[@]:1}" >/dev/null 2>&1; }; then
+if ! command -v festival >/dev/null 2>&1 \
+  || { command -v dpkg >/dev/null && ! dpkg -s "${festival[@]:1}" >/dev/null 2>&1; }; then
   optional+=("${festival[@]}")
   skipped+=("Festival: its voices in the demo corpus")
 fi
@@ -63,13 +67,15 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#optional[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" "${optional[@]}" >/dev/null
   elif [ ${#missing[@]} -gt 0 ]; then
-    die "missing system packages: ${missing[*]} ${optional[*]}. Install them, e.g. 'sudo apt-get install ${missing[*]} ${optional[*]}', then run 'make setup' again."
+    die "missing system packages: ${missing[*]} ${optional[*]}. Install them, e.g." \
+      "'sudo apt-get install ${missing[*]} ${optional[*]}', then run 'make setup' again."
   else
     for what in "${skipped[@]}"; do say "${what%%:*} is not installed: ${what#*: } will be skipped"; done
     say "to run them: sudo apt-get install ${optional[*]}"
   fi
 fi
-command -v "$PYTHON" >/dev/null || die "$PYTHON not found: the project needs Python 3.11 (set PYTHON=/path/to/python3.11)."
+command -v "$PYTHON" >/dev/null \
+  || die "$PYTHON not found: the project needs Python 3.11 (set PYTHON=/path/to/python3.11)."
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || die "$PYTHON is not Python 3.11."
 
 # --- side environments (built in the background while Horovod compiles) -----------------------
@@ -131,8 +137,13 @@ fi
 # TensorFlow from Horovod's CMake), and with the system cmake (pip's cmake 4.x rejects the gloo
 # that Horovod bundles). MPI is added when an MPI compiler is present.
 hvd_flags="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1"
-if command -v mpicxx >/dev/null 2>&1; then hvd_flags+=" HOROVOD_WITH_MPI=1"; else hvd_flags+=" HOROVOD_WITHOUT_MPI=1"; fi
-hvd_hash=$(echo "$hvd_flags $(cat "$REQ/horovod.in") $(grep -i '^tensorflow-cpu==' "$REQ/train.lock")" | sha256sum | cut -c1-16)
+if command -v mpicxx >/dev/null 2>&1; then
+  hvd_flags+=" HOROVOD_WITH_MPI=1"
+else
+  hvd_flags+=" HOROVOD_WITHOUT_MPI=1"
+fi
+tf_pin=$(grep -i '^tensorflow-cpu==' "$REQ/train.lock" || true)
+hvd_hash=$(echo "$hvd_flags $(cat "$REQ/horovod.in") $tf_pin" | sha256sum | cut -c1-16)
 if ! stamp_ok .venv/.stamp-horovod "$hvd_hash" || ! .venv/bin/python -c 'import horovod.tensorflow' 2>/dev/null; then
   say "compiling Horovod against TensorFlow (about 3 minutes on 2 cores; cached by pip afterwards)"
   .venv/bin/python -m pip uninstall -q -y horovod 2>/dev/null || true
@@ -175,4 +186,5 @@ for job in "airflow:$airflow_job" "k8s:$k8s_job" "try:$try_job" "benchmarks:$ben
   fi
   cat "build/setup-${job%%:*}.log"
 done
-say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks), .venv-try (the try page), .venv-benchmarks (the reference recognizer)"
+say "environments ready: .venv (training), .venv-airflow (Airflow), .venv-k8s (manifest checks)," \
+  ".venv-try (the try page), .venv-benchmarks (the reference recognizer)"

@@ -23,10 +23,13 @@ OVERLAYS=(gpu single-node)
 say() { printf '\033[1m[validate-k8s]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[validate-k8s] %s\033[0m\n' "$*" >&2; exit 2; }
 
-[ -x "$VENV/bin/python" ] || die "$VENV is missing: python3.11 -m venv $VENV && $VENV/bin/pip install -r requirements/k8s.in -c requirements/k8s.lock"
+[ -x "$VENV/bin/python" ] \
+  || die "$VENV is missing: python3.11 -m venv $VENV &&" \
+    "$VENV/bin/pip install -r requirements/k8s.in -c requirements/k8s.lock"
 # kubectl renders the kustomizations: the one pinned in .venv-k8s, else the machine's.
 KUBECTL="$VENV/bin/kubectl"
-[ -x "$KUBECTL" ] || KUBECTL=$(command -v kubectl) || die "kubectl not found (requirements/k8s.in installs one into $VENV)"
+[ -x "$KUBECTL" ] || KUBECTL=$(command -v kubectl) \
+  || die "kubectl not found (requirements/k8s.in installs one into $VENV)"
 [ -f "$CRD" ] || die "MPIJob CRD $CRD not found (it ships in k8s/schemas/; set MPIJOB_CRD=...)"
 PY="$VENV/bin/python"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
