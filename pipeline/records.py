@@ -101,8 +101,9 @@ def load_manifest(out_dir: Path) -> dict:
         data_dirs = {name: split["data_dir"] for name, split in manifest.get("splits", {}).items()}
         raise ValueError(
             f"{path}: the shards are in format version {version}{kind}; this speechflow reads format "
-            f"{FORMAT_VERSION} (chunks of same-length utterances, float16 features). Rewrite them with "
-            f"`{rewrite_command(Path(out_dir), data_dirs)}` (the shard stage replaces shards of another format)"
+            f"{FORMAT_VERSION} (chunks of same-length utterances, uint8, float16 or float32 features). "
+            f"Rewrite them with `{rewrite_command(Path(out_dir), data_dirs)}` "
+            "(the shard stage replaces shards of another format)"
         )
     return manifest
 

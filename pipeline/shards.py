@@ -7,8 +7,9 @@
 Every utterance of every split is read and checked (kaldi.py lists the reasons); the rejected
 ones go to `OUT/rejected.tsv` with the feature stage's rejections, so none disappears. Shards are
 `{split}-{i:05d}-of-{K:05d}.tfrecord[.gz]` in the format of pipeline/records.py: records are chunks
-of about 8 utterances of one length class (features as float16 by default, exactly as read
-otherwise: normalization is applied by the input pipeline, so it can change without re-sharding),
+of about 8 utterances of one length class (features as 8-bit codes by default, `feature_dtype`
+float16 or float32 on request, never normalized: normalization is applied by the input pipeline, so
+it can change without re-sharding),
 and every shard holds the same number of chunks of each class in the same order (`plan_layout`),
 so every Horovod rank's share has the same mix of lengths and the ranks' batches line up.
 With `--phonemes VOICE` every transcript's phonemes (pipeline/phonemes.py, espeak-ng's in that

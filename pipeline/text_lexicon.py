@@ -35,9 +35,9 @@ import argparse
 import dataclasses
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common import cli, fsutil
@@ -265,11 +265,11 @@ def _phonemize(sentences: Sequence[str], config: TextLexiconConfig, show_progres
     calls at once as there are cores (threads: each waits on its own espeak-ng process)."""
     batches = [list(sentences[i : i + config.batch]) for i in range(0, len(sentences), config.batch)]
     spoken: list[list[str]] = []
-    with progress(total=len(sentences), unit="sentence", desc="espeak-ng", disable=not show_progress) as bar:
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            for batch, said in zip(batches, pool.map(lambda b: phonemes.phonemize(b, config.voice), batches)):
-                spoken += said
-                bar.update(len(batch))
+    bar = progress(total=len(sentences), unit="sentence", desc="espeak-ng", disable=not show_progress)
+    with bar, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for batch, said in zip(batches, pool.map(lambda b: phonemes.phonemize(b, config.voice), batches)):
+            spoken += said
+            bar.update(len(batch))
     return spoken
 
 
