@@ -3,8 +3,8 @@
     python benchmarks/report.py [--results benchmarks/results] [--out docs/benchmarks.md]
 
 (`make bench-report`.) Every figure on the page comes from a JSON file; the page's texts around the
-tables live in benchmarks/page.md.j2 and hold no figures. tests/test_docs.py fails when the committed page differs from
-what this program makes of the committed JSON.
+tables live in the template benchmarks/page.md.j2 and hold no figures. tests/test_docs.py fails when
+the committed page differs from what this program makes of the committed JSON.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ class Section(NamedTuple):
 def section(name: str, title: str, renderer: Callable[[dict], list[str]]) -> Section:
     """`name`'s section, its texts the template's `<stem>_what` and `<stem>_read` macros joined into one line."""
     stem = Path(name).stem
+    missing = [f"{stem}_{part}" for part in ("what", "read") if not hasattr(MACROS, f"{stem}_{part}")]
+    if missing:
+        raise ValueError(f"{TEMPLATE}: no macro {' or '.join(missing)} for {name}'s section: add it")
     what, read = (" ".join(str(getattr(MACROS, f"{stem}_{part}")()).split()) for part in ("what", "read"))
     return Section(title, what, renderer, read)
 
