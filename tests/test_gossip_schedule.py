@@ -284,7 +284,7 @@ def test_allreduce_saturates_while_gossip_keeps_scaling():
 def test_the_gpu_projection_reads_the_copied_calibration_and_names_its_assumptions():
     import json
 
-    from benchmarks import speedup_model
+    from benchmarks import report_speed, speedup_model
 
     calibration = json.loads(speedup_model.CALIBRATION.read_text())
     assert calibration["provenance"]["device"].startswith("one NVIDIA H100")
@@ -293,7 +293,7 @@ def test_the_gpu_projection_reads_the_copied_calibration_and_names_its_assumptio
     assert gpu["ttransmit_s"] == pytest.approx(2_541_332 * 4 / 25e9) and gpu["assumptions"]["link_bytes_per_s"] == 25e9
     assert gpu["allreduce_predicted_speedup_n8"] == pytest.approx(8)  # computation hides the ring at 8
     assert gpu["allreduce_predicted_speedup_n128"] < gpu["adpsgd_predicted_speedup_n128"] == pytest.approx(128)
-    rows = speedup_model.gpu_rows(gpu)
+    rows = report_speed.gpu_rows(gpu)
     assert [r[0] for r in rows] == ["allreduce", "adpsgd"] and rows[1][-1] == pytest.approx(84)
 
 
