@@ -137,6 +137,7 @@ def _loop(committed, plan, position, world_sizes, faults, *, setup, compiled, de
     step = position["step"]
     more = not position.get("done") and (setup.budget_in_data or step < plan.total_steps)
     with guard:
+        # This rank's own input pipeline, or with --data-service the tf.data service's batches (schedule.py).
         iterator, service = schedule.batches(setup, plan, position) if more else (iter(()), None)
         while setup.budget_in_data or step < plan.total_steps:
             started = time.perf_counter()
