@@ -102,8 +102,9 @@ def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("aug")
     train = make_wav_dir(root / "train", num_utts=6, seconds=0.5)
     (train / "utt2voice").write_text("".join(f"spk{i % 2}-utt{i:03d} espeak-ng:en\n" for i in range(6)))
-    assert augment.main(["--data", str(train), "--out", str(root / "train_aug"), "--jobs", "2", "--no-progress",
-                         *(a for s in SETS for a in ("--set", s))]) == 0  # fmt: skip
+    settings = [a for s in SETS for a in ("--set", s)]
+    args = ["--data", str(train), "--out", str(root / "train_aug"), "--jobs", "2", "--no-progress", *settings]
+    assert augment.main(args) == 0
     return train, root / "train_aug"
 
 
