@@ -22,6 +22,7 @@ import functools
 import json
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -202,10 +203,13 @@ def apply_overrides(config: T, values: Mapping[str, Any], prefix: str = "") -> T
                 raise ValueError(f"config keys under {prefix}{key}: this config has no such section")
             inner = f"{prefix}{key}." if key else prefix
             config = dataclasses.replace(config, **{field.name: apply_overrides(current, section, prefix=inner)})
+    # A class may name keys it ignores: a tuple silently, a mapping with the warning's reason for each.
     ignored = cls.ignored_keys(config) if hasattr(cls, "ignored_keys") else ()
     for key in pending:
         if key not in ignored:
             raise _unknown(prefix + key, valid)
+        if isinstance(ignored, Mapping):
+            warnings.warn(f"config key '{prefix}{key}' {ignored[key]}: ignored", UserWarning, 2)
     return config
 
 

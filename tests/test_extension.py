@@ -94,10 +94,10 @@ def test_the_plan_and_command_lines_know_the_extensions_without_tensorflow(tmp_p
 
 def test_an_extensions_settings_are_typed_and_checked_without_tensorflow():
     """Its own dataclasses: a typo names the nearest key, a wrong type is refused, another strategy's
-    options are ignored."""
+    options are ignored with a warning."""
     out = python(
         """
-        import json, sys
+        import json, sys, warnings
         from common import config as configlib
         from models.training.config import TrainConfig
         from workflow import plan
@@ -112,9 +112,12 @@ def test_an_extensions_settings_are_typed_and_checked_without_tensorflow():
                                                  "strategy.name=local_sgd", "strategy.every=2"])
         seen["own"] = [own.settings.hidden, own.strategy.options.every]
         # a file written for local_sgd, run as allreduce
-        other = configlib.load(TrainConfig, None, ["strategy.name=local_sgd", "strategy.every=3"],
-                               flags={"strategy": {"name": "allreduce"}})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            other = configlib.load(TrainConfig, None, ["strategy.name=local_sgd", "strategy.every=3"],
+                                   flags={"strategy": {"name": "allreduce"}})
         seen["other"] = [other.strategy.name, other.strategy.options.compression]
+        seen["warned"] = [str(w.message) for w in caught]
         seen["heavy"] = [m for m in ("tensorflow", "keras", "horovod", "mlflow", "numpy") if m in sys.modules]
         print(json.dumps(seen))
         """,
@@ -126,6 +129,9 @@ def test_an_extensions_settings_are_typed_and_checked_without_tensorflow():
     assert "did you mean 'strategy.every'?" in seen["strategy.evry=2"]
     assert seen["own"] == [8, 2]
     assert seen["other"] == ["allreduce", "none"], "another strategy's options are ignored"
+    assert seen["warned"] == [
+        "config key 'strategy.every' is an option of strategy 'local_sgd', not of 'allreduce': ignored"
+    ]
     assert seen["heavy"] == []
 
 

@@ -43,13 +43,18 @@ class StrategyConfig:
         configlib.fill_registered(self)
 
     @classmethod
-    def ignored_keys(cls, config) -> tuple[str, ...]:
+    def ignored_keys(cls, config) -> dict[str, str]:
         """Another strategy's options (a config file written for it, run with --strategy NAME) are
-        ignored, as a file's sections of other models are; `config` holds the final choice."""
+        ignored with a warning naming their strategy; `config` holds the final choice."""
         own = options_class(config.name)
         names = {f.name for f in dataclasses.fields(own)} if own else set()
-        others = (options_class(other) for other in catalog.strategies() if other != config.name)
-        return tuple({f.name for other in others if other is not None for f in dataclasses.fields(other)} - names)
+        return {
+            f.name: f"is an option of strategy {other!r}, not of {config.name!r}"
+            for other in catalog.strategies()
+            if other != config.name and options_class(other) is not None
+            for f in dataclasses.fields(options_class(other))
+            if f.name not in names
+        }
 
 
 @dataclasses.dataclass(frozen=True)
