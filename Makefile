@@ -27,8 +27,9 @@ test-e2e: setup
 	$(PY) -m pytest $(PYTEST_XDIST) -m slow
 
 lint: setup
-	$(PY) -m ruff check common pipeline models apps workflow dags tests benchmarks
-	$(PY) -m ruff format --check common pipeline models apps workflow dags tests benchmarks
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) scripts/long_functions.py
 
 # mypy: every registered model and strategy implements models/interfaces.py's protocols
 # (tests/typecheck/registered.py; pyproject.toml's [tool.mypy]). tests/test_protocols.py runs it too.

@@ -24,7 +24,8 @@ def test_the_benchmarks_page_is_what_the_report_makes_of_the_committed_json(tmp_
     out = tmp_path / "benchmarks.md"
     assert report.main(["--out", str(out)]) == 0
     assert out.read_text() == (ROOT / "docs" / "benchmarks.md").read_text(), (
-        "docs/benchmarks.md differs from what benchmarks/report.py makes of benchmarks/results/: run `make bench-report`"
+        "docs/benchmarks.md differs from what benchmarks/report.py makes of benchmarks/results/:"
+        " run `make bench-report`"
     )
 
 
