@@ -13,9 +13,10 @@ setup:
 
 # Two phases, as CI runs them (.ci/run): the unit tests, then the end-to-end runs (marked slow), each
 # in two pytest-xdist processes (measured on 2 cores: the unit phase 183 s against 263 s in one).
-# PYTEST_WORKERS=0 runs in one process; one test: .venv/bin/python -m pytest tests/test_x.py::test_y
+# Tests that share one run (`@pytest.mark.xdist_group`) go to the same process (`--dist loadgroup`), which
+# builds it once. PYTEST_WORKERS=0 runs in one process; one test: .venv/bin/python -m pytest tests/test_x.py::test_y
 PYTEST_WORKERS ?= 2
-PYTEST_XDIST := -n $(PYTEST_WORKERS)
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
 test: setup
 	$(PY) -m pytest $(PYTEST_XDIST) -m "not slow"
 	$(PY) -m pytest $(PYTEST_XDIST) -m slow
