@@ -15,8 +15,8 @@ and beam search with the LM from one forward pass. The conditions:
   less every sentence of every split of the run, so no test sentence is in it.
 
 Beside each LM figure: the split's share of words the LM never saw and the share of its word
-3-grams the LM's text had (models/asr/lm.py `coverage`). `--tiny`: a tiny acoustic model trained for
-a few steps on synthetic shards, for the tests.
+3-grams the LM's text had (models/asr/lm.py `coverage`). `--tiny` (the tests): a small general text and a
+grid of two points; without `--demo-run`, on a tiny acoustic model trained for a few steps on synthetic shards.
 """
 
 from __future__ import annotations
@@ -126,10 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = (args.work or Path(tempfile.mkdtemp(prefix="lm-decoding-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    if args.tiny:
-        run_dir = tiny_run(work / "run")
-    elif args.demo_run:
+    if args.demo_run:
         run_dir = args.demo_run.resolve()
+    elif args.tiny:
+        run_dir = tiny_run(work / "run")
     else:
         parser.error("give --demo-run DIR (or --tiny)")
     asr, shards, corpus = run_dir / "asr", run_dir / "shards", run_dir / "corpus"

@@ -1257,7 +1257,7 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     def benchmark(name: str, *args: str) -> tuple[dict, str]:
         """benchmarks/NAME.py on the run (tiny): its JSON and its printed table."""
         out = dag_run.run_dir / f"{name}.json"
-        command = [PYTHON, f"benchmarks/{name}.py", "--demo-run", str(dag_run.run_dir), "--max-utterances", "4"]
+        command = [PYTHON, f"benchmarks/{name}.py", "--demo-run", str(dag_run.run_dir)]
         proc = subprocess.run(
             [*command, *args, "--json", str(out)],
             cwd=ROOT,
@@ -1269,8 +1269,9 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(out.read_text()), proc.stdout
 
+    few = ("--max-utterances", "4")  # of the run's utterances, what the benchmarks that take some use
     # benchmarks/tts_seeds.py on the run: its synthesis model as seed 0, seed 1 trained and evaluated.
-    tiny = ["--config", TINY["tts_config"], "--run-config", TINY["tts_config"], "--set", "max_steps=4"]
+    tiny = [*few, "--config", TINY["tts_config"], "--run-config", TINY["tts_config"], "--set", "max_steps=4"]
     levers = dag_run.run_dir / "levers.json"
     seeds, _ = benchmark("tts_seeds", "--seeds", "0,1", *tiny, "--lever", "four steps", "--levers-json", str(levers))
     assert [s["source"] for s in seeds["seeds"].values()] == ["the demo run", "trained here"]
@@ -1284,7 +1285,7 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
 
     # benchmarks/tts_durations.py on the run's synthesis model: the searched durations through synthesis
     # are the teacher-forced frames, so the listener hears the same.
-    durations, table = benchmark("tts_durations")
+    durations, table = benchmark("tts_durations", *few)
     assert durations["utterances"] == 4 and set(durations["arms"]) >= {"searched", "predicted", "predicted_vocoded"}
     assert durations["arms"]["searched"]["cer"] == pytest.approx(durations["arms"]["teacher_forced"]["cer"], abs=0.05)
     assert durations["durations"]["characters"] > 0 and "searched" in table
@@ -1299,9 +1300,18 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
 
     # benchmarks/serving.py on the run: its acoustic model served with its word LM, posted its held-out voices,
     # as served and with the request param lm: false.
-    served, table = benchmark("serving", "--tiny")
+    from tests.test_benchmarks import check_keys
+
+    served, table = benchmark("serving", *few, "--tiny")
+    check_keys("serving", served)
     assert served["with_lm"] and "test_engine" in served["posted"] and "beam search + LM" in table
     assert served["w1_c1"]["failed"] == served["w1_c1_greedy"]["failed"] == served["failed_16_clients"] == 0
+
+    # benchmarks/lm_decoding.py on the run's acoustic model: an LM of each text, tuned on dev_engine, every split.
+    decoded, table = benchmark("lm_decoding", "--tiny", "--work", str(dag_run.run_dir / "lm-decoding"))
+    check_keys("lm_decoding", decoded)
+    assert set(decoded["conditions"]) == {"corpus_o3", "general_o3"} and "test_engine" in decoded["splits"]
+    assert all(c["chosen"]["on"] == "dev_engine" for c in decoded["conditions"].values()) and table.strip()
 
     # Each training is two ranks that agree, logged to the server.
     client = mlflow.MlflowClient(dag_run.uri)
