@@ -257,7 +257,8 @@ SERVING_TABLE = ["setting", "requests", "req/s", "p50 s", "p99 s", "RTF p50", "R
 def serving(r: dict) -> list[str]:
     """benchmarks/serving.py: per server and arm, each load level and the one batch request, then the goals."""
     rows = []
-    arms = {"": "as served"} if not r["with_lm"] else {"": "beam search + LM", "_greedy": "greedy"}
+    greedy = any(k.endswith("_greedy") for k in r)  # a char model with its LM, also measured with lm: false
+    arms = {"": "beam search + LM", "_greedy": "greedy"} if greedy else {"": "as served"}
     for workers in sorted({int(m[1]) for k in r if (m := re.match(r"w(\d+)_", k))}):
         for arm, name in arms.items():
             levels = [v for k, v in r.items() if k.startswith(f"w{workers}_c") and k.endswith(f"_c{v['clients']}{arm}")]
@@ -283,7 +284,9 @@ def serving(r: dict) -> list[str]:
     out = [f"Model: {r['model']}. Clients post {r['posted']} on the server's own machine.", ""]
     out += table(SERVING_TABLE, rows)
     out += [
-        ("As served (with its word LM). " if r["with_lm"] else "")
+        {"lm": "As served (with its word LM). ", "graph": "As served (words through its HLG graph). "}.get(
+            r.get("decoder", "lm" if r["with_lm"] else "greedy"), ""
+        )
         + f"Goals at one worker: real-time factor at one client {num(r['rtf_1_client'], 3)} (goal <= "
         f"{goals['rtf_1_client']}); p99 latency at 4 clients {num(r['p99_s_4_clients'], 2)} s (goal <= "
         f"{goals['p99_s_4_clients']} s); failed requests at 16 clients {r['failed_16_clients']} (goal "

@@ -42,6 +42,7 @@ from common.ports import reserve_port  # noqa: E402
 
 GOALS = {"rtf_1_client": 0.05, "p99_s_4_clients": 2.0, "failed_16_clients": 0}
 GOALS_WITH_LM = {**GOALS, "p99_s_4_clients": 1.0}  # a trained model served with its word LM
+GOALS_WITH_GRAPH = {**GOALS, "p99_s_4_clients": 0.5}  # a trained phone model served through its HLG graph
 VOCABULARY_TEXT = "abcdefghijklmnopqrstuvwxyz '"
 
 
@@ -187,10 +188,12 @@ def posted_audio(args) -> tuple[list, list]:
     return utterances(4 if args.tiny else 24, 3.0, 6.0), utterances(4 if args.tiny else 16, 3.0, 6.0, seed=1)
 
 
-def described(args, config_file: Path, with_lm: bool, utts: list, arms: dict) -> dict:
-    """What the results file says of the model, the audio posted, the goals and the arms."""
+def described(args, config_file: Path, decoder: str | None, utts: list, arms: dict) -> dict:
+    """What the results file says of the model, the audio posted, the goals and the arms; `decoder`: "lm" (an
+    attached n-gram), "graph" (an attached HLG graph) or None."""
+    attached = {"lm": ", with its word LM", "graph": ", phones, with its HLG graph", None: ""}[decoder]
     what = (
-        f"the demo run's acoustic model (asr/model, trained{', with its word LM' if with_lm else ''})"
+        f"the demo run's acoustic model (asr/model, trained{attached})"
         if args.model
         else f"{config_file.relative_to(ROOT)} shapes, untrained weights"
     )
@@ -203,8 +206,9 @@ def described(args, config_file: Path, with_lm: bool, utts: list, arms: dict) ->
     return {
         "model": what,
         "posted": posted,
-        "goals": GOALS_WITH_LM if with_lm else GOALS,
-        "with_lm": with_lm,
+        "goals": {"lm": GOALS_WITH_LM, "graph": GOALS_WITH_GRAPH, None: GOALS}[decoder],
+        "with_lm": decoder is not None,
+        "decoder": decoder or "greedy",
         "arms": {k or "served": v for k, v in arms.items()},
     }
 
@@ -239,15 +243,17 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     config_file = ROOT / ("tests/configs/tiny_asr.yaml" if args.tiny else "configs/demo_asr.yaml")
     source = args.model or model_dir(work / "model", config_file)
-    with_lm = args.model is not None and lm.attached(args.model) is not None
+    attached = lm.attached(args.model) if args.model is not None else None
+    decoder = None if attached is None else "graph" if lm.is_graph(attached) else "lm"
     uri, store = serve.log_to_new_store(source, work)
     levels = (1, 2) if args.tiny else (1, 4, 16)
     total = 4 if args.tiny else args.requests
     utts, batch = posted_audio(args)
     env = serve.serve_env(dict(os.environ, MLFLOW_TRACKING_URI=store, TF_CPP_MIN_LOG_LEVEL="2"))
-    # A model with its LM: as served (beam search with the LM), then greedy (the request param lm: false).
-    arms = {"": None, "_greedy": {"lm": False}} if with_lm else {"": None}
-    results = described(args, config_file, with_lm, utts, arms)
+    # A char model with its LM: as served (beam search with the LM), then greedy (the request param lm: false).
+    # A phone model spells words only through its graph (lm: false is refused): as served only.
+    arms = {"": None, "_greedy": {"lm": False}} if decoder == "lm" else {"": None}
+    results = described(args, config_file, decoder, utts, arms)
     for workers in [int(w) for w in args.workers.split(",")]:
         command = serve.serve_command(uri, reserve_port(), workers=workers)
         with serve.ModelServer(command, env, work, work / f"serve-w{workers}.log") as server:
