@@ -130,10 +130,10 @@ def tts_curve(batches: tuple[int, ...], tiny: bool, repeats: int) -> dict:
     calibration's shapes. The first steps (tracing, XLA compilation) are not counted."""
     import dataclasses
 
-    from models.tts import model as tts
+    from models.tts.config import TtsConfig
 
     chars, frames = (12, 30) if tiny else (60, 600)
-    base = tts.TtsConfig(vocab_size=40)
+    base = TtsConfig(vocab_size=40)
     if tiny:
         base = dataclasses.replace(base, **TINY_TTS)
     results = {}

@@ -41,7 +41,7 @@ def test_a_second_model_in_one_process_restores_the_first_ones_checkpoint(tmp_pa
     import keras
 
     from models.asr import network as asr
-    from models.tts import model as tts
+    from models.tts import network as tts
 
     for build, config in (
         (asr.build_asr, asr.AsrConfig(feature_dim=5, vocab_size=7, num_layers=1, units=4, projection=0)),

@@ -13,7 +13,7 @@ from keras.src.backend.tensorflow.rnn import _do_lstm_arguments_support_cudnn
 from common import config as configlib
 from models.asr import network as asr
 from models.training.config import TrainConfig
-from models.tts import model as tts
+from models.tts import network as tts
 from tests.conftest import ROOT
 
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from models.asr import network as asr
 from models.layers import lstm
 from models.training import checkpoint
-from models.tts import model as tts
+from models.tts import network as tts
 from models.tts.task import TtsTask
 from tests.test_tts import TINY, synthetic_batch
 

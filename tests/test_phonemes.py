@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from models.training.config import TrainConfig
-from models.tts import model as tts
+from models.tts import config as tts
 from models.tts.task import TtsTask, encode_input
 from pipeline import dataset, phonemes, records, shards, text
 from tests.kaldi_fixtures import make_feats_dir

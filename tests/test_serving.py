@@ -34,7 +34,7 @@ from models.serving import pyfunc as serving
 from models.serving.request_policy import RequestError, ServingConfig
 from models.training import checkpoint
 from models.training.config import TrainConfig
-from models.tts import model as tts
+from models.tts import network as tts
 from pipeline import dataset, features, frontend, kaldi, records, shards, text
 from tests.conftest import CONFIGS, PYTHON, ROOT, quiet_env
 from tests.kaldi_fixtures import make_wav_dir, tone

@@ -19,7 +19,9 @@ from models.tts.alignment import (
     beta_binomial_cost,
     monotonic_alignment,
 )
-from models.tts.model import TtsConfig, build_tts, speaker_ids
+from models.tts.base import speaker_ids
+from models.tts.config import TtsConfig
+from models.tts.network import build_tts
 from models.tts.task import TtsTask, resolve_tts, speak
 from pipeline import features
 from tests.conftest import shard_set

@@ -3,7 +3,7 @@ normalized 80-bin log-mel frames, the alignment learned by attention.
 
 When to use it: it needs no alignment search and is the model most published work builds on, but
 its attention must first learn to walk the text, which on the demo's corpus and budget it does not
-do well enough to be intelligible: the demo trains the durations model (models/tts/model.py).
+do well enough to be intelligible: the demo trains the durations model (models/tts/durations.py).
 
 Encoder (models/tts/base.py) -> decoder: pre-net -> LSTM(s) with location-sensitive attention
 (Chorowski et al. 2015, as in Tacotron 2) -> `r` mel frames and `r` stop logits per step ->
@@ -38,7 +38,7 @@ def _forget_bias(shape, dtype=None):
 
 def attention_decoder_layers(c: TtsConfig) -> dict:
     """The attention decoder's layers for TtsConfig `c`, by attribute name (a tuple: a stack), in the
-    order their initializers draw seeds. Also what `DurationsTts` makes and drops (models/tts/model.py)."""
+    order their initializers draw seeds. Also what `DurationsTts` makes and drops (models/tts/durations.py)."""
     u, a = c.decoder_lstm_units, c.attention_dim
     n_dec = range(c.decoder_lstm_layers)
     return dict(

@@ -1,7 +1,7 @@
-"""What both synthesis models share: their config, the character encoder, the output projections, the
-post-net, the speaker table and the frame losses.
+"""What both synthesis models share: the character encoder, the output projections, the post-net, the
+speaker table and the frame losses (their config: models/tts/config.py).
 
-`SynthesisModel` is the base of `DurationsTts` (models/tts/model.py, the demo's model) and
+`SynthesisModel` is the base of `DurationsTts` (models/tts/durations.py, the demo's model) and
 `AttentionTacotron` (models/tts/attention.py). It holds every layer the two have in common and
 the stages around the decoder: `encode` (characters -> memory), `postnet` (frames -> refined
 frames), `teacher_forced` (encode, the subclass' `decode`, post-net) and the masked mel and stop

@@ -14,7 +14,7 @@ from typing import Literal
 
 @dataclasses.dataclass(frozen=True)
 class TtsConfig:
-    """Both synthesis models' config; `alignment` picks the model (models/tts/model.py `build_tts`)."""
+    """Both synthesis models' config; `alignment` picks the model (models/tts/network.py `build_tts`)."""
 
     # What the model reads: each sentence's "characters", or its "phonemes" (espeak-ng's, from shards
     # written with `--phonemes VOICE`; served text is turned into them by pipeline/phonemes.py).
@@ -60,7 +60,7 @@ class TtsConfig:
     # Where each character is spoken, and so which model. "attention": Tacotron's location-sensitive
     # attention learns it (models/tts/attention.py). "durations": monotonic alignment search
     # (Glow-TTS, Kim et al. 2020) finds it in every training batch and a duration predictor learns
-    # it for synthesis (FastSpeech, Ren et al. 2019): models/tts/model.py, the demo's model.
+    # it for synthesis (FastSpeech, Ren et al. 2019): models/tts/durations.py, the demo's model.
     alignment: Literal["attention", "durations"] = "attention"
     duration_weight: float = 1.0  # "durations": weight of the duration loss (squared steps) in the total
     # "durations": the alignment search's cost starts with a static diagonal prior (beta-binomial, Badlani

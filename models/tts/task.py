@@ -11,12 +11,14 @@ import numpy as np
 import tensorflow as tf
 
 from models.interfaces import DevLoss
-from models.tts import model as tts
+from models.tts.base import speaker_ids
+from models.tts.config import TtsConfig
+from models.tts.network import build_tts
 from pipeline import dataset, records, text
 from pipeline.augment_config import CLEAN_SPLIT  # the synthesis model reads clean audio only: no copies
 
 
-def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfig:
+def resolve_tts(config: TtsConfig, shards: records.ShardSet) -> TtsConfig:
     """Fills the sizes that come from the data (the input's vocabulary, mel bins) and the voices: the
     training split's speakers, one speaker-embedding row each (a config that names them keeps its
     own: a trained model's, read back for evaluation or serving). ValueError with the fix for a
@@ -38,7 +40,7 @@ def resolve_tts(config: tts.TtsConfig, shards: records.ShardSet) -> tts.TtsConfi
     return dataclasses.replace(config, vocab_size=vocab_size, n_mels=shards.feature_dim, speakers=speakers)
 
 
-def frame_sentences(config: tts.TtsConfig, tokens, lengths):
+def frame_sentences(config: TtsConfig, tokens, lengths):
     """With `config.boundaries`, each sentence between a start and an end symbol: tokens [B, N] int
     0-padded, lengths [B] -> tokens [B, N + 2] (start, the sentence, end, padding), lengths + 2.
     Without, the input unchanged. The one place the model's input is framed: `prepare` (training,
@@ -80,7 +82,7 @@ class TtsTask(DevLoss):
         # Serving asks for voices by name, and turns text into the model's input as the shards did.
         return {"voices": list(self.config.speakers), **self.phonemes}
 
-    def __init__(self, config: tts.TtsConfig, voice: str = "", phonemes: dict | None = None):
+    def __init__(self, config: TtsConfig, voice: str = "", phonemes: dict | None = None):
         """`voice`: a training voice that every utterance is spoken in (evaluation); empty: each
         utterance's own voice, or for a voice the model never heard, the nearest training voice.
         `phonemes`: for phoneme input, the voice and vocabulary the shards' phonemes were written
@@ -88,12 +90,12 @@ class TtsTask(DevLoss):
         self.config = config
         self.voice = voice
         if voice:
-            tts.speaker_ids(config, [voice])  # ValueError now, naming the voices, for one it lacks
+            speaker_ids(config, [voice])  # ValueError now, naming the voices, for one it lacks
         self._eval_loss = None
         self.phonemes = phonemes or {}
 
     def build(self):
-        return tts.build_tts(self.config)
+        return build_tts(self.config)
 
     def dataset(
         self,
@@ -148,7 +150,7 @@ class TtsTask(DevLoss):
         part = shards.split(split)
         speakers = part.speakers
         if self.voice:
-            return dict.fromkeys(speakers, int(tts.speaker_ids(self.config, [self.voice])[0]))
+            return dict.fromkeys(speakers, int(speaker_ids(self.config, [self.voice])[0]))
         own = {name: i for i, name in enumerate(self.config.speakers)}
         unseen = [s for s in speakers if s not in own]
         nearest = dict.fromkeys(unseen, 0)
@@ -216,7 +218,7 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
     `mels` float32 [B, T, D] (log-mel as the feature stage computes it, 0 after each sentence),
     `lengths` int32 [B] and `voices` [B] (the voice each sentence was spoken in)."""
     config = model.config
-    ids = tts.speaker_ids(config, voices)
+    ids = speaker_ids(config, voices)
     tokens, lengths = encode_input(config, data, texts)
     out = model.compiled_infer()(
         tf.constant(tokens), tf.constant(lengths), tf.constant(max_steps, tf.int32), tf.constant(0.5), tf.constant(ids)
@@ -228,7 +230,7 @@ def speak(model, data: dict, texts: list[str], voices: list, max_steps: int = 40
     return {"mels": mels.astype(np.float32), "lengths": mel_lengths, "voices": [names[i] for i in ids]}
 
 
-def encode_input(config: tts.TtsConfig, data: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_input(config: TtsConfig, data: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Sentences -> the model's input as its shards wrote it: (ids int32 [B, N] 0-padded, lengths
     [B]); characters, or for `input: phonemes` espeak-ng's phonemes in the voice the shards used;
     framed as `prepare` frames them (`frame_sentences`). A typed sentence is first spelled out as the

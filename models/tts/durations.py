@@ -1,18 +1,18 @@
-"""Synthesis: characters -> normalized 80-bin log-mel frames. This file holds the demo's model,
-`DurationsTts` (`alignment: durations`, configs/demo_tts.yaml), and `build_tts`, which builds
-either synthesis model from its config.
+"""The durations model, `DurationsTts` (`alignment: durations`, configs/demo_tts.yaml): the demo's
+synthesis model, characters -> normalized 80-bin log-mel frames.
 
-The durations model: where each character is spoken is searched, not learned by attention. In
-every training batch a monotonic alignment search (Glow-TTS, Kim et al. 2020; models/
-tts_alignment.py) finds the path through (decoder step, character) that best matches the frames
-the encoder predicts for each character; a duration predictor learns those durations for synthesis
-(FastSpeech, Ren et al. 2019); a decoder fed no frames (a bidirectional LSTM, or dilated
-convolutions with `durations_decoder: conv`) runs over the characters repeated by their
-durations. Nothing has to be learned by attention first, and synthesis runs the computation
-training ran (no exposure bias): use it unless you need the attention model.
+Where each character is spoken is searched, not learned by attention. In every training batch a
+monotonic alignment search (Glow-TTS, Kim et al. 2020; models/tts/alignment.py) finds the path
+through (decoder step, character) that best matches the frames the encoder predicts for each
+character; a duration predictor learns those durations for synthesis (FastSpeech, Ren et al.
+2019); a decoder fed no frames (a bidirectional LSTM, or dilated convolutions with
+`durations_decoder: conv`) runs over the characters repeated by their durations. Nothing has to be
+learned by attention first, and synthesis runs the computation training ran (no exposure bias):
+use it unless you need the attention model.
 
 The other model, the attention Tacotron (`alignment: attention`), is in models/tts/attention.py;
-the encoder, post-net, speaker table and frame losses both have are in models/tts/base.py.
+the encoder, post-net, speaker table and frame losses both have are in models/tts/base.py;
+models/tts/network.py's `build_tts` builds either from its config.
 
 Use: `model = build_tts(config)`; training `outputs = model.teacher_forced(batch, training=True)`
 and `model.compute_losses(batch, outputs)["total"]` inside `tf.function(reduce_retracing=True)`;
@@ -28,10 +28,9 @@ from keras import layers
 
 from models.layers import lstm
 from models.tts.alignment import monotonic_alignment, step_and_character_masks
-from models.tts.attention import AttentionTacotron, attention_decoder_layers
-from models.tts.base import F32, SynthesisModel, TtsConfig, dropout, mask, no_autograph, speaker_ids
-
-__all__ = ["DurationsTts", "TtsConfig", "build_tts", "speaker_ids"]
+from models.tts.attention import attention_decoder_layers
+from models.tts.base import F32, SynthesisModel, dropout, mask, no_autograph
+from models.tts.config import TtsConfig
 
 
 class DurationsTts(SynthesisModel):
@@ -255,10 +254,3 @@ class DurationsTts(SynthesisModel):
             lengths=lengths * r,
             alignments=align,
         )
-
-
-def build_tts(config: TtsConfig) -> SynthesisModel:
-    """The synthesis model `config.alignment` names, every variable created (so models/training/checkpoint.py
-    can restore into it): `DurationsTts` for "durations", `AttentionTacotron` for "attention"."""
-    model = DurationsTts(config) if config.alignment == "durations" else AttentionTacotron(config)
-    return model.build_variables()
