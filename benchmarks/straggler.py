@@ -15,7 +15,7 @@ one of them. The ideal at np=2 is (1 + 1/F) / 2 (0.75 at half speed, 0.625 at a 
 its speed and the slow one contributes what it can. Allreduce cannot do better than 1/F (every step
 waits for the slow rank). The fast rank's own throughput ratio is kept as a second column.
 
-The slowed rank computes each step F times (models/training/step.py `_slow_down`), and every rank is bound
+The slowed rank computes each step F times (models/training/step.py `slow_down`), and every rank is bound
 to its own share of the cores (`bind_cores`), so each rank's cores act as its own device. A rank
 that slept out its longer step instead left the host to the other rank: on a 2-core machine, even
 bound to separate cores, the other rank then trained up to 1.7 times faster than undisturbed, and

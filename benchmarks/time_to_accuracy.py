@@ -49,7 +49,7 @@ RUN_TIMEOUT_S = 2 * 3600  # an arm of the demo's config takes about 20 minutes o
 
 
 def steps_of(config: Path, shards: Path, sets: list[str], workers: int) -> int:
-    """Steps a run of `config` takes on `shards` with `workers` ranks (the Trainer's own plan)."""
+    """Steps a run of `config` takes on `shards` with `workers` ranks (as models/training/schedule.py counts them)."""
     from common import config as configlib
     from models.training.config import TrainConfig
     from pipeline.dataset import batch_plan
@@ -121,7 +121,7 @@ def run_seed(
         "steps": summary["steps"],
         "eval_every": every,
         "job_minutes": summary["job_wall_s"] / 60,
-        "startup_minutes": (summary["dev_clock_started_unix_s"] - launched) / 60,  # launch -> the Trainer built
+        "startup_minutes": (summary["dev_clock_started_unix_s"] - launched) / 60,  # launch -> the trainer set up
         "final_dev_cer": summary.get("last_dev_cer"),
         "selected_dev_cer": summary.get("selected_dev_cer"),
         "test_cer": test.get("test_cer"),

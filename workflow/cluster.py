@@ -219,7 +219,7 @@ def extension_modules(environ: Mapping[str, str] | None = None) -> tuple[str, ..
     """The modules SPEECHFLOW_EXTENSIONS names in the environment of the process that renders the
     manifests (`environ`, default os.environ): the Airflow pods' (k8s/airflow-values.yaml `env`), or
     the shell's for `python -m workflow.manifests`. It is the variable the DAG parser and the plan read
-    the registry with, so the pods know exactly the models and strategies the run was planned with.
+    the catalog with, so the pods know exactly the models and strategies the run was planned with.
     Raises ValueError for a name that is not a module path."""
     raw = (os.environ if environ is None else environ).get(catalog.EXTENSIONS_ENV, "")
     modules = tuple(name.strip() for name in raw.split(",") if name.strip())

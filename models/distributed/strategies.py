@@ -9,7 +9,7 @@ trains with every strategy. The trainer calls, per step:
     ...
     strategy.finish()                   # all ranks end with the same (consensus) weights
 
-The interface is models/interfaces.py `Strategy`; the registry of strategies (and what each
+The interface is models/interfaces.py `Strategy`; the catalog of strategies (and what each
 declares: budget in data, elastic) is common/catalog.py. The asynchronous gossip strategy (AD-PSGD)
 lives in models/distributed/gossip.py.
 """

@@ -13,7 +13,7 @@ so the served model's code must sit inside the code it carries, at that path.
 
 What it builds on lives below it. Each model's server is in its own package (common/catalog.py
 `ModelEntry.server`: models/asr/server.py, models/tts/server.py) and imports of serving only the request
-policy, which imports nothing of models/; the pyfunc model reaches a server only by its registry name.
+policy, which imports nothing of models/; the pyfunc model reaches a server only by its catalog name.
 The model packages, training and evaluation import nothing of serving (tests/test_layering.py); a
 trained model is opened by models/trained_model.py, which serving shares with them.
 

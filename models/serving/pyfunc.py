@@ -2,7 +2,7 @@
 
 Generic: `SpeechModel` opens the model directory (models/trained_model.py `load_model_dir`), reads the
 operator's limits from the environment (models/serving/request_policy.py `ServingConfig`) and hands every
-request to its model's server, which it finds only through the registry (common/catalog.py
+request to its model's server, which it finds only through the catalog (common/catalog.py
 `ModelEntry.server`, `catalog.resolve`); the server says what a request holds and what the answer
 is: models/asr/server.py (audio in, text out), models/tts/server.py (text in, WAV audio and
 log-mels out). The signature and input example of a logged model are its server's too.
