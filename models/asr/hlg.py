@@ -30,7 +30,7 @@ import numpy as np
 from kaldifst.lib._kaldifst import _ArcIteratorLattice as _LatticeArcs
 
 from common import fsutil
-from models.asr import decoding
+from models.asr import decoder_dir
 from pipeline import lang as langstage
 
 __all__ = ["GraphDecoder", "HlgDecoder", "HlgDecoding", "HlgGraph", "graph_record", "load_graph", "tune"]
@@ -237,7 +237,7 @@ class GraphDecoder:
         self.lm_dir = Path(lang_dir)
         self.graph = load_graph(self.lm_dir, len(outputs), outputs)
         self.record = self.graph.record
-        self.settings = settings or decoding.chosen_settings(self.lm_dir, HlgDecoding)
+        self.settings = settings or decoder_dir.chosen_settings(self.lm_dir, HlgDecoding)
         self.words = set(self.graph.words) - {langstage.EPS, "#0", "<s>", "</s>"}
         self._decoder = HlgDecoder(self.graph, self.settings)
 
@@ -272,7 +272,7 @@ class GraphDecoder:
     def coverage(self, references: Sequence[str]) -> dict:
         """The share of the references' words outside words.txt (`lm_oov_rate`; the graph can never
         spell them); `lm_3gram_hit` None: a lang dir keeps no n-grams of its LM's text."""
-        return decoding.coverage_of(self.words, None, references)
+        return decoder_dir.coverage_of(self.words, None, references)
 
 
 def tune(

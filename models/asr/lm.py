@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from common import fsutil
-from models.asr import decoding
+from models.asr import decoder_dir
 from pipeline import lm as lmstage
 from pipeline.text import BLANK, UNK
 
-DECODING = decoding.DECODING
+DECODING = decoder_dir.DECODING
 GRAPH_RECORD = "lang.json"  # pipeline/lang.py RECORD, named here so that a char model's LM needs no kaldifst
 GRAPH_FILES = ("HLG.fst", "tokens.txt", "words.txt", GRAPH_RECORD)  # what a phone model decodes with
 TARGETS = ("chars", "phones")  # a model's data record's `targets`: what its output layer spells
@@ -97,7 +97,7 @@ def settings_of(lm_dir: str | Path, **overrides):
         from models.asr.hlg import HlgDecoding as kind
     else:
         kind = LmDecoding
-    return decoding.chosen_settings(lm_dir, kind, **overrides)
+    return decoder_dir.chosen_settings(lm_dir, kind, **overrides)
 
 
 def is_graph(lm_dir: str | Path) -> bool:
@@ -146,7 +146,7 @@ class LmDecoder:
         """`coverage` of this decoder's LM, from the n-grams it has read already."""
         if self._trigrams is None and self.record["order"] >= 3:
             self._trigrams = ngrams(self.arpa, 3)
-        return decoding.coverage_of(self.words, self._trigrams, references)
+        return decoder_dir.coverage_of(self.words, self._trigrams, references)
 
     def use(self, settings: LmDecoding) -> LmDecoder:
         """Decodes with `settings` from now on (the n-gram stays loaded: a grid loads it once)."""
@@ -209,7 +209,7 @@ def coverage(lm_dir: str | Path, references: Sequence[str]) -> dict:
     3-grams (within a sentence) that its text had (`lm_3gram_hit`; None for an LM of order < 3)."""
     record = record_of(lm_dir)
     arpa = Path(lm_dir) / record["arpa"]["file"]
-    return decoding.coverage_of(set(unigrams(arpa)), ngrams(arpa, 3) if record["order"] >= 3 else None, references)
+    return decoder_dir.coverage_of(set(unigrams(arpa)), ngrams(arpa, 3) if record["order"] >= 3 else None, references)
 
 
 def attach(lm_dir: str | Path, model_dir: str | Path) -> Path:

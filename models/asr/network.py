@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from models.asr.config import AsrConfig  # noqa: F401 (network.AsrConfig, as before)
+from models.asr.config import AsrConfig
 from models.layers import lstm
 from pipeline import text
 from pipeline.frontend import cepstral_basis, stack_and_subsample

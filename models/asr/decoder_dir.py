@@ -1,6 +1,6 @@
-"""What a word n-gram's directory (models/asr/lm.py) and a decoding graph's lang dir
-(models/asr/hlg.py) have alike: the settings a grid chose (`decoding.json`) and how well the
-decoder's words know a split. Both decoders read them from here, so neither imports the other's
+"""A decoder's directory, a word n-gram's (models/asr/lm.py) or a decoding graph's lang dir
+(models/asr/hlg.py): what both hold alike, the settings a grid chose (`decoding.json`), and how well
+the decoder's words know a split. Both decoders read them from here, so neither imports the other's
 module for them (lm.py's `choose` opens a graph; hlg.py needs nothing of lm.py)."""
 
 from __future__ import annotations
