@@ -72,7 +72,7 @@ bench: setup
 	@echo "== tts_seeds"
 	$(PY) benchmarks/tts_seeds.py --json benchmarks/results/tts_seeds.json \
 	  --demo-run $(BENCH_DEMO_RUN)
-	@echo "== serving (the demo run's acoustic model with its word LM, posted its held-out voices)"
+	@echo "== serving (the demo run's acoustic model as served, through its HLG graph, posted its held-out voices)"
 	$(PY) benchmarks/serving.py --json benchmarks/results/serving.json \
 	  --demo-run $(BENCH_DEMO_RUN)
 	@echo "== lm_decoding"

@@ -285,7 +285,7 @@ def serving(r: dict) -> list[str]:
     out += table(SERVING_TABLE, rows)
     out += [
         {"lm": "As served (with its word LM). ", "graph": "As served (words through its HLG graph). "}.get(
-            r.get("decoder", "lm" if r["with_lm"] else "greedy"), ""
+            r["decoder"], ""
         )
         + f"Goals at one worker: real-time factor at one client {num(r['rtf_1_client'], 3)} (goal <= "
         f"{goals['rtf_1_client']}); p99 latency at 4 clients {num(r['p99_s_4_clients'], 2)} s (goal <= "
