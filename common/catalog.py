@@ -99,6 +99,11 @@ def register_model(entry: ModelEntry) -> ModelEntry:
 
 def register_strategy(entry: StrategyEntry) -> StrategyEntry:
     """Adds a strategy to the catalog (an extension module calls it at import)."""
+    if not isinstance(entry.options, str):
+        raise ValueError(
+            f"strategy {entry.name!r}: StrategyEntry.options names its options' frozen dataclass as "
+            f"'module:Class' (given beside strategy.name), or is empty; got {entry.options!r}"
+        )
     _STRATEGIES[entry.name] = entry
     return entry
 

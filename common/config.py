@@ -203,12 +203,12 @@ def apply_overrides(config: T, values: Mapping[str, Any], prefix: str = "") -> T
                 raise ValueError(f"config keys under {prefix}{key}: this config has no such section")
             inner = f"{prefix}{key}." if key else prefix
             config = dataclasses.replace(config, **{field.name: apply_overrides(current, section, prefix=inner)})
-    # A class may name keys it ignores: a tuple silently, a mapping with the warning's reason for each.
-    ignored = cls.ignored_keys(config) if hasattr(cls, "ignored_keys") else ()
+    # A class may name the keys it ignores, each with the reason it warns with ("": silently).
+    ignored = cls.ignored_keys(config) if hasattr(cls, "ignored_keys") else {}
     for key in pending:
         if key not in ignored:
             raise _unknown(prefix + key, valid)
-        if isinstance(ignored, Mapping):
+        if ignored[key]:
             warnings.warn(f"config key '{prefix}{key}' {ignored[key]}: ignored", UserWarning, 2)
     return config
 

@@ -8,12 +8,8 @@ import urllib.request
 from pathlib import Path
 
 from common.ports import reserve_port
-from models.serving.mlflow_serve import stop_session
+from models.serving.mlflow_serve import SERVER_ENV, stop_session
 from tests.conftest import PYTHON, ROOT, quiet_env
-
-# `mlflow server` also starts a job runner (about eight Huey consumers, each polling and together near
-# half a core on this 2-core machine) for MLflow's GenAI jobs, which nothing here uses.
-NO_JOB_RUNNER = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 class MlflowServer:
@@ -32,7 +28,7 @@ class MlflowServer:
         with open(self.log, "a") as out:
             # A session of its own: stop() ends the server and the uvicorn worker it starts.
             self.proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=quiet_env(**NO_JOB_RUNNER), stdout=out, stderr=out, start_new_session=True
+                cmd, cwd=ROOT, env=quiet_env(**SERVER_ENV), stdout=out, stderr=out, start_new_session=True
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

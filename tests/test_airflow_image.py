@@ -18,7 +18,10 @@ import json, sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "")]
 sys.path_hooks[:] = [h for h in sys.path_hooks if "editable" not in getattr(h, "__module__", "")]
 sys.path_importer_cache.clear()
+import importlib, pkgutil, workflow
 from workflow import plan
+for module in pkgutil.iter_modules(workflow.__path__):  # every module the DAG's tasks may import
+    importlib.import_module(f"workflow.{module.name}")
 made = plan.make_plan({"execution_mode": "kubernetes", "train_overrides": ["asr.targets=phones"]}, "d", "run-1")
 print(json.dumps({
     "models": sorted(m.__file__ for m in list(sys.modules.values()) if getattr(m, "__file__", None)

@@ -94,10 +94,10 @@ class TrainConfig:
         return AUGMENTED_SPLIT if self.audio_copies is not None else CLEAN_SPLIT
 
     @classmethod
-    def ignored_keys(cls, config) -> tuple[str, ...]:
-        """Sections of the other registered models: a config file may hold several models' settings;
-        only the chosen model's are read."""
-        return tuple(name for name in catalog.models() if name != config.model)
+    def ignored_keys(cls, config) -> dict[str, str]:
+        """Sections of the other registered models, ignored silently: a config file may hold several
+        models' settings; only the chosen model's are read."""
+        return {name: "" for name in catalog.models() if name != config.model}
 
 
 def learning_rate(step: int, cfg: OptimConfig, workers: int, total_steps: int) -> float:

@@ -31,12 +31,6 @@ class Faults:
         if self.straggler_delay_ms < 0:
             raise ValueError(f"--straggler-delay-ms must not be negative, got {self.straggler_delay_ms}")
 
-    @property
-    def active(self) -> bool:
-        return self.fail_at_step > 0 or (
-            self.straggler_rank >= 0 and (self.straggler_delay_ms > 0 or self.straggler_factor > 1)
-        )
-
     def before_step(self, step: int, rank: int) -> None:
         if self.fail_at_step and step == self.fail_at_step and rank == self.fail_rank:
             raise InjectedFailure(f"fail_at_step={step} on rank {rank} (a test's injected failure)")
