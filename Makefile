@@ -13,9 +13,9 @@ setup:
 
 # Two phases, as CI runs them (.ci/run): the unit tests, then the end-to-end runs (marked slow), each
 # in two pytest-xdist processes (measured on 2 cores: the unit phase 183 s against 263 s in one).
-# Tests that share one run are marked `@pytest.mark.xdist_group` for `--dist loadgroup`, which sends them to
-# one process; pytest-xdist 3.8 under pytest 9.2 does not honour the marks yet (pytest-dev/pytest-xdist#1386),
-# so each process still builds such a run for its own tests. PYTEST_WORKERS=0 runs in one process; one test: .venv/bin/python -m pytest tests/test_x.py::test_y
+# Tests marked `@pytest.mark.xdist_group` (they share a run that is slow to build) go to one process under
+# `--dist loadgroup`, which builds that run once; requirements/train.in pins the pytest that honours the marks.
+# PYTEST_WORKERS=0 runs in one process; one test: .venv/bin/python -m pytest tests/test_x.py::test_y
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
 test: setup
