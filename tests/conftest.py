@@ -16,6 +16,18 @@ HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 AIRFLOW_BIN = ROOT / ".venv-airflow" / "bin"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that share a module-scoped fixture run in one xdist process (`--dist loadgroup`), which
+    builds the fixture once: each gets its module's `xdist_group`, unless it has one already."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or any(item.iter_markers("xdist_group")):
+            continue
+        if any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 def quiet_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: quiet TensorFlow, the project importable."""
     env = dict(os.environ)

@@ -519,9 +519,7 @@ def _post_raw(url: str, body: bytes) -> tuple[int, str]:
         return err.code, err.read().decode(errors="replace")
 
 
-# The tests of one served model (`http_model`) run in one xdist process, which starts its server once.
 @pytest.mark.slow
-@pytest.mark.xdist_group("http_model")
 def test_the_served_model_refuses_bad_rows_with_400_and_reads_no_file_outside(http_model):
     server, root = http_model
     url = f"{server.url}/invocations"
@@ -545,7 +543,6 @@ def test_the_served_model_refuses_bad_rows_with_400_and_reads_no_file_outside(ht
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("http_model")
 def test_random_requests_get_no_server_error_and_the_server_keeps_serving(http_model):
     """Property: whatever rows a client posts, the answer is 200 or a 400 that names the fault, never a
     5xx or MLflow's generic message, and the server stays up."""

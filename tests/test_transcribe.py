@@ -185,9 +185,7 @@ def test_synthesize_writes_one_wav_per_sentence(tmp_path):
         tts_synthesize.synthesize(str(path), sentences, tmp_path / "x", dataclasses.replace(cfg, voice="c"))
 
 
-# The registry's tests of `decoded` run in one xdist process, which builds it once.
 @pytest.mark.slow  # logging a pyfunc model into a registry: about 20 s
-@pytest.mark.xdist_group("decoded")
 def test_a_registered_champion_is_opened_by_its_uri(decoded, tmp_path, sqlite_store, monkeypatch):
     import mlflow
 
@@ -250,7 +248,6 @@ def test_evaluate_and_transcribe_decode_with_a_word_lm_of_the_transcripts(decode
 
 
 @pytest.mark.slow  # logging a pyfunc model twice into a registry: about 40 s
-@pytest.mark.xdist_group("decoded")
 def test_an_attached_lm_travels_with_the_registered_model_and_decodes_everywhere(
     decoded, tmp_path, sqlite_store, monkeypatch
 ):
