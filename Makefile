@@ -13,8 +13,9 @@ setup:
 
 # Two phases, as CI runs them (.ci/run): the unit tests, then the end-to-end runs (marked slow), each
 # in two pytest-xdist processes (measured on 2 cores: the unit phase 183 s against 263 s in one).
-# Tests marked `@pytest.mark.xdist_group` (they share a run that is slow to build) go to one process under
-# `--dist loadgroup`, which builds that run once; requirements/train.in pins the pytest that honours the marks.
+# Under `--dist loadgroup` the tests of one `xdist_group` go to one process, which builds what they share once;
+# tests/conftest.py puts the tests of a module-scoped fixture in one group. requirements/train.in pins the
+# pytest that honours the marks.
 # PYTEST_WORKERS=0 runs in one process; one test: .venv/bin/python -m pytest tests/test_x.py::test_y
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
