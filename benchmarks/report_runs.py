@@ -335,58 +335,75 @@ def convergence_time(r: dict) -> list[str]:
 FAULTS_TABLE = ["fault", "exit code", "seconds to detect", "steps lost", "final test CER / outcome"]
 
 
-def faults(r: dict) -> list[str]:
-    """benchmarks/faults.py: per fault, the job's exit code, the seconds to detect it, the steps lost and
-    the final test CER or the outcome."""
+def _fault_rows(r: dict) -> dict:
+    """benchmarks/faults.py's table: each fault's label and the rest of its row, built only when called,
+    since a fault the run left out has none of its keys."""
 
     def cer(key: str) -> str:
         return f"test CER {pct(r[key])}" if r.get(key) is not None else ""
 
-    rows = [
-        ["none (undisturbed)", r["clean_exit"], "", "", cer("clean_cer")],
-        [
+    return {
+        "clean": ("none (undisturbed)", lambda: [r["clean_exit"], "", "", cer("clean_cer")]),
+        "kill_worker": (
             "SIGKILL rank 1",
-            r["kill_worker_exit"],
-            num(r["kill_worker_detect_s"], 2),
-            r["kill_worker_steps_lost"],
-            f"rank named: {r['kill_worker_rank_named']}; re-run exit {r['kill_worker_retry_exit']}, "
-            + cer("kill_worker_cer"),
-        ],
-        [
+            lambda: [
+                r["kill_worker_exit"],
+                num(r["kill_worker_detect_s"], 2),
+                r["kill_worker_steps_lost"],
+                f"rank named: {r['kill_worker_rank_named']}; re-run exit {r['kill_worker_retry_exit']}, "
+                + cer("kill_worker_cer"),
+            ],
+        ),
+        "kill_worker_elastic": (
             "SIGKILL rank 1, `--elastic`",
-            r["kill_worker_elastic_exit"],
-            f"{num(r['kill_worker_elastic_reset_s'], 1)} (to the reset)",
-            r["kill_worker_elastic_steps_lost"],
-            cer("kill_worker_elastic_cer"),
-        ],
-        [
+            lambda: [
+                r["kill_worker_elastic_exit"],
+                f"{num(r['kill_worker_elastic_reset_s'], 1)} (to the reset)",
+                r["kill_worker_elastic_steps_lost"],
+                cer("kill_worker_elastic_cer"),
+            ],
+        ),
+        "kill_job": (
             "SIGKILL of the whole job, then the command again",
-            r["kill_job_retry_exit"],
-            "",
-            r["kill_job_steps_lost"],
-            cer("kill_job_cer"),
-        ],
-        [
+            lambda: [r["kill_job_retry_exit"], "", r["kill_job_steps_lost"], cer("kill_job_cer")],
+        ),
+        "kill_shard_writer": (
             "SIGKILL of the shard writer, then again",
-            r["kill_shard_writer_rerun_exit"],
-            "",
-            "",
-            f"the same shards: {r['kill_shard_writer_same_shards']}",
-        ],
-        [
+            lambda: [
+                r["kill_shard_writer_rerun_exit"],
+                "",
+                "",
+                f"the same shards: {r['kill_shard_writer_same_shards']}",
+            ],
+        ),
+        "corrupt_shard": (
             "a corrupted shard",
-            r["corrupt_shard_exit"],
-            num(r["corrupt_shard_detect_s"], 1),
-            "",
-            f"shard named: {r['corrupt_shard_named']}",
-        ],
-        [
+            lambda: [
+                r["corrupt_shard_exit"],
+                num(r["corrupt_shard_detect_s"], 1),
+                "",
+                f"shard named: {r['corrupt_shard_named']}",
+            ],
+        ),
+        "mlflow_down": (
             "MLflow down, then back",
-            r["mlflow_down_exit"],
-            "",
-            "",
-            f"{r['mlflow_down_loss_points']}/{r['mlflow_down_steps']} loss points",
-        ],
+            lambda: [
+                r["mlflow_down_exit"],
+                "",
+                "",
+                f"{r['mlflow_down_loss_points']}/{r['mlflow_down_steps']} loss points",
+            ],
+        ),
+    }
+
+
+def faults(r: dict) -> list[str]:
+    """benchmarks/faults.py: per fault, the job's exit code, the seconds to detect it, the steps lost and
+    the final test CER or the outcome; for a fault the run left out (its tiny run), the test that covers it."""
+    left_out = r.get("left_out", {})
+    rows = [
+        [label, "", "", "", f"left out: {left_out[name]}"] if name in left_out else [label, *row()]
+        for name, (label, row) in _fault_rows(r).items()
     ]
     out = [f"{r['epochs']} epochs on two ranks; each fault injected at step {r['kill_at_step']} of a real run.", ""]
     out += table(FAULTS_TABLE, rows)

@@ -63,7 +63,7 @@ EXPECTED = {
         "kill_worker_steps_lost",
         "kill_worker_elastic_exit",
         "kill_job_steps_lost",
-        "kill_shard_writer_rerun_exit",
+        "left_out",  # the tiny run's: the faults another test injects
         "corrupt_shard_named",
         "mlflow_down_none_lost",
     ],
