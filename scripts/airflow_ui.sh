@@ -25,6 +25,15 @@ export AIRFLOW__CORE__DAGS_FOLDER=$ROOT/dags
 export AIRFLOW__CORE__LOAD_EXAMPLES=${AIRFLOW__CORE__LOAD_EXAMPLES:-False}
 # standalone runs 32 task processes at once unless told otherwise; training alone keeps every core busy.
 export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-2}
+# The DAG processor re-parses an unchanged DAG file every 30 s by default, each time importing it and writing
+# the serialized DAG, on the cores a triggered run's tasks are using. An edit to dags/ is still picked up at
+# once (a file newer than its last parse goes first); only edits to the modules it imports wait this long.
+export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=${AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL:-300}
+# A task's supervisor waits on its task process in a select() whose timeout is the heartbeat interval, and
+# when the task's sockets close before it has exited, it sees the exit only when that times out: every task
+# holds its executor slot, and a skipped one holds up its downstream tasks, up to that long (5 s by default).
+# Heartbeating every second costs the API server a request a second per running task.
+export AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=${AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL:-1}
 # Only this machine can reach it; tasks reach the execution API at the same address.
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT=$PORT
