@@ -11,15 +11,16 @@ in the files' order), never the phones that happen to occur in some training tex
 only test speech needs must still have its output.
 
 G2P fills words a lexicon lacks with espeak-ng's pronunciation of the word alone
-(`pipeline/phonemes.py`); its symbols must be in the lexicon's phone set, which holds for a lexicon
-of espeak-ng symbols and not for, say, CMUdict's ARPAbet.
+(`pipeline/phonemes.py`), or with the `say` its caller gives; the symbols must be in the lexicon's
+phone set, which espeak-ng's hold for a lexicon of espeak-ng symbols and not for CMUdict's ARPAbet
+(a CMUdict lexicon's `say` is pipeline/cmudict_lexicon.py's: CMUdict, then espeak-ng mapped to ARPAbet).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from common import fsutil
@@ -217,11 +218,15 @@ def fill_missing(
     use_g2p: bool,
     voice: str = phonemes.DEFAULT_VOICE,
     source: str = "the text",
+    say: Callable[[Sequence[str]], Mapping[str, tuple[str, ...]]] | None = None,
+    said_by: str = "",
 ) -> tuple[Lexicon, tuple[str, ...]]:
     """`lexicon` with a pronunciation for every one of `words`, and the words G2P filled (sorted).
 
-    With `use_g2p` off, a word without a pronunciation is a ValueError naming it and `source`. A G2P
-    pronunciation with a phone outside the phone set, or none at all, is a ValueError too."""
+    The G2P is `say` (words -> {word: phones}, `said_by` naming it in errors), espeak-ng's `g2p` in
+    `voice` when none is given. With `use_g2p` off, a word without a pronunciation is a ValueError
+    naming it and `source`. A G2P pronunciation with a phone outside the phone set, or none at all,
+    is a ValueError too."""
     known = set(lexicon.words)
     missing = sorted({w for w in words if w not in known})
     if not missing:
@@ -229,15 +234,17 @@ def fill_missing(
     if not use_g2p:
         shown = " ".join(missing[:20]) + (f" ... ({len(missing)} in all)" if len(missing) > 20 else "")
         raise ValueError(f"{source}: no pronunciation for {shown}; add them to the lexicon or turn G2P on")
-    spoken = g2p(missing, voice)
+    spoken = say(missing) if say is not None else g2p(missing, voice)
+    who = said_by or f"espeak-ng -v {voice}"
     phone_set = set(lexicon.phones)
-    for word, phones in spoken.items():
+    for word in missing:
+        phones = tuple(spoken.get(word, ()))
         bad = [p for p in phones if p not in phone_set]
         if not phones or bad:
             raise ValueError(
-                f"{source}: espeak-ng -v {voice} says {word!r} as {' '.join(phones) or 'nothing'}"
+                f"{source}: {who} says {word!r} as {' '.join(phones) or 'nothing'}"
                 + (f", and {' '.join(bad)} is not in the lexicon's phone set" if bad else "")
                 + "; give the word a pronunciation in the lexicon"
             )
-    added = tuple(Entry(w, spoken[w]) for w in missing)
+    added = tuple(Entry(w, tuple(spoken[w])) for w in missing)
     return dataclasses.replace(lexicon, entries=lexicon.entries + added), tuple(missing)

@@ -14,7 +14,9 @@ to occur in train: a phone the training split lacks still has its output.
 A transcript's phones come from one of two sources (`PhoneConfig.source`):
 - "lexicon": each word's most probable pronunciation. A word the lexicon lacks is an error naming the
   utterance, the word and the fix, unless `g2p` is on: then espeak-ng says it (pipeline/lexicon.py
-  `fill_missing`, which refuses a phone outside the set) and the filled words are counted per split.
+  `fill_missing`, which refuses a phone outside the set) and the filled words are counted per split;
+  for a CMUdict lexicon (its marker's config says `"g2p": "cmudict"`) the word comes from CMUdict
+  first, then from espeak-ng mapped to ARPAbet (pipeline/cmudict_lexicon.py `say_function`).
 - "espeak": espeak-ng's phonemes of the whole sentence, in context (the shards' `--phonemes VOICE`),
   the word separators dropped; for a lexicon made from espeak-ng's phonemes of a text
   (pipeline/text_lexicon.py), whose stress folding is followed. A symbol outside the phone set is an
@@ -24,7 +26,7 @@ A transcript's phones come from one of two sources (`PhoneConfig.source`):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from common import fsutil
@@ -46,8 +48,9 @@ class PhoneTable:
     outputs: tuple[str, ...]  # <blk>, then the phone set: the acoustic model's output layer
     pronunciations: dict[str, tuple[str, ...]] = dataclasses.field(repr=False)  # word -> most probable
     lexicon: lexlib.Lexicon | None = dataclasses.field(default=None, repr=False)  # a dict dir's, for G2P
-    fold_stress: bool = False  # its phones are espeak-ng's with the stress marks dropped (text_lexicon)
+    fold_stress: bool = False  # its stress is folded: text_lexicon drops the marks, cmudict_lexicon the digits
     sha256: str = ""  # of the files it was read from
+    g2p: str = "espeak"  # what spells a word it lacks: its marker's config "g2p" ("cmudict": cmudict_lexicon)
 
     def describe(self) -> dict:
         """What the shards' manifest records of it."""
@@ -56,7 +59,16 @@ class PhoneTable:
             "kind": self.kind,
             "sha256": self.sha256,
             "fold_stress": self.fold_stress,
+            "g2p_source": self.g2p,
         }
+
+    def say(self, voice: str) -> tuple[Callable | None, str]:
+        """pipeline/lexicon.py `fill_missing`'s (say, said_by) for this table; (None, "") is espeak-ng's."""
+        if self.g2p != "cmudict":
+            return None, ""
+        from pipeline import cmudict_lexicon
+
+        return cmudict_lexicon.say_function(self.fold_stress, voice), cmudict_lexicon.SAID_BY.format(voice=voice)
 
 
 def open_table(path: str | Path) -> PhoneTable:
@@ -70,7 +82,8 @@ def open_table(path: str | Path) -> PhoneTable:
     for entry in lexicon.entries:
         if entry.word not in best or entry.prob > best[entry.word].prob:
             best[entry.word] = entry
-    record = fsutil.read_json(path / "text_lexicon.json") or {}  # pipeline/text_lexicon.py's marker
+    record = fsutil.read_json(path / "text_lexicon.json") or {}  # text_lexicon's or cmudict_lexicon's marker
+    config = record.get("config", {})
     files = [path / n for n in (lexlib.LEXICONP, lexlib.LEXICON, lexlib.NONSILENCE, lexlib.SILENCE)]
     return PhoneTable(
         path,
@@ -78,8 +91,9 @@ def open_table(path: str | Path) -> PhoneTable:
         (langlib.BLANK, *lexicon.phones),
         {w: e.phones for w, e in best.items()},
         lexicon,
-        bool(record.get("config", {}).get("fold_stress", False)),
+        bool(config.get("fold_stress", False)),
         fsutil.fingerprint_files(files),
+        str(config.get("g2p", "espeak")),
     )
 
 
@@ -136,7 +150,8 @@ def ids_from_lexicon(
     missing = sorted(words - set(prons))
     filled: set[str] = set()
     if missing and g2p and table.lexicon is not None:
-        lexicon, added = lexlib.fill_missing(table.lexicon, missing, True, voice, source=str(table.path))
+        say, said_by = table.say(voice)
+        lexicon, added = lexlib.fill_missing(table.lexicon, missing, True, voice, str(table.path), say, said_by)
         prons.update({e.word: e.phones for e in lexicon.entries if e.word in set(added)})
         filled = set(added)
     elif missing:
