@@ -41,7 +41,7 @@ from common import cli, fsutil
 from common import config as configlib
 from pipeline import lexicon as lexlib
 from pipeline import phonemes
-from pipeline.text_lexicon import RECORD, STRESS, read_text
+from pipeline.text_lexicon import STRESS, read_text, write_dict_dir_once
 
 G2P = "cmudict"  # the marker's config "g2p": pipeline/phones.py's PhoneTable reads it
 SAID_BY = "CMUdict, then espeak-ng -v {voice} mapped to ARPAbet"
@@ -269,34 +269,19 @@ def build_cmudict_lexicon(text: Path, out: Path, config: CmudictLexiconConfig) -
     Nothing is done when the record holds the same fingerprint and lexiconp.txt's checksum."""
     start = time.monotonic()
     sentences = read_text(text)
-    out = Path(out)
-    stamp = fingerprint(Path(text), config)
-    earlier = fsutil.read_json(out / RECORD)
-    if (
-        isinstance(earlier, dict)
-        and earlier.get("fingerprint") == stamp
-        and (out / lexlib.LEXICONP).is_file()
-        and fsutil.file_sha256(out / lexlib.LEXICONP) == earlier.get("lexiconp_sha256")
-    ):
-        return {**earlier, "skipped": True}
-    vocabulary = sorted({w for s in sentences for w in s.split()})
-    lexicon, counts = lexicon_for_words(vocabulary, config)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RECORD).unlink(missing_ok=True)  # the marker goes first: a dict dir half replaced is never "done"
-    lexlib.write_dict_dir(lexicon, out)
-    record = {
-        "text": str(text),
-        "config": {**dataclasses.asdict(config), "g2p": G2P},
-        "cmudict": _cmudict_version(),
-        "espeak": phonemes.version(),
-        "sentences": len(sentences),
-        **counts,
-        "build_seconds": round(time.monotonic() - start, 2),
-        "lexiconp_sha256": fsutil.file_sha256(out / lexlib.LEXICONP),
-        "fingerprint": stamp,
-    }
-    fsutil.atomic_write_json(out / RECORD, record)
-    return record
+
+    def make() -> tuple[lexlib.Lexicon, dict]:
+        lexicon, counts = lexicon_for_words(sorted({w for s in sentences for w in s.split()}), config)
+        return lexicon, {
+            "config": {**dataclasses.asdict(config), "g2p": G2P},
+            "cmudict": _cmudict_version(),
+            "espeak": phonemes.version(),
+            "sentences": len(sentences),
+            **counts,
+            "build_seconds": round(time.monotonic() - start, 2),
+        }
+
+    return write_dict_dir_once(text, out, fingerprint(Path(text), config), make)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,7 @@ import dataclasses
 import os
 import sys
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,6 +69,7 @@ __all__ = [
     "segment",
     "to_entries",
     "unstressed",
+    "write_dict_dir_once",
 ]
 
 
@@ -305,8 +306,19 @@ def build_text_lexicon(text: Path, out: Path, config: TextLexiconConfig, show_pr
     """Writes the dict dir OUT for the sentences of `text`, then OUT/text_lexicon.json; returns the record.
     Nothing is done when the record holds the same fingerprint and lexiconp.txt's checksum."""
     sentences = read_text(text)
+
+    def make() -> tuple[lexlib.Lexicon, dict]:
+        lexicon, record = lexicon_for_text(sentences, config, show_progress)
+        return lexicon, {"config": dataclasses.asdict(config), "espeak": phonemes.version(), **record}
+
+    return write_dict_dir_once(text, out, fingerprint(Path(text), config), make)
+
+
+def write_dict_dir_once(text: Path, out: Path, stamp: str, make: Callable[[], tuple[lexlib.Lexicon, dict]]) -> dict:
+    """The marked dict dir OUT of a lexicon builder (this one's, pipeline/cmudict_lexicon.py's): `make()`'s
+    Lexicon written, then OUT/text_lexicon.json with its record, `stamp` and lexiconp.txt's checksum. The
+    earlier record, marked skipped, when it holds the same stamp and checksum (nothing is made)."""
     out = Path(out)
-    stamp = fingerprint(Path(text), config)
     earlier = fsutil.read_json(out / RECORD)
     if (
         isinstance(earlier, dict)
@@ -315,15 +327,13 @@ def build_text_lexicon(text: Path, out: Path, config: TextLexiconConfig, show_pr
         and fsutil.file_sha256(out / lexlib.LEXICONP) == earlier.get("lexiconp_sha256")
     ):
         return {**earlier, "skipped": True}
-    lexicon, record = lexicon_for_text(sentences, config, show_progress)
+    lexicon, made = make()
     out.mkdir(parents=True, exist_ok=True)
     (out / RECORD).unlink(missing_ok=True)  # the marker goes first: a dict dir half replaced is never "done"
     lexlib.write_dict_dir(lexicon, out)
     record = {
         "text": str(text),
-        "config": dataclasses.asdict(config),
-        "espeak": phonemes.version(),
-        **record,
+        **made,
         "lexiconp_sha256": fsutil.file_sha256(out / lexlib.LEXICONP),
         "fingerprint": stamp,
     }
