@@ -117,6 +117,19 @@ def wait_for(what: str, check, timeout: float, every: float = 2, log: Path | Non
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
 
 
+def failure_report(run_url: str, token: str, states: dict[str, str], log: Path) -> str:
+    """The task states, each failed task's own log and the tail of standalone's: what a failed run needs read."""
+    parts = [json.dumps(states, indent=1)]
+    for task in (t for t, s in states.items() if s == "failed"):
+        try:
+            _, body = request("GET", f"{run_url}/taskInstances/{task}/logs/1?full_content=true", token=token)
+            parts.append(f"--- {task}'s log ---\n{json.dumps(body, indent=1)[-6000:]}")
+        except (urllib.error.URLError, TimeoutError) as err:
+            parts.append(f"--- {task}'s log could not be read: {err}")
+    parts.append(f"--- standalone.log ---\n{log.read_text(errors='replace')[-8000:]}")
+    return "\n".join(parts)
+
+
 @pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(), reason=".venv-airflow is missing (make setup builds it)")
 @pytest.mark.slow
 @pytest.mark.airflow
@@ -179,7 +192,7 @@ def test_standalone_runs_the_dag_triggered_through_the_rest_api(tmp_path, sqlite
         state = wait_for("the DAG run to finish", finished, 900, every=0.5, log=log)
         _, instances = request("GET", f"{run_url}/taskInstances", token=token)
         states = {ti["task_id"]: ti["state"] for ti in instances["task_instances"]}
-        assert state == "success", states
+        assert state == "success", failure_report(run_url, token, states, log)
         # No copies of the training audio in the tiny config: the augment stage skips too; and it trains on
         # characters: no LM text, lexicon or decoding graph.
         skipped = {"train_tts", "evaluate_tts", "register_tts", "augment_train", "features_train_aug"}
