@@ -201,6 +201,14 @@ def pronounce(
     return {w: list(dict.fromkeys(ps)) for w, ps in prons.items()}, source, unmapped
 
 
+def g2p_for(g2p: str, fold_stress: bool, voice: str) -> tuple[Callable | None, str]:
+    """pipeline/lexicon.py `fill_missing`'s (say, said_by) for a lexicon whose marker says `g2p`:
+    CMUdict's for "cmudict", (None, "") (espeak-ng's own) for any other."""
+    if g2p != "cmudict":
+        return None, ""
+    return say_function(fold_stress, voice), SAID_BY.format(voice=voice)
+
+
 def say_function(fold_stress: bool, voice: str = phonemes.DEFAULT_VOICE) -> Callable[[Sequence[str]], dict]:
     """pipeline/lexicon.py `fill_missing`'s `say` for a CMUdict lexicon: each word's first CMUdict
     pronunciation, else its mapped espeak-ng one, else () (which fill_missing refuses, naming it)."""

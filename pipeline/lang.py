@@ -22,7 +22,8 @@ below, and the optional silence between words (the dict dir's `optional_silence.
 Labels: an FST input label is a token id + 1, so that 0 stays epsilon and the CTC blank is 1
 (kaldi-decoder's `DecodableCtc` reads column `ilabel - 1`); an output label is a words.txt id.
 LM words the lexicon cannot spell leave their n-grams out of G (arpa2fst skips them); they are
-counted in `lang.json`, and `--g2p` gives them espeak-ng pronunciations instead (dict dirs only).
+counted in `lang.json`, and `--g2p` gives them pronunciations instead (dict dirs only): espeak-ng's,
+or for a CMUdict lexicon (pipeline/cmudict_lexicon.py) CMUdict's, then espeak-ng's mapped to ARPAbet.
 The stage writes into a temporary directory renamed into place, and does nothing when `lang.json`
 records the same inputs, settings and code.
 """
@@ -44,8 +45,8 @@ import kaldifst
 
 from common import cli, fsutil
 from common import config as configlib
+from pipeline import cmudict_lexicon, phonemes, text_lexicon
 from pipeline import lexicon as lexlib
-from pipeline import phonemes
 
 BLANK = "<blk>"
 EPS = "<eps>"
@@ -61,7 +62,7 @@ __all__ = ["BLANK", "HLG_FST", "RECORD", "TOKENS", "WORDS", "LangConfig", "Table
 @dataclasses.dataclass(frozen=True)
 class LangConfig:
     sil_prob: float = 0.5  # probability of the optional silence after a word (Kaldi's default); 0: none
-    g2p: bool = False  # LM words the dict dir lacks get espeak-ng pronunciations, instead of leaving G
+    g2p: bool = False  # LM words the dict dir lacks get its G2P's pronunciations (below), instead of leaving G
     voice: str = phonemes.DEFAULT_VOICE  # espeak-ng's accent for those pronunciations
 
     def __post_init__(self):
@@ -308,7 +309,9 @@ def _from_dict(dict_dir: Path, arpa: Path, config: LangConfig, tmp: Path) -> dic
     unspelled = sorted(lm_words - set(lexicon.words))
     filled: tuple[str, ...] = ()
     if config.g2p and unspelled:
-        lexicon, filled = lexlib.fill_missing(lexicon, unspelled, True, config.voice, source=str(arpa))
+        marker = text_lexicon.marker_config(dict_dir)
+        say, said_by = cmudict_lexicon.g2p_for(marker.get("g2p", ""), bool(marker.get("fold_stress")), config.voice)
+        lexicon, filled = lexlib.fill_missing(lexicon, unspelled, True, config.voice, str(arpa), say, said_by)
         unspelled = []
     entries, max_disambig = add_disambig(lexicon.entries)
     tables = dict_tables(lexicon, max_disambig)

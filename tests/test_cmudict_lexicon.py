@@ -7,6 +7,7 @@ import pytest
 
 from pipeline import cmudict_lexicon as cmulex
 from pipeline import grammar, phones
+from pipeline import lang as langstage
 from pipeline import lexicon as lexlib
 
 # "read" has two pronunciations in CMUdict; "zorblatt" is in no dictionary
@@ -91,6 +92,17 @@ def test_shard_g2p_fills_a_word_from_cmudict_then_the_espeak_map(built):
     folded = phones.open_table(root / "folded")
     ids, _ = phones.ids_from_lexicon({("train", "u1"): "cat"}, folded, g2p=True)
     assert [folded.outputs[i] for i in ids["train", "u1"]] == ["K", "AE", "T"]
+
+
+def test_the_graph_stage_spells_lm_words_a_cmudict_lexicon_lacks_from_cmudict(built, tmp_path):
+    # "cat" is in CMUdict and not in the text; pipeline.lang --g2p must say it in ARPAbet, as the shards do
+    root, _, _, _ = built
+    arpa = tmp_path / "lm.arpa"
+    arpa.write_text("\\data\\\nngram 1=4\n\n\\1-grams:\n-1\t</s>\n-99\t<s>\n-1\tthe\n-1\tcat\n\n\\end\\\n")
+    record = langstage.build(root / "dict", arpa, tmp_path / "lang", langstage.LangConfig(g2p=True))
+    assert (record["g2p_filled"], record["lm_words_unspelled"]) == (1, 0)
+    lines = (tmp_path / "lang" / langstage.LEXICON_DISAMBIG).read_text(encoding="utf-8").splitlines()
+    assert [line.split()[2:] for line in lines if line.split()[0] == "cat"] == [["K", "AE1", "T"]]
 
 
 def test_every_symbol_espeak_ng_says_over_varied_words_maps():
