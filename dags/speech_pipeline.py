@@ -17,10 +17,11 @@ and word bonus on `dev_engine` (new sentences in held-out voices; `dev` where th
 attaches it to the trained acoustic model, which is then evaluated, registered and served with it;
 `word_lm` off skips both. An acoustic model that trains on phones (`asr.targets: phones`) spells words
 only through a decoding graph: `lm_text` (pipeline/lm_text.py) writes the LM's text of general English,
-which holds no held-out sentence, and `lexicon` (pipeline/text_lexicon.py) its words' pronunciations;
-the shards store each transcript's phones over the lexicon's phone table, `build_lm` reads that text,
-`build_graph` (pipeline/lang.py) makes HLG of the lexicon and the LM, and `tune_lm_asr` chooses its
-acoustic scale and word penalty and attaches it; a character model skips the three. Each task runs
+which holds no held-out sentence, and `lexicon` (pipeline/cmudict_lexicon.py, or text_lexicon.py) its
+words' pronunciations; the shards store each transcript's phones over the lexicon's phone table,
+`build_lm` reads that text, `build_graph` (pipeline/lang.py) makes HLG of the lexicon and the LM, and
+`tune_lm_asr` chooses its acoustic scale and word penalty and attaches it; a character model skips the
+three. Each task runs
 one stage's command line, from the training environment (`execution_mode=local`; training under
 `horovodrun -np num_workers`) or as a pod of the training image (`kubernetes`; training as an MPIJob).
 With `data_service_workers`, training reads its batches from a tf.data service started beside it.

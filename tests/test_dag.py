@@ -58,6 +58,7 @@ DEFAULTS = {
     "train_overrides": [],
     "word_lm": True,
     "lm_text": "",
+    "lexicon": "cmudict",
     "eval_utterances": 100,
     "experiment": "speechflow",
     "execution_mode": "local",
@@ -451,13 +452,20 @@ def test_a_phone_model_gets_an_lm_text_a_lexicon_and_a_decoding_graph(tmp_path):
     assert commands.graph_skip_reason(phones) == ""
     assert commands.lm_text_args(phones) == ["--data", phones.data_root, "--out", f"{run}/lm_text"]
     text = f"{run}/lm_text/lm_text.txt"
+    # CMUdict's lexicon by default, stress folded; the shards hold each word's pronunciation in it.
+    assert commands.lexicon_module(phones) == "pipeline.cmudict_lexicon"
     assert commands.lexicon_args(phones) == [
-        *("--text", text, "--out", f"{run}/dict", "--set", "voice=en-us", "--no-progress"),
+        *("--text", text, "--out", f"{run}/dict", "--set", "voice=en-us", "--set", "fold_stress=true"),
     ]
-    # The shards hold each transcript's phones over the lexicon's table, from espeak-ng's phonemes in context.
     shards = commands.shards_args(phones)
-    assert shards[shards.index("--phones-from") + 1 :][:3] == [f"{run}/dict", "--phone-source", "espeak"]
+    assert shards[shards.index("--phones-from") + 1 :][:4] == [f"{run}/dict", "--phone-source", "lexicon", "--g2p"]
     assert shards[shards.index("--phonemes") + 1] == "en-us"
+    # espeak-ng's lexicon: the phones of each sentence in context, from espeak-ng's phonemes.
+    espeak = make_plan({**DEFAULTS, **TINY, "lexicon": "espeak", "train_overrides": ["asr.targets=phones"]}, "d", "r")
+    assert commands.lexicon_module(espeak) == "pipeline.text_lexicon"
+    assert commands.lexicon_args(espeak)[-3:] == ["--set", "fold_stress=true", "--no-progress"]
+    shards = commands.shards_args(espeak)
+    assert shards[shards.index("--phones-from") + 1 :][:3] == [espeak.lexicon_dir, "--phone-source", "espeak"]
     # The word LM of the LM text; the graph of the lexicon and the LM; the graph tuned and attached.
     # its words spelled by the lexicon: no alphabet of the shards' characters is checked
     assert commands.lm_args(phones) == ["--text-file", text, "--lexicon", f"{run}/dict", "--out", f"{run}/lm"]
@@ -538,7 +546,7 @@ def test_the_summary_shows_each_graph_stages_seconds_and_its_records_figures(tmp
     ran: list[list[str]] = []
     monkeypatch.setattr(runner, "run_command", lambda command: ran.append(command))
     done = [runner.run_recorded_stage(plan, {}, stage) for stage in ("lm_text", "lexicon", "lm", "graph")]
-    assert [c[2] for c in ran] == ["pipeline.lm_text", "pipeline.text_lexicon", "pipeline.lm", "pipeline.lang"]
+    assert [c[2] for c in ran] == ["pipeline.lm_text", "pipeline.cmudict_lexicon", "pipeline.lm", "pipeline.lang"]
     assert ran[3][3:] == commands.graph_args(plan)
     stages = runner.add_stages_to_summary(plan, [*done, None])  # None: a stage that was skipped
     assert all(stages[s]["seconds"] >= 0 for s in ("lm_text", "lexicon", "lm", "graph"))
@@ -1026,7 +1034,7 @@ def test_cluster_mode_runs_each_stage_as_a_pod_and_training_as_an_mpijob(tmp_pat
         "augment_train": "pipeline.augment",
         "features_train_aug": "pipeline.features",
         "lm_text": "pipeline.lm_text",
-        "lexicon": "pipeline.text_lexicon",
+        "lexicon": "pipeline.cmudict_lexicon",
         "make_shards": "pipeline.shards",
         "build_lm": "pipeline.lm",
         "build_graph": "pipeline.lang",

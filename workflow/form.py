@@ -20,6 +20,7 @@ from common import catalog, voices
 DATA, TRAINING, TRACKING, EXECUTION = "Data", "Training", "Tracking", "Execution"
 EXECUTION_MODES = ("local", "kubernetes")
 DEMO_TEXTS = ("open", "grammar")  # pipeline/corpus.py TEXTS
+LEXICONS = ("cmudict", "espeak")  # workflow/commands.py LEXICON_MODULES
 VOICE_PATTERN = rf"^({'|'.join(voices.ENGINES)}):[A-Za-z0-9_+-]+$"
 OVERRIDE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*=.*$"  # KEY=VALUE of `models.train --set`
 
@@ -394,6 +395,18 @@ def _decoding_fields() -> tuple[Field, ...]:
             "word LM. Empty: the training split's transcripts. A phone model's LM text is this text in place of "
             "the open-text source's, less the held-out splits' sentences, with the training transcripts. "
             "Relative paths are the repository's (local mode).",
+        ),
+        Field(
+            "lexicon",
+            "cmudict",
+            "string",
+            "Phone model's lexicon",
+            TRAINING,
+            "Where a phone model's lexicon of the LM text comes from, stress folded in both. cmudict: CMUdict's "
+            "pronunciations (pipeline.cmudict_lexicon), espeak-ng's mapped to ARPAbet for the words it lacks; the "
+            "shards' phone targets are each word's pronunciation in it. espeak: espeak-ng's phonemes "
+            "(pipeline.text_lexicon), the targets espeak-ng's phonemes of each sentence in context.",
+            enum=LEXICONS,
         ),
         Field(
             "eval_utterances",

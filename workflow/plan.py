@@ -96,6 +96,8 @@ class Plan:
     lm_text_dir: str = ""
     lexicon_dir: str = ""
     lang_dir: str = ""
+    # what spells that lexicon (the form's `lexicon`): "cmudict" (pipeline.cmudict_lexicon) or "espeak"
+    lexicon: str = "cmudict"
 
     def to_xcom(self) -> dict:
         return dataclasses.asdict(self)
@@ -186,6 +188,7 @@ def make_plan(params: Mapping[str, Any], dag_id: str, dag_run_id: str) -> Plan:
         lm_dir=lm_dir,
         lm_text=lm_text,
         **_decoding_graph(params, _phone_models(loaded), run_dir),
+        lexicon=params["lexicon"],
     )
 
 

@@ -239,7 +239,7 @@ def _lm_text_figures(record: Mapping[str, Any]) -> dict:
 
 
 def _lexicon_figures(record: Mapping[str, Any]) -> dict:
-    """pipeline/text_lexicon.py's text_lexicon.json: its counts (words, entries, phones, unspelled, ...)."""
+    """text_lexicon.json (pipeline/cmudict_lexicon.py's or text_lexicon.py's): its counts (words, phones, ...)."""
     return {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -261,10 +261,11 @@ def _graph_figures(record: Mapping[str, Any]) -> dict:
     return {**{k: hlg.get(k) for k in ("states", "arcs", "bytes")}, **{k: record.get(k) for k in keys}}
 
 
-# stage -> (its module, its command line, the plan's field of its directory, its done marker there, its figures)
+# stage -> (its module, or a function of the plan giving it; its command line; the plan's field of its directory;
+# its done marker there; its figures)
 RECORDED_STAGES = {
     "lm_text": (commands.LM_TEXT, commands.lm_text_args, "lm_text_dir", "lm_text.json", _lm_text_figures),
-    "lexicon": (commands.LEXICON, commands.lexicon_args, "lexicon_dir", "text_lexicon.json", _lexicon_figures),
+    "lexicon": (commands.lexicon_module, commands.lexicon_args, "lexicon_dir", "text_lexicon.json", _lexicon_figures),
     "lm": (commands.LM, commands.lm_args, "lm_dir", "lm.json", _lm_figures),
     "graph": (commands.LANG, commands.graph_args, "lang_dir", "lang.json", _graph_figures),
 }
@@ -274,6 +275,7 @@ def run_recorded_stage(plan: Plan, context: Mapping[str, Any], stage: str) -> di
     """Runs `stage` of RECORDED_STAGES; returns {"stage", "dir", "seconds" (its wall time, a stage found
     up to date included), "figures" (of its done marker; {} in cluster mode: the Airflow pods lack the data)}."""
     module, args, field, _, _ = RECORDED_STAGES[stage]
+    module = module(plan) if callable(module) else module  # the lexicon's: the form's `lexicon` chooses it
     seconds = run_stage(plan, context, stage.replace("_", "-"), module, args(plan))
     return {"stage": stage, "dir": getattr(plan, field), "seconds": seconds, "figures": stage_figures(plan, stage)}
 
