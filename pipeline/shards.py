@@ -300,7 +300,8 @@ def make_shards(
 
 def _with_given_vocabulary(cfg: ShardConfig, splits: dict[str, Path]) -> tuple[ShardConfig, dict | None]:
     """(`cfg`, the vocabulary of `cfg.vocabulary_from` or None). With a given vocabulary, `cfg` takes its
-    transcript normalization and its phonemes and phones, so the shards hold what its model reads."""
+    transcript normalization and its phonemes and phones (the table, their source and the G2P), so the shards
+    hold what its model reads."""
     if cfg.compression not in ("none", "gzip"):
         raise ValueError(f"compression must be 'none' or 'gzip', got {cfg.compression!r}")
     given = text.load_vocabulary(cfg.vocabulary_from) if cfg.vocabulary_from else None
@@ -311,6 +312,8 @@ def _with_given_vocabulary(cfg: ShardConfig, splits: dict[str, Path]) -> tuple[S
             phonemes=cfg.phonemes or given["phonemes"],
             phones_from=cfg.phones_from or given["phones"].get("from", ""),
             phone_source=given["phones"].get("source", cfg.phone_source),
+            # a new set's words the lexicon lacks are said as the model's training words were
+            g2p=cfg.g2p or bool(given["phones"].get("g2p", False)),
         )
     elif cfg.vocabulary_split not in splits:
         raise ValueError(
@@ -478,7 +481,7 @@ def _phones(transcripts: dict, symbols: dict, cfg: ShardConfig, given: dict | No
         ids = phones.ids_from_espeak(symbols, table)
     else:
         ids, g2p_words = phones.ids_from_lexicon(transcripts, table, cfg.g2p, cfg.phonemes or phonemes.DEFAULT_VOICE)
-    info = {**table.describe(), "source": cfg.phone_source, "g2p_words": g2p_words}
+    info = {**table.describe(), "source": cfg.phone_source, "g2p": cfg.g2p, "g2p_words": g2p_words}
     return ids, {"phone_vocabulary": list(table.outputs), "phones": info}
 
 

@@ -109,6 +109,15 @@ def test_a_phone_table_unlike_the_models_is_refused(tmp_path):
         shards.make_shards({"test": train}, tmp_path / "b", other, progress=False)
 
 
+def test_new_shards_from_a_models_vocabulary_take_its_phones_source_and_g2p(tmp_path):
+    train, _ = _data_dir(tmp_path, "train", 0)
+    cfg = shards.ShardConfig(num_shards=2, jobs=1, feature_dtype="float32", phones_from=str(DICT), g2p=True)
+    shards.make_shards({"train": train}, tmp_path / "a", cfg, progress=False)
+    new_set = shards.ShardConfig(num_shards=1, jobs=1, vocabulary_from=str(tmp_path / "a"))
+    carried, _ = shards._with_given_vocabulary(new_set, {"eval": train})
+    assert (carried.phones_from, carried.phone_source, carried.g2p) == (str(DICT.resolve()), "lexicon", True)
+
+
 def test_an_acoustic_model_with_phone_targets_learns_from_the_phones(tmp_path):
     import dataclasses
 

@@ -463,15 +463,12 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
     env = quiet_env(MLFLOW_TRACKING_URI=f"sqlite:///{work / 'mlflow.db'}")
     from pipeline import open_text
 
-    # the LM text's source: WordNet's first examples, where the demo takes all of them (a lexicon of
-    # every word of WordNet's 45,000 sentences takes espeak-ng a minute or two). Fewer leave espeak-ng
-    # phonemes of the corpus's sentences out of the lexicon's phone set, which the shard stage refuses.
+    # the LM text's source: WordNet's first examples, where the demo takes all of them
     (work / "source.txt").write_text("".join(f"{line}\n" for line in open_text.wordnet_examples()[:300]))
     by_hand = substitute(
         doc_block("README.md", "### The stages by hand"),
         {
-            # 2 utterances each of dev, test and dev_engine, 20 of train (at 20 in all, a dev sentence has
-            # an espeak-ng phoneme that the lexicon of the LM text below lacks)
+            # 2 utterances each of dev, test and dev_engine, 20 of train
             "--out data/ ": "--out data/ --num-utterances 24 ",
             "--out runs/lm_text": "--out runs/lm_text --set text_file=source.txt",
             "--config configs/demo_asr.yaml": f"--config {ROOT}/tests/configs/tiny_asr.yaml --max-steps 4 "
@@ -494,7 +491,8 @@ def test_the_readme_steps_by_hand_run_as_written(tmp_path):
         assert proc.returncode == 0, f"{name}:\n{script}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     manifest = records.load_manifest(work / "shards")
     assert set(manifest["splits"]) == {"train", "dev", "test", "test_noisy", "test_engine", "dev_engine", "train_aug"}
-    assert manifest["phone_vocabulary"][0] == "<blk>" and manifest["phones"]["source"] == "espeak"
+    assert manifest["phone_vocabulary"][0] == "<blk>" and manifest["phones"]["source"] == "lexicon"
+    assert manifest["phones"]["g2p_source"] == "cmudict" and manifest["phones"]["g2p"], "CMUdict's lexicon, its G2P"
     metrics = json.loads((work / "runs" / "asr" / "eval.json").read_text())
     assert {"test_per", "test_noisy_per", "test_engine_per"} <= set(metrics)
     assert {"test_cer_lm", "test_wer_lm", "test_lm_oov_rate"} <= set(metrics), "the attached graph spells words"
