@@ -34,9 +34,9 @@ export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=${AIRFLOW__DAG_PROCESSO
 # holds its executor slot, and a skipped one holds up its downstream tasks, up to that long (5 s by default).
 # Heartbeating every second costs the API server a request a second per running task.
 export AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=${AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL:-1}
-# A task's supervisor tells the execution API that the task started, and retries a call that takes longer than
-# this. On two cores that training keeps busy, the API server's first answer can take longer than the default
-# 5 s; the retry of a start the server has already recorded is answered 409, and the supervisor kills the task.
+# A task's supervisor tells the execution API that the task started, and gives each try of that call this long.
+# On two cores that training keeps busy, the API server's answer can take longer than the default 5 s on every
+# try; when the tries run out, the supervisor kills the task before it has run (CI saw this at the first task).
 export AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT=${AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT:-60}
 # Only this machine can reach it; tasks reach the execution API at the same address.
 export AIRFLOW__API__HOST=127.0.0.1
