@@ -230,7 +230,8 @@ def lm_decoding(r: dict) -> list[str]:
     )
 
 
-# benchmarks/targets.py's columns: per split, each arm's figures (the arm, its key in the JSON)
+# benchmarks/targets.py's first table: per split, the char arm's and the demo lexicon's phone arm's figures
+# (the column, "chars" or "phones", the key in the JSON)
 TARGETS_COLUMNS = (
     ("chars: CER greedy", "chars", "cer"),
     ("WER greedy", "chars", "wer"),
@@ -250,48 +251,88 @@ TARGETS_OOV = (("words the n-gram lacks", "chars"), ("words the graph lacks", "p
 TARGETS_SOURCES = {"the demo run": "the demo run's own model"}
 
 
+# The lexicon table's figures per phone arm: (column, split, key); WER and CER are of the words through HLG
+LEXICON_COLUMNS = (
+    ("dev WER", "dev", "wer_lm"),
+    ("dev_engine WER (tuned on)", "dev_engine", "wer_lm"),
+    ("test WER", "test", "wer_lm"),
+    ("test_engine WER", "test_engine", "wer_lm"),
+    ("test_noisy WER", "test_noisy", "wer_lm"),
+    ("test_engine CER", "test_engine", "cer_lm"),
+    ("test PER greedy", "test", "per"),
+)
+
+
 def targets_cell(record: dict, split: str, key: str) -> str:
     """One arm's figure on a split: the seeds' mean, and with several seeds each seed's in brackets."""
-    mean = record["mean"][split].get(key)
-    each = [run["splits"][split].get(key) for run in record["runs"].values()]
+    mean = record["mean"].get(split, {}).get(key)
+    each = [run["splits"][split].get(key) for run in record["runs"].values()] if mean is not None else []
     if mean is None or len(each) < 2:
         return pct(mean)
     return f"{pct(mean)} ({', '.join(pct(v) for v in each)})"
 
 
-def targets_settings(arm: str, run: dict) -> str:
+def targets_settings(targets: str, run: dict) -> str:
     """A model's decoding settings that models.tune_lm chose: the n-gram's weight and word bonus, or the
     graph's acoustic scale and word penalty, and the split they were chosen on."""
     t = run["tuned"]
-    if arm == "phones":
+    if targets == "phones":
         return f"acoustic scale {t['acoustic_scale']:g}, word penalty {t['word_penalty']:g} (on `{t['on']}`)"
     return f"weight {t['weight']:g}, word bonus {t['word_bonus']:g} (on `{t['on']}`)"
 
 
+# The build stages of a phone arm's lexicon in the order they run (benchmarks/targets.py build_lexicon_arm)
+LEXICON_STAGES = ("lexicon", "shards", "lm", "graph")
+
+
+def lexicons(arms: dict, demo: str) -> list[str]:
+    """The phone arms side by side, one row a lexicon (`demo`'s marked): its phones and entries, the words
+    through HLG per split (the seeds' mean, each seed's in brackets), the greedy PER (over that lexicon's
+    own phone set), where it was built and each build stage's seconds, and its graph's size."""
+    rows = []
+    for arm, record in arms.items():
+        lexicon = record.get("lexicon")
+        if not lexicon:
+            continue
+        seconds = [f"{key} {lexicon['seconds'][key]:g}" for key in LEXICON_STAGES if key in lexicon["seconds"]]
+        built = f"{lexicon['source']}: {', '.join(seconds)}" if seconds else lexicon["source"]
+        graph, name = lexicon["graph"], f"`{lexicon['name']}`" + (" (the demo's)" if arm == demo else "")
+        rows.append(
+            [name, num(lexicon["phones"]), num(lexicon["entries"])]
+            + [targets_cell(record, split, key) for _, split, key in LEXICON_COLUMNS]
+            + [built, f"{num(graph['states'])} / {num(graph['arcs'])}"]
+        )
+    headers = ["lexicon", "phones", "entries", *(name for name, _, _ in LEXICON_COLUMNS)]
+    return table([*headers, "built, seconds per stage", "HLG states / arcs"], rows)
+
+
 def targets(r: dict) -> list[str]:
-    """benchmarks/targets.py: per split, the char model greedy and with its n-gram, the phone model
-    greedy (PER) and through its graph, each the mean of its seeds with every seed's in brackets, the
-    share of words each LM lacks and the graph search's real-time factor (the seeds' mean); then each
-    model's source, steps and decoding settings."""
+    """benchmarks/targets.py: per split, the char model greedy and with its n-gram, the phone model of
+    the demo's lexicon greedy (PER) and through its graph, each the mean of its seeds with every seed's
+    in brackets, the share of words each LM lacks and the graph search's real-time factor (the seeds'
+    mean); then every lexicon's phone arm; then each model's source, steps and decoding settings."""
     arms, lm, graph = r["arms"], r["lm"], r["graph"]
+    column = {"chars": arms["chars"], "phones": arms[r["demo_lexicon"]]}
     rows = [
-        [f"`{split}`", *(targets_cell(arms[arm], split, key) for _, arm, key in TARGETS_COLUMNS)]
-        + [pct(arms[arm]["mean"][split]["lm_oov_rate"]) for _, arm in TARGETS_OOV]
-        + [num(arms["phones"]["mean"][split].get("decode_rtf_lm"), 3)]
+        [f"`{split}`", *(targets_cell(column[arm], split, key) for _, arm, key in TARGETS_COLUMNS)]
+        + [pct(column[arm]["mean"][split]["lm_oov_rate"]) for _, arm in TARGETS_OOV]
+        + [num(column["phones"]["mean"][split].get("decode_rtf_lm"), 3)]
         for split in r["splits"]
     ]
     seeds = "; ".join(f"`{arm}` {', '.join(map(str, record['seeds']))}" for arm, record in arms.items())
     out = [
         f"Seeds: {seeds}. The n-gram (order {lm['order']}) of {num(lm['text']['sentences'])} sentences and "
-        f"{num(lm['text']['vocabulary_size'])} words; the graph: {num(graph['words'])} entries in its word table, "
-        f"{num(graph['states'])} states, {num(graph['arcs'])} arcs.",
+        f"{num(lm['text']['vocabulary_size'])} words; the phones: `{r['demo_lexicon']}`, the demo's lexicon, "
+        f"whose graph has {num(graph['words'])} entries in its word table, {num(graph['states'])} states, "
+        f"{num(graph['arcs'])} arcs.",
         "",
     ]
     headers = ["split", *(name for name, _, _ in TARGETS_COLUMNS), *(name for name, _ in TARGETS_OOV)]
     out += table([*headers, "HLG search RTF"], rows)
+    out += lexicons(arms, r["demo_lexicon"])
     models = [
         [f"`{arm}`", seed, TARGETS_SOURCES.get(run["source"], run["source"]), num(run["steps"])]
-        + [targets_settings(arm, run)]
+        + [targets_settings(record["targets"], run)]
         for arm, record in arms.items()
         for seed, run in record["runs"].items()
     ]

@@ -1,7 +1,9 @@
-"""Characters against phones: the demo's acoustic recipe trained on each kind of CTC target, on the
-same shards and audio, each decoded greedily and through its word LM, as the mean of its seeds.
+"""Characters against phones, and one lexicon's phones against another's: the demo's acoustic recipe
+trained on each kind of CTC target, on the same audio, each decoded greedily and through its word LM, as
+the mean of its seeds.
 
-    python benchmarks/targets.py --demo-run DIR [--seeds 0,1] [--json out.json] [--work DIR] [--tiny]
+    python benchmarks/targets.py --demo-run DIR [--seeds 0,1] [--lexicons cmudict,espeak,espeak-stressed]
+        [--json out.json] [--work DIR] [--tiny]
 
 DIR is a finished demo run (`benchmarks/demo.py --keep WORK` leaves it under WORK/pipeline/): its
 `shards/` (with every transcript's characters and its phone targets), its word LM `lm/` (the ARPA of
@@ -16,12 +18,18 @@ text's lexicon). Per arm and seed, the real stages:
 - `models.tune_lm --attach` with the model's own copy of the run's `lm/` (chars: the LM weight and
   word bonus) or `lang/` (phones: the acoustic scale and word penalty), chosen on `dev_engine` (else
   `dev`, never a test split);
-- `models.evaluate` of every split of dev, test, test_noisy and test_engine the shards have: chars
-  greedy CER and WER, phones greedy PER, and the words through the LM (WER, CER), with the share of
-  each split's words the LM (or the graph) lacks.
+- `models.evaluate` of every split of dev, dev_engine, test, test_noisy and test_engine the shards
+  have: chars greedy CER and WER, phones greedy PER, and the words through the LM (WER, CER), with the
+  share of each split's words the LM (or the graph) lacks.
+
+The phone arms are one per lexicon (`--lexicons`, LEXICONS): the demo run's own (its `dict/`, shards
+and graph), and each other one built here from the run's LM text and corpus as the DAG builds its own
+(workflow/commands.py): the lexicon stage, the shards of the run's data dirs with that lexicon's phone
+targets, the word LM and the graph. Its stages' seconds and its graph's size stand beside its figures.
 
 `--tiny`: synthetic shards with phone targets from an espeak-ng lexicon of their sentences, an LM and
-a graph of those sentences, and each arm trained for a few steps of the tiny config, one seed (the tests).
+a graph of those sentences, a CMUdict lexicon's arm built from them, and each arm trained for a few
+steps of the tiny config, one seed (the tests).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,8 +59,14 @@ from benchmarks.harness import (  # noqa: E402
 
 DEMO_ASR = ROOT / "configs/demo_asr.yaml"
 TINY_ASR = ROOT / "tests/configs/tiny_asr.yaml"
-ARMS = ("chars", "phones")
-SPLITS = ("dev", "test", "test_noisy", "test_engine")
+TARGETS = ("chars", "phones")
+SPLITS = ("dev", "dev_engine", "test", "test_noisy", "test_engine")
+# The phone arms' lexicons: the form's `lexicon` (workflow/commands.py LEXICON_MODULES) and whether stress is
+# folded (the DAG folds it; "-stressed" keeps espeak-ng's stress marks as phones of their own).
+LEXICONS = {"cmudict": ("cmudict", True), "espeak": ("espeak", True), "espeak-stressed": ("espeak", False)}
+# How the shards take a lexicon's phone targets (as workflow/commands.py shards_args): espeak-ng's
+# phonemes of the sentence in context, or each word's pronunciation with CMUdict's G2P for what it lacks.
+PHONE_SOURCE = {"espeak": ["--phone-source", "espeak"], "cmudict": ["--phone-source", "lexicon", "--g2p"]}
 # What models.evaluate reports per split for each arm (`{split}_{figure}`); `_lm` is the words through
 # the arm's LM: a char model's beam search with the n-gram, a phone model's search of HLG.
 FIGURES = {
@@ -127,13 +142,13 @@ def demo_model(run_dir: Path, workdir: Path) -> Path:
     return workdir
 
 
-def model_of(arm: str, seed: int, recipe: dict, run_dir: Path, work: Path) -> tuple[Path, str, dict]:
-    """(workdir, where its model came from, its train_summary.json) of one arm's seed: the demo run's
+def model_of(name: str, arm: dict, seed: int, recipe: dict, run_dir: Path, work: Path) -> tuple[Path, str, dict]:
+    """(workdir, where its model came from, its train_summary.json) of arm `name`'s seed: the demo run's
     own model where it is this arm and seed (`recipe["demo"]`), one trained before in `work` with the
-    same settings, else trained here on the run's shards."""
-    workdir = work / f"{arm}-seed{seed}"
-    sets = [f"asr.targets={arm}", f"seed={seed}", *recipe["sets"]]
-    if (arm, seed) == recipe["demo"]:
+    same settings, else trained here on the arm's shards."""
+    workdir = work / f"{name}-seed{seed}"
+    sets = [f"asr.targets={arm['targets']}", f"seed={seed}", *recipe["sets"]]
+    if (name, seed) == recipe["demo"]:
         source = "the demo run"
         demo_model(run_dir, workdir)
     elif trained_with(workdir, recipe["config"], sets):
@@ -142,13 +157,13 @@ def model_of(arm: str, seed: int, recipe: dict, run_dir: Path, work: Path) -> tu
         source = "trained here"
         env = {"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
         run_training(
-            run_dir / "shards", workdir, recipe["np"], recipe["config"], sets, env_extra=env, timeout=RUN_TIMEOUT_S
+            arm["dir"] / "shards", workdir, recipe["np"], recipe["config"], sets, env_extra=env, timeout=RUN_TIMEOUT_S
         )
-    print(f"  {arm} seed {seed}: {source}")
+    print(f"  {name} seed {seed}: {source}")
     return workdir, source, json.loads((workdir / "train_summary.json").read_text())
 
 
-def decode(arm: str, workdir: Path, shards: Path, decoder: Path, splits: list[str], grid: list[str]) -> dict:
+def decode(targets: str, workdir: Path, shards: Path, decoder: Path, splits: list[str], grid: list[str]) -> dict:
     """Tunes the model's LM (`decoder`, its own copy) on models.tune_lm's dev split over `grid` (its
     flags), attaches it, and evaluates every split with it: the chosen settings and each split's figures."""
     model = ["--model", workdir, "--shards", shards]
@@ -161,27 +176,108 @@ def decode(arm: str, workdir: Path, shards: Path, decoder: Path, splits: list[st
     return {
         "tuned": {**decoding["settings"], "on": decoding["chosen_on"]["split"]},
         "grid": decoding["chosen_on"]["grid"],
-        "splits": {s: {k: metrics.get(f"{s}_{k}") for k in (*FIGURES[arm], *COUNTS)} for s in splits},
+        "splits": {s: {k: metrics.get(f"{s}_{k}") for k in (*FIGURES[targets], *COUNTS)} for s in splits},
     }
 
 
-def arm_runs(arm: str, seeds: list[int], recipe: dict, run_dir: Path, work: Path, splits: list[str]) -> dict:
+def arm_runs(
+    name: str, arm: dict, seeds: list[int], recipe: dict, run_dir: Path, work: Path, splits: list[str]
+) -> dict:
     """One arm: each seed's model, its tuned settings and figures per split, and per split the mean
-    of each figure over the seeds (None where a seed lacks it)."""
-    runs = {}
+    of each figure over the seeds (None where a seed lacks it); a phone arm's lexicon too."""
+    targets, runs = arm["targets"], {}
     for seed in seeds:
-        workdir, source, trained = model_of(arm, seed, recipe, run_dir, work)
-        decoder = copy_decoder(run_dir / DECODER[arm], work / f"{arm}-seed{seed}-{DECODER[arm]}")
+        workdir, source, trained = model_of(name, arm, seed, recipe, run_dir, work)
+        decoder = copy_decoder(arm["dir"] / DECODER[targets], work / f"{name}-seed{seed}-{DECODER[targets]}")
         runs[str(seed)] = {
             "source": source,
             "steps": trained["steps"],
-            **decode(arm, workdir, run_dir / "shards", decoder, splits, recipe["grid"][arm]),
+            **decode(targets, workdir, arm["dir"] / "shards", decoder, splits, recipe["grid"][targets]),
         }
     mean = {}
     for split in splits:
-        values = {k: [r["splits"][split][k] for r in runs.values()] for k in (*FIGURES[arm], *COUNTS)}
+        values = {k: [r["splits"][split][k] for r in runs.values()] for k in (*FIGURES[targets], *COUNTS)}
         mean[split] = {k: statistics.fmean(v) if None not in v else None for k, v in values.items()}
-    return {"seeds": seeds, "decoder": DECODER[arm], "runs": runs, "mean": mean}
+    record = {"targets": targets, "seeds": seeds, "decoder": DECODER[targets], "runs": runs, "mean": mean}
+    return {**record, "lexicon": arm["lexicon"]} if arm["lexicon"] else record
+
+
+def lexicon_of(dict_dir: Path) -> str:
+    """The LEXICONS-style name of the lexicon in `dict_dir` (its text_lexicon.json): CMUdict's or
+    espeak-ng's, "-stressed" where stress is kept."""
+    config = json.loads((dict_dir / "text_lexicon.json").read_text())["config"]
+    kind = "cmudict" if config.get("g2p") == "cmudict" else "espeak"
+    return kind if config["fold_stress"] else f"{kind}-stressed"
+
+
+def lexicon_record(base: Path, source: str, seconds: dict) -> dict:
+    """A phone arm's lexicon as the page shows it: where it was built, its phones and entries (its
+    text_lexicon.json), each stage's seconds, and its graph's size (lang/lang.json)."""
+    made = json.loads((base / "dict" / "text_lexicon.json").read_text())
+    graph = json.loads((base / "lang" / "lang.json").read_text())
+    return {
+        "name": lexicon_of(base / "dict"),
+        "source": source,
+        "phones": made["phones"],
+        "entries": made["entries"],
+        "seconds": seconds,
+        "graph": {"words": graph["words"], **{k: graph["hlg"][k] for k in ("states", "arcs", "bytes")}},
+    }
+
+
+def timed(seconds: dict, key: str, module: str, *args) -> None:
+    """`stage(module, *args)`, its wall-clock seconds in `seconds[key]`."""
+    started = time.perf_counter()
+    stage(module, *args)
+    seconds[key] = round(time.perf_counter() - started, 1)
+
+
+def build_lexicon_arm(lexicon: str, run_dir: Path, work: Path) -> Path:
+    """A phone arm of `lexicon` (LEXICONS) on the demo run's audio, as the DAG builds its own
+    (workflow/commands.py lexicon_args, shards_args, lm_args, graph_args): the lexicon of the run's LM
+    text, the shards of the data dirs the run's shards were made from with its phone targets, the word LM
+    and the graph, under `work`/lexicon-NAME. One built before is read back (built.json: the seconds)."""
+    from pipeline.records import open_shard_set
+    from workflow import commands
+
+    base = work / f"lexicon-{lexicon}"
+    if (base / "built.json").is_file():
+        return base
+    shutil.rmtree(base, ignore_errors=True)
+    kind, fold = LEXICONS[lexicon]
+    text, dict_dir, seconds = run_dir / "lm_text" / commands.LM_TEXT_FILE, base / "dict", {}
+    voice = json.loads((run_dir / "dict" / "text_lexicon.json").read_text())["config"]["voice"]
+    sets = ["--set", f"voice={voice}", "--set", f"fold_stress={str(fold).lower()}"]
+    progress = [] if kind == "cmudict" else ["--no-progress"]
+    timed(seconds, "lexicon", commands.LEXICON_MODULES[kind], "--text", text, "--out", dict_dir, *sets, *progress)
+    splits = open_shard_set(run_dir / "shards").splits
+    corpus = [a for name, split in splits.items() for a in ("--split", f"{name}={split.data_dir}")]
+    phones = ["--phonemes", voice, "--phones-from", dict_dir, *PHONE_SOURCE[kind]]
+    shard_count = ["--num-shards", len(splits["train"].files), "--no-progress"]
+    timed(seconds, "shards", "pipeline.shards", *corpus, *phones, "--out", base / "shards", *shard_count)
+    timed(seconds, "lm", "pipeline.lm", "--text-file", text, "--lexicon", dict_dir, "--out", base / "lm")
+    lm = base / "lm" / commands.ARPA_FILE
+    timed(seconds, "graph", commands.LANG, "--dict", dict_dir, "--arpa", lm, "--out", base / "lang")
+    (base / "built.json").write_text(json.dumps(seconds) + "\n")
+    return base
+
+
+def phone_arms(lexicons: list[str], run_dir: Path, work: Path) -> dict:
+    """{arm name: arm} of the phone arms, one per lexicon: the demo run's own lexicon on its dict, shards
+    and graph, each other one built here (build_lexicon_arm)."""
+    own, arms = lexicon_of(run_dir / "dict"), {}
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    stages = summary.get("stages", {})
+    for lexicon in dict.fromkeys([own, *lexicons]):
+        if lexicon == own:
+            base, source = run_dir, "the demo run"
+            seconds = {task: stages[task]["seconds"] for task in ("lexicon", "graph") if task in stages}
+        else:
+            print(f"  the {lexicon} lexicon: building its dict, shards, LM and graph")
+            base, source = build_lexicon_arm(lexicon, run_dir, work), "built here"
+            seconds = json.loads((base / "built.json").read_text())
+        arms[f"phones-{lexicon}"] = {"targets": "phones", "dir": base, "lexicon": lexicon_record(base, source, seconds)}
+    return arms
 
 
 def tiny_run(work: Path) -> Path:
@@ -207,20 +303,30 @@ def tiny_run(work: Path) -> Path:
     return work
 
 
+def demo_lexicon(arms: dict, run_dir: Path) -> str:
+    """The phone arm of the lexicon the DAG's form picks by default (workflow/form.py `lexicon`, stress
+    folded) when it is one of `arms`, else of the demo run's own lexicon."""
+    from workflow import form
+
+    default = f"phones-{form.with_defaults({})['lexicon']}"
+    return default if default in arms else f"phones-{lexicon_of(run_dir / 'dict')}"
+
+
 def recipe_of(tiny: bool, run_dir: Path) -> dict:
     """How the arms train: the config, the ranks, the `--set` items beside each arm's targets and seed,
-    the tune grids' flags, and which arm and seed the demo run's own model is (None: neither; the
-    demo trains a phone model: `asr.targets: phones`)."""
+    the tune grids' flags (per kind of target), and which arm and seed the demo run's own model is
+    (None: neither; the demo trains a phone model of its lexicon: `asr.targets: phones`)."""
     if tiny:
         sets = [NO_COPIES, *TINY_STEPS, "log_model=false"]
         return {"config": TINY_ASR, "np": 1, "sets": sets, "grid": TINY_GRID, "demo": None}
     demo = None
-    for arm in ARMS:
-        saved = trained_with(run_dir / "asr", DEMO_ASR, [f"asr.targets={arm}"])
-        demo = (arm, saved.seed) if saved else demo
+    for targets in TARGETS:
+        saved = trained_with(run_dir / "asr", DEMO_ASR, [f"asr.targets={targets}"])
+        name = targets if targets == "chars" else f"phones-{lexicon_of(run_dir / 'dict')}"
+        demo = (name, saved.seed) if saved else demo
     if demo is None:
         print(f"{run_dir / 'asr'}: not what {DEMO_ASR.name} trains as it is now: every seed is trained here")
-    grid = {arm: [] for arm in ARMS}  # models.tune_lm's default grids
+    grid = {targets: [] for targets in TARGETS}  # models.tune_lm's default grids
     return {"config": DEMO_ASR, "np": 2, "sets": ["log_model=false"], "grid": grid, "demo": demo}
 
 
@@ -240,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo-run", type=Path, help="a finished demo run's directory")
     parser.add_argument("--seeds", help="training seeds, comma-separated (default 0,1; --tiny: 0)")
+    parser.add_argument(
+        "--lexicons",
+        default=",".join(LEXICONS),
+        help=f"the phone arms' lexicons beside the demo run's own, comma-separated, of {', '.join(LEXICONS)} "
+        "(default: all; --tiny: cmudict)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--work", type=Path, help="where the models, LM copies and evaluations go (default: a temporary one)"
@@ -259,7 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in (args.seeds or ("0" if args.tiny else "0,1")).split(",")]
     recipe = recipe_of(args.tiny, run_dir)
     splits = [s for s in SPLITS if s in open_shard_set(run_dir / "shards").splits]
-    arms = {arm: arm_runs(arm, seeds, recipe, run_dir, work, splits) for arm in ARMS}
+    lexicons = ["cmudict"] if args.tiny else args.lexicons.split(",")
+    unknown = sorted(set(lexicons) - set(LEXICONS))
+    if unknown:
+        parser.error(f"--lexicons: no lexicon {', '.join(unknown)} (there are {', '.join(LEXICONS)})")
+    plan = {"chars": {"targets": "chars", "dir": run_dir, "lexicon": None}, **phone_arms(lexicons, run_dir, work)}
+    arms = {name: arm_runs(name, arm, seeds, recipe, run_dir, work, splits) for name, arm in plan.items()}
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     results = {
         "demo_run": summary.get("dag_run_id"),
@@ -268,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         "np": recipe["np"],
         # the demo run's own model: which arm and seed it stands for (null: every model was trained here)
         "demo_model": recipe["demo"] and {"arm": recipe["demo"][0], "seed": recipe["demo"][1]},
+        # the phone arm the first table sets against the characters: the DAG's default lexicon's
+        "demo_lexicon": demo_lexicon(arms, run_dir),
         "splits": splits,
         "arms": arms,
         **decoders(run_dir),
