@@ -1,6 +1,6 @@
 """Fault injection: what happens to a real job when things break, and what it costs.
 
-    python benchmarks/faults.py [--json out.json] [--tiny] [--utterances 400] [--epochs 20]
+    python benchmarks/faults.py [--json out.json] [--tiny] [--faults NAME,...] [--utterances 400] [--epochs 20]
 
 On a small demo corpus (espeak-ng voices, the real feature and shard stages) and the demo's acoustic
 model, each fault is injected into a real run and the outcome measured:
@@ -23,7 +23,8 @@ The final test CER of each finished training is reported beside an undisturbed r
 its budget, on synthetic shards (the faults do not depend on what the features say; the DAG's end-to-end
 test runs the corpus, feature and shard stages), the undisturbed job's CER only, and without the faults
 that another test injects the same way (`TINY_LEFT_OUT`): the JSON's `left_out` names them and that test.
-Every other fault keeps its real launch and its own injection.
+Every other fault keeps its real launch and its own injection. `--faults` injects only the named ones (the
+JSON's `faults`), each on its own job as in the whole run: the tests run them in two halves, side by side.
 """
 
 from __future__ import annotations
@@ -442,18 +443,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument(
+        "--faults", help=f"comma-separated, of {', '.join(f.__name__ for f in FAULTS)} (default: all, in that order)"
+    )
     parser.add_argument("--utterances", type=int, default=400)
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
+    names = [f.__name__ for f in FAULTS]
+    chosen = args.faults.split(",") if args.faults else names
+    if set(chosen) - set(names):
+        parser.error(f"--faults: no fault {', '.join(sorted(set(chosen) - set(names)))} (there are {', '.join(names)})")
     work = Path(tempfile.mkdtemp(prefix="faults-"))
     try:
         run = setup(args, work)
         results: dict = {"tiny": args.tiny, "epochs": run.epochs, "kill_at_step": run.kill_at}
-        left_out = TINY_LEFT_OUT if args.tiny else {}
+        left_out = {k: v for k, v in TINY_LEFT_OUT.items() if k in chosen} if args.tiny else {}
         if left_out:
             results["left_out"] = left_out
+        results["faults"] = [name for name in names if name in chosen and name not in left_out]
         for fault in FAULTS:
-            if fault.__name__ not in left_out:
+            if fault.__name__ in results["faults"]:
                 results.update(fault(run))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -75,7 +75,7 @@ SECTIONS: dict[str, Section] = {
         ("voice_levers.json", "Held-out speakers: the corpus' natural share and the augmentations", voice_levers),
         ("text_levers.json", "Open English: the acoustic recipe on sentences no grammar made", text_levers),
         ("lm_decoding.json", "Decoding with a word LM", lm_decoding),
-        ("targets.json", "Characters against phones", targets),
+        ("targets.json", "Characters against phones, and the lexicons", targets),
         ("tts_seeds.json", "Synthesis: the mean of its seeds", tts_seeds),
         ("tts_seed_levers.json", "Synthesis: levers, three seeds each", tts_seed_levers),
         ("tts_durations.json", "Synthesis: what each part costs", tts_durations),

@@ -311,8 +311,11 @@ def targets(r: dict) -> list[str]:
     the demo's lexicon greedy (PER) and through its graph, each the mean of its seeds with every seed's
     in brackets, the share of words each LM lacks and the graph search's real-time factor (the seeds'
     mean); then every lexicon's phone arm; then each model's source, steps and decoding settings."""
-    arms, lm, graph = r["arms"], r["lm"], r["graph"]
+    arms, lm = r["arms"], r["lm"]
     column = {"chars": arms["chars"], "phones": arms[r["demo_lexicon"]]}
+    # The demo lexicon's own graph (built here or the run's); a record without lexicons has the run's only
+    lexicon = column["phones"].get("lexicon") or {"name": r["demo_lexicon"], "graph": r["graph"]}
+    graph = lexicon["graph"]
     rows = [
         [f"`{split}`", *(targets_cell(column[arm], split, key) for _, arm, key in TARGETS_COLUMNS)]
         + [pct(column[arm]["mean"][split]["lm_oov_rate"]) for _, arm in TARGETS_OOV]
@@ -322,7 +325,7 @@ def targets(r: dict) -> list[str]:
     seeds = "; ".join(f"`{arm}` {', '.join(map(str, record['seeds']))}" for arm, record in arms.items())
     out = [
         f"Seeds: {seeds}. The n-gram (order {lm['order']}) of {num(lm['text']['sentences'])} sentences and "
-        f"{num(lm['text']['vocabulary_size'])} words; the phones: `{r['demo_lexicon']}`, the demo's lexicon, "
+        f"{num(lm['text']['vocabulary_size'])} words; the phones: `{lexicon['name']}`, the demo's lexicon, "
         f"whose graph has {num(graph['words'])} entries in its word table, {num(graph['states'])} states, "
         f"{num(graph['arcs'])} arcs.",
         "",

@@ -398,12 +398,14 @@ def _fault_rows(r: dict) -> dict:
 
 
 def faults(r: dict) -> list[str]:
-    """benchmarks/faults.py: per fault, the job's exit code, the seconds to detect it, the steps lost and
-    the final test CER or the outcome; for a fault the run left out (its tiny run), the test that covers it."""
-    left_out = r.get("left_out", {})
+    """benchmarks/faults.py: per fault it injected (`faults`; a record without: every one), the job's exit
+    code, the seconds to detect it, the steps lost and the final test CER or the outcome; for a fault the
+    run left out (its tiny run), the test that covers it."""
+    left_out, injected = r.get("left_out", {}), r.get("faults")
     rows = [
         [label, "", "", "", f"left out: {left_out[name]}"] if name in left_out else [label, *row()]
         for name, (label, row) in _fault_rows(r).items()
+        if injected is None or name in injected or name in left_out
     ]
     out = [f"{r['epochs']} epochs on two ranks; each fault injected at step {r['kill_at_step']} of a real run.", ""]
     out += table(FAULTS_TABLE, rows)

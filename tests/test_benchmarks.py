@@ -71,7 +71,7 @@ EXPECTED = {
     "time_to_accuracy": ["arms", "targets", "meta"],
     "voice_levers": ["arms", "splits", "text", "meta"],
     "lm_decoding": ["conditions", "splits", "meta"],
-    "targets": ["arms", "splits", "lm", "graph", "meta"],
+    "targets": ["arms", "splits", "lm", "graph", "demo_lexicon", "meta"],
     "serving": ["rtf_1_client", "p99_s_4_clients", "failed_16_clients", "w1_c1", "w1_batch", "meta"],
     "speedup_model": [
         "tcalc_s",
@@ -88,13 +88,13 @@ EXPECTED = {
 }
 
 
-def run_tiny(name: str, tmp_path, store: str) -> dict:
-    """Runs `benchmarks/NAME.py --tiny` tracked in MLflow `store`; checks its table and the keys of its
-    JSON, and returns the JSON."""
+def run_tiny(name: str, tmp_path, store: str, *extra: str, keys: list[str] | None = None) -> dict:
+    """Runs `benchmarks/NAME.py --tiny EXTRA` tracked in MLflow `store`; checks its table and the keys of
+    its JSON (`keys`, else EXPECTED[NAME]), and returns the JSON."""
     out = tmp_path / f"{name}.json"
     env = quiet_env(MLFLOW_TRACKING_URI=store)
     proc = subprocess.run(
-        [PYTHON, f"benchmarks/{name}.py", "--tiny", "--json", str(out)],
+        [PYTHON, f"benchmarks/{name}.py", "--tiny", *extra, "--json", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -103,14 +103,14 @@ def run_tiny(name: str, tmp_path, store: str) -> dict:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
-    check_keys(name, results)
+    check_keys(name, results, keys)
     assert proc.stdout.strip(), "no table printed"
     return results
 
 
-def check_keys(name: str, results: dict) -> None:
-    """Benchmark NAME's JSON `results` has every key of EXPECTED[NAME], its floats finite."""
-    for key in EXPECTED[name]:
+def check_keys(name: str, results: dict, keys: list[str] | None = None) -> None:
+    """Benchmark NAME's JSON `results` has every key of `keys` (else EXPECTED[NAME]), its floats finite."""
+    for key in EXPECTED[name] if keys is None else keys:
         assert key in results, key
         value = results[key]
         if isinstance(value, float):
@@ -149,29 +149,41 @@ def test_time_to_accuracy_curves_run_from_launch(tmp_path, sqlite_store):
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
 
 
-def test_targets_scores_both_arms_on_the_same_audio_through_their_lms(tmp_path, sqlite_store):
-    """Chars and phones train on the same shards and are scored on the same utterances and words: chars
-    greedy and with the n-gram, phones greedy (PER) and through the graph, each with the settings its own
-    tune chose on dev; the arm's figure is its seeds' mean, and the page's section shows every split."""
+def test_targets_scores_every_arm_on_the_same_audio_through_their_lms(tmp_path, sqlite_store):
+    """Chars and the phones of two lexicons (the run's own espeak-ng lexicon, and CMUdict's, whose dict,
+    shards, LM and graph the benchmark builds) are scored on the same utterances and words: chars greedy
+    and with the n-gram, phones greedy (PER) and through the graph, each with the settings its own tune
+    chose on dev; the arm's figure is its seeds' mean, and the page's section shows every split and lexicon."""
     from benchmarks.report_recognition import targets as render
 
     results = run_tiny("targets", tmp_path, sqlite_store)
-    chars, phones = results["arms"]["chars"], results["arms"]["phones"]
-    assert results["splits"] == ["dev", "test"] and chars["seeds"] == phones["seeds"] == [0]
+    arms = results["arms"]
+    assert sorted(arms) == ["chars", "phones-cmudict", "phones-espeak-stressed"]
+    assert results["demo_lexicon"] == "phones-cmudict"  # the DAG's default lexicon's arm
+    chars, phones = arms["chars"], [arms["phones-cmudict"], arms["phones-espeak-stressed"]]
+    assert results["splits"] == ["dev", "test"] and all(arm["seeds"] == [0] for arm in arms.values())
     for split in results["splits"]:
         for key in ("utterances", "words"):
-            assert chars["mean"][split][key] == phones["mean"][split][key] > 0, (split, key)
-        for arm, keys in ((chars, ("cer", "wer", "cer_lm", "wer_lm")), (phones, ("per", "cer_lm", "wer_lm"))):
+            assert {arm["mean"][split][key] for arm in arms.values()} == {chars["mean"][split][key]} != {0}
+        for arm in arms.values():
+            keys = ("cer", "wer", "cer_lm", "wer_lm") if arm is chars else ("per", "cer_lm", "wer_lm")
             run = arm["runs"]["0"]
             assert all(math.isfinite(run["splits"][split][k]) for k in keys), run["splits"][split]
             assert arm["mean"][split] == pytest.approx(run["splits"][split])
-        assert "per" not in chars["mean"][split] and "cer" not in phones["mean"][split]
+        assert "per" not in chars["mean"][split] and all("cer" not in arm["mean"][split] for arm in phones)
+    # each lexicon's own phone set and graph; the built one's stages timed
+    cmudict, espeak = (arm["lexicon"] for arm in phones)
+    assert cmudict["source"] == "built here" and set(cmudict["seconds"]) == {"lexicon", "shards", "lm", "graph"}
+    assert espeak["source"] == "the demo run" and cmudict["phones"] == 39 != espeak["phones"]
+    assert cmudict["graph"]["arcs"] > 0 and espeak["graph"]["arcs"] > 0
     # each arm's own grid (benchmarks/targets.py TINY_GRID), chosen on dev
     assert chars["runs"]["0"]["tuned"]["weight"] in (0, 0.5) and chars["runs"]["0"]["tuned"]["on"] == "dev"
-    assert phones["runs"]["0"]["tuned"]["acoustic_scale"] in (0.5, 1.0) and phones["runs"]["0"]["tuned"]["on"] == "dev"
-    assert {run["source"] for arm in (chars, phones) for run in arm["runs"].values()} == {"trained here"}
+    for arm in phones:
+        assert arm["runs"]["0"]["tuned"]["acoustic_scale"] in (0.5, 1.0) and arm["runs"]["0"]["tuned"]["on"] == "dev"
+    assert {run["source"] for arm in arms.values() for run in arm["runs"].values()} == {"trained here"}
     page = "\n".join(render(results))
     assert "| `dev` |" in page and "| `test` |" in page and "acoustic scale" in page
+    assert "| `cmudict` (the demo's) | 39 |" in page and "| `espeak-stressed` |" in page
 
 
 def test_targets_reuses_the_demo_runs_phone_model_only_when_the_demo_config_trained_it(tmp_path):

@@ -1,7 +1,8 @@
-"""Faults injected into real runs, by the faults benchmark's tiny run (benchmarks/faults.py --tiny),
-which is the one launch of each: a worker killed with and without Horovod elastic and the rerun that
-resumes, the whole job killed and rerun, a corrupted shard, MLflow down in the middle of training. The
-shard writer killed and rerun is tests/test_shards.py's; the tiny run leaves it out and says so.
+"""Faults injected into real runs, by the faults benchmark's tiny run (benchmarks/faults.py --tiny) in
+two halves, which are the one launch of each: a worker killed with and without Horovod elastic and the
+rerun that resumes; the whole job killed and rerun, a corrupted shard, MLflow down in the middle of
+training. The shard writer killed and rerun is tests/test_shards.py's; the tiny run leaves it out and
+says so.
 
 Elastic on one machine: the hosts file names two hosts, `localhost` and `127.0.0.1` (both this
 machine, so no ssh); Horovod stops using only the host whose worker was killed.
@@ -12,12 +13,26 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_benchmarks import run_tiny
+from tests.test_benchmarks import EXPECTED, run_tiny
+
+# The tiny run in two halves, one launch each, which pytest-xdist runs side by side: each half's faults,
+# and its keys of the benchmark's JSON (tests/test_benchmarks.py EXPECTED).
+WORKER_FAULTS = ("clean", "kill_worker", "kill_worker_elastic", "kill_shard_writer")
+JOB_FAULTS = ("kill_job", "corrupt_shard", "mlflow_down")
+
+
+def run_faults(faults: tuple[str, ...], tmp_path, store: str) -> dict:
+    """benchmarks/faults.py --tiny of `faults`: the JSON, with every EXPECTED key of those faults."""
+    keys = [key for key in EXPECTED["faults"] if key == "left_out" or key.startswith(faults)]
+    keys = [key for key in keys if key != "left_out" or "kill_shard_writer" in faults]
+    results = run_tiny("faults", tmp_path, store, "--faults", ",".join(faults), keys=keys)
+    assert results["faults"] == [f for f in faults if f not in results.get("left_out", {})], results["faults"]
+    return results
 
 
 @pytest.mark.slow
-def test_injected_faults_end_as_they_should(tmp_path, sqlite_store):
-    faults = run_tiny("faults", tmp_path, sqlite_store)
+def test_a_killed_worker_ends_as_it_should(tmp_path, sqlite_store):
+    faults = run_faults(WORKER_FAULTS, tmp_path, sqlite_store)
     assert faults["clean_exit"] == 0
     # Rank 1 killed, not elastic: the launcher exits at once and names the rank; the rerun (the
     # Airflow retry) resumes from the last checkpoint (every 2 steps in the tiny run) and finishes.
@@ -30,19 +45,25 @@ def test_injected_faults_end_as_they_should(tmp_path, sqlite_store):
     assert faults["kill_worker_elastic_exit"] == 0 and faults["kill_worker_elastic_reset_said"], faults
     assert faults["kill_worker_elastic_world_size"] == 1 and faults["kill_worker_elastic_world_size_changes"] >= 1
     assert faults["kill_worker_elastic_model_saved"]
-    # The whole job killed, then run again: it resumes from its last checkpoint, in the same MLflow run.
-    assert faults["kill_job_retry_exit"] == 0 and faults["kill_job_same_mlflow_run"]
-    assert faults["kill_job_resumed_from_step"] >= 2 and faults["kill_job_resumed_from_step"] % 2 == 0, faults
     # The shard writer killed while writing is left out, naming the test that kills it the same way.
     covering = "test_killed_writer_leaves_no_partial_shard_and_rerun_gives_same_manifest"
     assert covering in faults["left_out"]["kill_shard_writer"], faults
     assert f"def {covering}(" in (ROOT / "tests" / "test_shards.py").read_text()  # still there, by that name
     assert not any(key.startswith("kill_shard_writer_") for key in faults), faults
+
+
+@pytest.mark.slow
+def test_a_killed_job_a_corrupt_shard_and_mlflow_down_end_as_they_should(tmp_path, sqlite_store):
+    faults = run_faults(JOB_FAULTS, tmp_path, sqlite_store)
+    # The whole job killed, then run again: it resumes from its last checkpoint, in the same MLflow run.
+    assert faults["kill_job_retry_exit"] == 0 and faults["kill_job_same_mlflow_run"]
+    assert faults["kill_job_resumed_from_step"] >= 2 and faults["kill_job_resumed_from_step"] % 2 == 0, faults
     # A flipped byte: the job fails, naming the shard and its checksum.
     assert faults["corrupt_shard_exit"] != 0 and faults["corrupt_shard_named"]
     assert faults["corrupt_shard_checksum_named"]
     # MLflow down for a while: every loss point arrives once it is back.
     assert faults["mlflow_down_exit"] == 0 and faults["mlflow_down_none_lost"], faults
+    assert not any(key.startswith(("clean_", "kill_worker_")) for key in faults), "a fault not asked for ran"
 
 
 def test_elastic_reset_keeps_the_replanned_epoch_through_horovods_sync(monkeypatch):
