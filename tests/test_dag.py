@@ -25,7 +25,7 @@ import yaml
 
 from common.fsutil import slug
 from tests.conftest import AIRFLOW_BIN, PYTHON, ROOT, quiet_env
-from workflow import commands, local, mpijob, runner
+from workflow import commands, form, local, mpijob, runner
 from workflow.plan import Plan, make_plan
 
 DAGS = ROOT / "dags"
@@ -478,6 +478,8 @@ def test_a_phone_model_gets_an_lm_text_a_lexicon_and_a_decoding_graph(tmp_path):
     from pipeline import phonemes
 
     assert commands.DEFAULT_VOICE == phonemes.DEFAULT_VOICE
+    # The form offers the lexicons the commands can build, no more and no fewer
+    assert set(form.LEXICONS) == set(commands.LEXICON_MODULES)
     quiet = make_plan({**DEFAULTS, **TINY, "phonemes": "", "train_overrides": ["asr.targets=phones"]}, "d", "r")
     assert commands.shards_args(quiet).count("--phonemes") == 1 and "voice=en-us" in commands.lexicon_args(quiet)
     british = make_plan({**DEFAULTS, **TINY, "phonemes": "en-gb", "train_overrides": ["asr.targets=phones"]}, "d", "r")
@@ -1153,12 +1155,12 @@ def test_a_typo_in_the_forms_overrides_fails_plan_before_any_other_task(tmp_path
     assert not (tmp_path / "mlflow.db").exists(), "an MLflow run was started"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def dag_run(tmp_path_factory):
     """One `airflow dags test` of the whole DAG on a tiny corpus (both models, two Horovod ranks each),
     tracked as the cluster tracks it: an `mlflow server` on PostgreSQL with proxied artifacts, which
     every task talks HTTP to (on SQLite where PostgreSQL is not installed: the test then skips its
-    PostgreSQL checks and says so)."""
+    PostgreSQL checks and says so). One run for the module: the DAG's checks, then the benchmarks that read it."""
     if not (AIRFLOW_BIN / "airflow").exists():
         pytest.skip(".venv-airflow is missing (make setup builds it)")
     from tests.mlflow_server import MlflowServer
@@ -1261,66 +1263,6 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
     assert collected["asr"]["test_cer"] == summary["models"]["asr"]["metrics"]["test_cer"]
     assert collected["tts_training"]["steps"] == dag_run.trained["tts"]["steps"]
 
-    # benchmarks/tts_seeds.py on the run: its synthesis model as seed 0, seed 1 trained and evaluated.
-    def benchmark(name: str, *args: str) -> tuple[dict, str]:
-        """benchmarks/NAME.py on the run (tiny): its JSON and its printed table."""
-        out = dag_run.run_dir / f"{name}.json"
-        command = [PYTHON, f"benchmarks/{name}.py", "--demo-run", str(dag_run.run_dir)]
-        proc = subprocess.run(
-            [*command, *args, "--json", str(out)],
-            cwd=ROOT,
-            env=quiet_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return json.loads(out.read_text()), proc.stdout
-
-    few = ("--max-utterances", "4")  # of the run's utterances, what the benchmarks that take some use
-    # benchmarks/tts_seeds.py on the run: its synthesis model as seed 0, seed 1 trained and evaluated.
-    tiny = [*few, "--config", TINY["tts_config"], "--run-config", TINY["tts_config"], "--set", "max_steps=4"]
-    levers = dag_run.run_dir / "levers.json"
-    seeds, _ = benchmark("tts_seeds", "--seeds", "0,1", *tiny, "--lever", "four steps", "--levers-json", str(levers))
-    assert [s["source"] for s in seeds["seeds"].values()] == ["the demo run", "trained here"]
-    assert seeds["seeds"]["0"]["dev_intelligibility_cer"] == tts_metrics["dev_intelligibility_cer"]
-    assert seeds["mean"]["dev_intelligibility_cer"] == pytest.approx(
-        np.mean([s["dev_intelligibility_cer"] for s in seeds["seeds"].values()])
-    )
-    assert seeds["seeds"]["1"]["dev_intelligibility_cer_vocoded"] is not None  # what a person hears
-    kept = json.loads(levers.read_text())["levers"]["four steps"]
-    assert kept["mean"] == seeds["mean"] and kept["overrides"] == ["max_steps=4"]
-
-    # benchmarks/tts_durations.py on the run's synthesis model: the searched durations through synthesis
-    # are the teacher-forced frames, so the listener hears the same.
-    durations, table = benchmark("tts_durations", *few)
-    assert durations["utterances"] == 4 and set(durations["arms"]) >= {"searched", "predicted", "predicted_vocoded"}
-    assert durations["arms"]["searched"]["cer"] == pytest.approx(durations["arms"]["teacher_forced"]["cer"], abs=0.05)
-    assert durations["durations"]["characters"] > 0 and "searched" in table
-
-    # benchmarks/voice_warp.py on the run's acoustic model: unwarped, each split's CER is the evaluation's.
-    warped, table = benchmark("voice_warp", "--warps", "0.9,1.1", "--max-utterances", "0")
-    assert warped["warps"] == [0.9, 1.0, 1.1] and set(warped["splits"]) == {"test", "test_engine"}
-    for split, heard in warped["splits"].items():
-        assert heard["all"][1] == pytest.approx(summary["models"]["asr"]["metrics"][f"{split}_cer"]), split
-        assert all(len(v["cer"]) == 3 for v in heard["voices"].values())
-    assert {"flite:kal16", "flite:slt"} <= set(warped["splits"]["test_engine"]["voices"]) and "test_engine" in table
-
-    # benchmarks/serving.py on the run: its acoustic model served with its word LM, posted its held-out voices,
-    # as served and with the request param lm: false.
-    from tests.test_benchmarks import check_keys
-
-    served, table = benchmark("serving", *few, "--tiny")
-    check_keys("serving", served)
-    assert served["with_lm"] and "test_engine" in served["posted"] and "beam search + LM" in table
-    assert served["w1_c1"]["failed"] == served["w1_c1_greedy"]["failed"] == served["failed_16_clients"] == 0
-
-    # benchmarks/lm_decoding.py on the run's acoustic model: an LM of each text, tuned on dev_engine, every split.
-    decoded, table = benchmark("lm_decoding", "--tiny", "--work", str(dag_run.run_dir / "lm-decoding"))
-    check_keys("lm_decoding", decoded)
-    assert set(decoded["conditions"]) == {"corpus_o3", "general_o3"} and "test_engine" in decoded["splits"]
-    assert all(c["chosen"]["on"] == "dev_engine" for c in decoded["conditions"].values()) and table.strip()
-
     # Each training is two ranks that agree, logged to the server.
     client = mlflow.MlflowClient(dag_run.uri)
     for model, trained in dag_run.trained.items():
@@ -1389,3 +1331,67 @@ def test_dag_runs_end_to_end_on_a_tiny_corpus_tracked_on_postgresql(dag_run):
         assert mlflow.pyfunc.load_model("models:/ci-asr@champion").metadata.signature is not None
     finally:
         mlflow.set_tracking_uri(previous)
+
+
+def dag_benchmark(dag_run: SimpleNamespace, name: str, *args: str) -> tuple[dict, str]:
+    """benchmarks/NAME.py on the DAG test's run (tiny): its JSON and its printed table."""
+    out = dag_run.run_dir / f"{name}.json"
+    command = [PYTHON, f"benchmarks/{name}.py", "--demo-run", str(dag_run.run_dir)]
+    proc = subprocess.run(
+        [*command, *args, "--json", str(out)], cwd=ROOT, env=quiet_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.airflow
+def test_the_benchmarks_that_read_a_demo_run_read_the_dags(dag_run):
+    """The benchmarks that take `--demo-run` on the DAG's run: its models are what they measure (a test of
+    its own, so neither this nor the DAG's checks holds the DAG run and every benchmark under one timeout)."""
+    summary, tts_metrics = dag_run.summary, dag_run.summary["models"]["tts"]["metrics"]
+    few = ("--max-utterances", "4")  # of the run's utterances, what the benchmarks that take some use
+    # benchmarks/tts_seeds.py on the run: its synthesis model as seed 0, seed 1 trained and evaluated.
+    tiny = [*few, "--config", TINY["tts_config"], "--run-config", TINY["tts_config"], "--set", "max_steps=4"]
+    levers = dag_run.run_dir / "levers.json"
+    seeds, _ = dag_benchmark(
+        dag_run, "tts_seeds", "--seeds", "0,1", *tiny, "--lever", "four steps", "--levers-json", str(levers)
+    )
+    assert [s["source"] for s in seeds["seeds"].values()] == ["the demo run", "trained here"]
+    assert seeds["seeds"]["0"]["dev_intelligibility_cer"] == tts_metrics["dev_intelligibility_cer"]
+    assert seeds["mean"]["dev_intelligibility_cer"] == pytest.approx(
+        np.mean([s["dev_intelligibility_cer"] for s in seeds["seeds"].values()])
+    )
+    assert seeds["seeds"]["1"]["dev_intelligibility_cer_vocoded"] is not None  # what a person hears
+    kept = json.loads(levers.read_text())["levers"]["four steps"]
+    assert kept["mean"] == seeds["mean"] and kept["overrides"] == ["max_steps=4"]
+
+    # benchmarks/tts_durations.py on the run's synthesis model: the searched durations through synthesis
+    # are the teacher-forced frames, so the listener hears the same.
+    durations, table = dag_benchmark(dag_run, "tts_durations", *few)
+    assert durations["utterances"] == 4 and set(durations["arms"]) >= {"searched", "predicted", "predicted_vocoded"}
+    assert durations["arms"]["searched"]["cer"] == pytest.approx(durations["arms"]["teacher_forced"]["cer"], abs=0.05)
+    assert durations["durations"]["characters"] > 0 and "searched" in table
+
+    # benchmarks/voice_warp.py on the run's acoustic model: unwarped, each split's CER is the evaluation's.
+    warped, table = dag_benchmark(dag_run, "voice_warp", "--warps", "0.9,1.1", "--max-utterances", "0")
+    assert warped["warps"] == [0.9, 1.0, 1.1] and set(warped["splits"]) == {"test", "test_engine"}
+    for split, heard in warped["splits"].items():
+        assert heard["all"][1] == pytest.approx(summary["models"]["asr"]["metrics"][f"{split}_cer"]), split
+        assert all(len(v["cer"]) == 3 for v in heard["voices"].values())
+    assert {"flite:kal16", "flite:slt"} <= set(warped["splits"]["test_engine"]["voices"]) and "test_engine" in table
+
+    # benchmarks/serving.py on the run: its acoustic model served with its word LM, posted its held-out voices,
+    # as served and with the request param lm: false.
+    from tests.test_benchmarks import check_keys
+
+    served, table = dag_benchmark(dag_run, "serving", *few, "--tiny")
+    check_keys("serving", served)
+    assert served["with_lm"] and "test_engine" in served["posted"] and "beam search + LM" in table
+    assert served["w1_c1"]["failed"] == served["w1_c1_greedy"]["failed"] == served["failed_16_clients"] == 0
+
+    # benchmarks/lm_decoding.py on the run's acoustic model: an LM of each text, tuned on dev_engine, every split.
+    decoded, table = dag_benchmark(dag_run, "lm_decoding", "--tiny", "--work", str(dag_run.run_dir / "lm-decoding"))
+    check_keys("lm_decoding", decoded)
+    assert set(decoded["conditions"]) == {"corpus_o3", "general_o3"} and "test_engine" in decoded["splits"]
+    assert all(c["chosen"]["on"] == "dev_engine" for c in decoded["conditions"].values()) and table.strip()

@@ -20,7 +20,7 @@ from common import catalog, voices
 DATA, TRAINING, TRACKING, EXECUTION = "Data", "Training", "Tracking", "Execution"
 EXECUTION_MODES = ("local", "kubernetes")
 DEMO_TEXTS = ("open", "grammar")  # pipeline/corpus.py TEXTS
-LEXICONS = ("cmudict", "espeak")  # workflow/commands.py LEXICON_MODULES
+LEXICONS = ("cmudict", "espeak")  # workflow/commands.py LEXICON_MODULES (tests/test_dag.py checks they agree)
 VOICE_PATTERN = rf"^({'|'.join(voices.ENGINES)}):[A-Za-z0-9_+-]+$"
 OVERRIDE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*=.*$"  # KEY=VALUE of `models.train --set`
 
