@@ -24,7 +24,8 @@ JOB_FAULTS = ("kill_job", "corrupt_shard", "mlflow_down")
 def run_faults(faults: tuple[str, ...], tmp_path, store: str) -> dict:
     """benchmarks/faults.py --tiny of `faults`: the JSON, with every EXPECTED key of those faults."""
     # `left_out` only where the half holds the fault the tiny run leaves out (benchmarks/faults.py)
-    keys = [k for k in EXPECTED["faults"] if k.startswith(faults) or (k == "left_out" and "kill_shard_writer" in faults)]
+    shard_writer = "kill_shard_writer" in faults
+    keys = [k for k in EXPECTED["faults"] if k.startswith(faults) or (k == "left_out" and shard_writer)]
     results = run_tiny("faults", tmp_path, store, "--faults", ",".join(faults), keys=keys)
     assert results["faults"] == [f for f in faults if f not in results.get("left_out", {})], results["faults"]
     return results
