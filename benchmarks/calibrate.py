@@ -90,12 +90,11 @@ def time_trainings(shards: Path, work: Path, configs: dict[str, Path], steps: in
             time.sleep(0.1)
         if proc.poll() is None:
             proc.terminate()
-            proc.wait()
-        elif proc.returncode != 0:
-            log.close()
+        proc.wait()
+        log.close()
+        if not summary.exists():
             tail = (work / f"{model}.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"the {model} calibration run failed ({proc.returncode}); {work / model}.log:\n{tail}")
-        log.close()
         step_s[model] = 1 / json.loads(summary.read_text())["steps_per_s"]
     return step_s
 
